@@ -1,0 +1,313 @@
+/*
+ * fusedgrpo: the GRPO policy loss fused with the LM head.
+ *
+ * One public header. The numerical contract is LOSS_SPEC.md (shared/): every
+ * entry point below computes exactly that function and its gradient.
+ *
+ * Conventions
+ *   - N = B * T tokens. Row n of every [B*T, ...] matrix is token (b, t) with
+ *     n = b * T + t.
+ *   - Matrices are row-major with an explicit row stride `ld` (in elements,
+ *     ld >= cols), BLIS style. Vectors are contiguous.
+ *   - Storage dtypes: float32, or bfloat16 as raw uint16 bit patterns (round to
+ *     nearest even). Every reduction accumulates in float32 or wider.
+ *     Gradients are always written in float32.
+ *   - Every buffer is owned by the caller. The library never keeps a pointer to
+ *     caller memory after a call returns.
+ *   - Every call validates all of its arguments first and writes nothing to any
+ *     output unless the checks pass. It returns an fg_status; on failure
+ *     fg_last_error(ctx) holds a readable message. Nothing here exits or aborts.
+ *   - A context is used by one thread at a time. Same inputs, same context
+ *     options (thread count included) => bitwise identical results.
+ */
+#ifndef FUSEDGRPO_H
+#define FUSEDGRPO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library is built with hidden visibility; only this header's API is exported. */
+#if defined(FG_BUILDING_LIBRARY) && defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
+#define FG_VERSION_MAJOR 0
+#define FG_VERSION_MINOR 1
+#define FG_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum fg_status {
+    FG_OK = 0,
+    FG_ERR_NULL_ARGUMENT,      /* a required pointer is NULL                        */
+    FG_ERR_INVALID_SIZE,       /* a size is zero or negative, or ld < cols          */
+    FG_ERR_SIZE_OVERFLOW,      /* a size whose byte count overflows size_t/int64    */
+    FG_ERR_SHAPE_MISMATCH,     /* two arguments disagree on a dimension             */
+    FG_ERR_TOKEN_OUT_OF_RANGE, /* an unmasked token id is outside [0, V)            */
+    FG_ERR_MISSING_REF_LOGP,   /* beta != 0 but ref_logp is NULL                    */
+    FG_ERR_BAD_TEMPERATURE,    /* temperature <= 0 or not finite                    */
+    FG_ERR_UNKNOWN_LOSS_TYPE,  /* loss_type not one of fg_loss_type                 */
+    FG_ERR_UNKNOWN_LEVEL,      /* importance_sampling_level not one of fg_is_level  */
+    FG_ERR_BAD_HYPERPARAMETER, /* another hyper-parameter is out of its domain      */
+    FG_ERR_NONFINITE_INPUT,    /* NaN or Inf in an input that is read               */
+    FG_ERR_UNSUPPORTED,        /* a valid request this build or backend cannot do   */
+    FG_ERR_BUDGET_TOO_SMALL,   /* the memory budget cannot hold even one token row  */
+    FG_ERR_OUT_OF_MEMORY,      /* an allocation failed                              */
+    FG_ERR_BACKEND,            /* the GEMM backend (oneDNN) reported a failure      */
+    FG_STATUS_COUNT
+} fg_status;
+
+/* A stable name for a status, e.g. "FG_ERR_SHAPE_MISMATCH". Never NULL. */
+const char *fg_status_name(fg_status status);
+
+/* ------------------------------------------------------------------ tensors */
+
+typedef enum fg_dtype {
+    FG_DTYPE_F32 = 0,
+    FG_DTYPE_BF16 = 1 /* raw uint16 bfloat16 bits */
+} fg_dtype;
+
+/* A row-major matrix view: element (r, c) lives at data + (r * ld + c) * size(dtype). */
+typedef struct fg_matrix {
+    void *data; /* read-only for inputs */
+    fg_dtype dtype;
+    int64_t rows;
+    int64_t cols;
+    int64_t ld; /* row stride in elements, >= cols */
+} fg_matrix;
+
+/* A contiguous vector. */
+typedef struct fg_vector {
+    void *data;
+    fg_dtype dtype;
+    int64_t len;
+} fg_vector;
+
+/* Convenience constructors (contiguous: ld = cols). */
+fg_matrix fg_matrix_make(void *data, fg_dtype dtype, int64_t rows, int64_t cols);
+fg_vector fg_vector_make(void *data, fg_dtype dtype, int64_t len);
+
+/* bfloat16 conversions (round to nearest even; NaN stays NaN). */
+uint16_t fg_f32_to_bf16(float x);
+float fg_bf16_to_f32(uint16_t x);
+
+/* ------------------------------------------------------------- loss config */
+
+typedef enum fg_loss_type {
+    FG_LOSS_GRPO = 0,
+    FG_LOSS_BNPO,
+    FG_LOSS_DR_GRPO,
+    FG_LOSS_DAPO,
+    FG_LOSS_LUSPO,
+    FG_LOSS_CISPO,
+    FG_LOSS_SAPO,
+    FG_LOSS_TYPE_COUNT
+} fg_loss_type;
+
+typedef enum fg_is_level {
+    FG_LEVEL_TOKEN = 0,
+    FG_LEVEL_SEQUENCE, /* GSPO */
+    FG_LEVEL_COUNT
+} fg_is_level;
+
+/* Hyper-parameters, LOSS_SPEC.md names. fg_loss_config_init() sets the spec's
+ * defaults; the sentinels below stand for the spec's "defaults to ...". */
+typedef struct fg_loss_config {
+    fg_loss_type loss_type;                /* default FG_LOSS_DAPO                       */
+    fg_is_level importance_sampling_level; /* default FG_LEVEL_TOKEN                     */
+    double temperature;                    /* default 1.0; must be > 0                   */
+    double epsilon_low;                    /* default 0.2                                */
+    double epsilon_high;                   /* < 0: same as epsilon_low (default)         */
+    double delta;                          /* <= 0: off (default); else two-sided clip   */
+    double beta;                           /* default 0; != 0 needs ref_logp             */
+    int64_t max_completion_length;         /* <= 0: T (default); dr_grpo's normalizer    */
+    double num_items_in_batch;             /* < 0: number of unmasked tokens (default)   */
+    double sapo_temperature_pos;           /* default 1.0                                */
+    double sapo_temperature_neg;           /* default 1.05                               */
+    int use_bias_correction_kl;            /* default 0                                  */
+    double entropy_coef;                   /* default 0                                  */
+} fg_loss_config;
+
+void fg_loss_config_init(fg_loss_config *cfg);
+
+/* "grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo"; "token", "sequence".
+ * Return FG_ERR_UNKNOWN_LOSS_TYPE / FG_ERR_UNKNOWN_LEVEL for anything else. */
+fg_status fg_loss_type_parse(const char *name, fg_loss_type *out);
+fg_status fg_is_level_parse(const char *name, fg_is_level *out);
+const char *fg_loss_type_name(fg_loss_type t); /* NULL when out of range */
+const char *fg_is_level_name(fg_is_level l);
+
+/* ------------------------------------------------------------------- batch */
+
+/* The per-token side of a batch. All arrays are contiguous, row-major [B, T]. */
+typedef struct fg_batch {
+    int64_t batch;             /* B >= 1                                               */
+    int64_t seq_len;           /* T >= 1                                               */
+    const int64_t *token_ids;  /* [B, T]; read only where mask != 0                    */
+    const uint8_t *mask;       /* [B, T]; nonzero = real completion token              */
+    const float *advantages;   /* [B]                                                  */
+    const float *old_logp;     /* [B, T] or NULL (on-policy: old = stop_gradient(logp)) */
+    const float *ref_logp;     /* [B, T] or NULL; required when beta != 0              */
+    const float *is_ratio;     /* NULL, [B, T], or [B] when is_ratio_per_sequence      */
+    int is_ratio_per_sequence;
+} fg_batch;
+
+/* ----------------------------------------------------------------- outputs */
+
+/* Masked token means over the whole batch (LOSS_SPEC.md "Metrics"). */
+typedef struct fg_metrics {
+    double kl;                /* 0 when beta == 0                   */
+    double entropy;
+    double clip_ratio_low;
+    double clip_ratio_high;
+    double clip_ratio_region;
+    double cispo_clip_ratio;  /* 0 unless loss_type == FG_LOSS_CISPO */
+} fg_metrics;
+
+/* Caller-owned results. Any pointer may be NULL (data == NULL for a matrix)
+ * when that result is not wanted; a NULL gradient skips its GEMM. loss and
+ * metrics are always written on success. */
+typedef struct fg_outputs {
+    double loss;
+    fg_metrics metrics;
+    float *logp;           /* [B, T]; 0 at masked positions                        */
+    float *entropy;        /* [B, T]; 0 at masked positions                        */
+    fg_matrix grad_hidden; /* [B*T, H] float32; zero rows at masked positions      */
+    fg_matrix grad_weight; /* [V, H] float32 (overwritten, not accumulated)        */
+    fg_vector grad_bias;   /* [V] float32                                          */
+    fg_matrix grad_logits; /* fg_logits_grpo only: [B*T, V], f32 or bf16; may alias
+                              the logits (same data, dtype and ld) for in-place    */
+} fg_outputs;
+
+/* ----------------------------------------------------------------- context */
+
+typedef enum fg_backend {
+    FG_BACKEND_CPU = 0,
+    FG_BACKEND_CUDA = 1 /* reserved: not built yet, fg_context_create refuses it */
+} fg_backend;
+
+/* Reduction hook for a vocab-sharded weight (one shard per process, e.g. MPI).
+ * `allreduce` combines `count` floats elementwise across all shards in place
+ * (op 0: sum, op 1: max) and returns 0 on success. NULL: one shard, no hook. */
+typedef enum fg_reduce_op { FG_REDUCE_SUM = 0, FG_REDUCE_MAX = 1 } fg_reduce_op;
+typedef struct fg_communicator {
+    int (*allreduce)(void *user, float *buf, int64_t count, fg_reduce_op op);
+    void *user;
+} fg_communicator;
+
+typedef struct fg_context_options {
+    fg_backend backend;   /* FG_BACKEND_CPU                                          */
+    int threads;          /* <= 0: the OpenMP default                                */
+    size_t memory_budget; /* working-memory cap of the fused path; 0: 128 MiB        */
+    int check_finite;     /* 1 (default): scan read inputs for NaN/Inf up front      */
+    void *stream;         /* backend stream (CUDA); NULL on the CPU                  */
+    fg_communicator comm; /* vocab-sharding hook; zeroed = single shard              */
+} fg_context_options;
+
+typedef struct fg_context fg_context;
+
+void fg_context_options_init(fg_context_options *opts);
+/* opts may be NULL for the defaults. */
+fg_status fg_context_create(const fg_context_options *opts, fg_context **out);
+void fg_context_destroy(fg_context *ctx); /* NULL is fine */
+
+/* The message of the last failed call on ctx ("" after a success). */
+const char *fg_last_error(const fg_context *ctx);
+
+fg_status fg_context_set_threads(fg_context *ctx, int threads);
+fg_status fg_context_set_memory_budget(fg_context *ctx, size_t bytes);
+fg_status fg_context_set_check_finite(fg_context *ctx, int on);
+
+/* Working memory is counted by the library's own allocator: every byte the
+ * library holds between calls or during one (workspace, GEMM scratchpads,
+ * per-token scratch), excluding caller-owned inputs and outputs. */
+typedef struct fg_memory_stats {
+    size_t current_bytes; /* held now (the workspace is kept for reuse)      */
+    size_t peak_bytes;    /* high-water mark since create / last reset       */
+    size_t budget_bytes;  /* the fused path's cap                            */
+    int64_t chunk_rows;   /* token rows per chunk chosen by the last call    */
+    int64_t chunks;       /* chunks processed by the last call               */
+    int64_t gemm_flops;   /* floating-point ops issued to GEMMs, last call   */
+} fg_memory_stats;
+
+fg_status fg_get_memory_stats(const fg_context *ctx, fg_memory_stats *out);
+void fg_reset_peak_memory(fg_context *ctx);
+/* Frees the cached workspace (the next call allocates it again). */
+void fg_release_workspace(fg_context *ctx);
+
+/* -------------------------------------------------------------- entry points */
+
+/* LM-head inputs. hidden: [B*T, H]; weight: [V_local, H], same dtype as hidden;
+ * bias: [V_local] in the weight's dtype, or data == NULL.
+ * Vocab sharding (with ctx comm): this process holds vocab rows
+ * [vocab_start, vocab_start + V_local) of a vocabulary of vocab_total; token ids
+ * are global. vocab_total <= 0 means unsharded (vocab_start must be 0). */
+typedef struct fg_linear_inputs {
+    fg_matrix hidden;
+    fg_matrix weight;
+    fg_vector bias;
+    int64_t vocab_start;
+    int64_t vocab_total;
+} fg_linear_inputs;
+
+typedef enum fg_impl {
+    FG_IMPL_FUSED = 0,        /* chunked over tokens, working memory <= budget     */
+    FG_IMPL_MATERIALIZED = 1  /* the plain baseline: whole [N, V] logits and dlogits */
+} fg_impl;
+
+typedef struct fg_linear_options {
+    fg_impl impl;
+    /* Materialized only: store the logits in the input dtype (bf16) before the
+     * softmax, as frameworks do (the seeds' cast_logits_to_hidden_dtype). */
+    int round_logits_to_input_dtype;
+} fg_linear_options;
+
+/*
+ * linear_grpo_forward_backward
+ *   z = (hidden · weightᵀ + bias) / temperature        [B*T, V], never whole when fused
+ *   in : hidden [B*T, H], weight [V, H], bias [V]?, batch [B, T]
+ *   out: loss, metrics, logp [B, T]?, entropy [B, T]?,
+ *        grad_hidden [B*T, H]?, grad_weight [V, H]?, grad_bias [V]?
+ * opts may be NULL (fused). out->grad_logits must be empty (data NULL).
+ */
+fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
+                         const fg_loss_config *cfg, const fg_linear_inputs *in,
+                         const fg_batch *batch, fg_outputs *out);
+
+/*
+ * logits_grpo_forward_backward: for callers that already hold the logits.
+ *   z = logits / temperature
+ *   in : logits [B*T, V] (f32 or bf16), batch [B, T]
+ *   out: loss, metrics, logp?, entropy?, grad_logits [B*T, V]? (may alias logits)
+ * out->grad_hidden/grad_weight/grad_bias must be empty.
+ */
+fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg,
+                         const fg_matrix *logits, const fg_batch *batch,
+                         fg_outputs *out);
+
+/* ------------------------------------------------------------ instrumentation */
+
+/* The roofline of one step: times the three GEMM-sized products a step issues
+ * (logits = hidden·weightᵀ, grad_hidden = dlogits·weight,
+ * grad_weight += dlogitsᵀ·hidden) through the same GEMM backend, on internal
+ * random buffers, in blocks of rows_per_gemm token rows (<= 0: the chunk size
+ * the fused path would choose under the context's budget) covering n_tokens.
+ * Writes the median over `reps` repetitions of the whole step, in seconds.
+ * Its buffers are freed before it returns and are not counted as workspace. */
+fg_status fg_time_bare_gemms(fg_context *ctx, fg_dtype dtype, int64_t n_tokens,
+                             int64_t hidden, int64_t vocab, int64_t rows_per_gemm,
+                             int reps, double *seconds);
+
+#if defined(FG_BUILDING_LIBRARY) && defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FUSEDGRPO_H */

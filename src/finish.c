@@ -1,0 +1,39 @@
+/* Shared per-call state and output writing (see finish.h). */
+#include <string.h>
+
+#include "finish.h"
+
+size_t fg_common_workspace_bytes(int64_t B, int64_t N)
+{
+    return fg_ws_round((size_t)fg_loss_plan_scratch_doubles(B) * sizeof(double)) +
+           fg_ws_round((size_t)N * sizeof(int64_t)) + 3 * fg_ws_round((size_t)N * sizeof(float));
+}
+
+void fg_common_init(fg_context *ctx, fg_common *c, const fg_loss_config *cfg,
+                    const fg_batch *batch)
+{
+    const int64_t B = batch->batch, N = batch->batch * batch->seq_len;
+    double *scratch = fg_ws_take(ctx, (size_t)fg_loss_plan_scratch_doubles(B) * sizeof(double));
+    fg_loss_plan_init(&c->plan, cfg, batch, scratch);
+    c->active = fg_ws_take(ctx, (size_t)N * sizeof(int64_t));
+    c->ta.logp = fg_ws_take(ctx, (size_t)N * sizeof(float));
+    c->ta.entropy = fg_ws_take(ctx, (size_t)N * sizeof(float));
+    c->ta.lse = fg_ws_take(ctx, (size_t)N * sizeof(float));
+    c->n_active = 0;
+    for (int64_t n = 0; n < N; n++) {
+        c->ta.logp[n] = c->ta.entropy[n] = c->ta.lse[n] = 0.0f;
+        if (batch->mask[n])
+            c->active[c->n_active++] = n;
+    }
+}
+
+void fg_common_finish(fg_common *c, const fg_batch *batch, fg_outputs *out)
+{
+    const int64_t N = batch->batch * batch->seq_len;
+    fg_loss_prepare_sequences(&c->plan, c->ta.logp); /* no-op at token level */
+    fg_loss_evaluate(&c->plan, c->ta.logp, c->ta.entropy, &out->loss, &out->metrics);
+    if (out->logp)
+        memcpy(out->logp, c->ta.logp, (size_t)N * sizeof(float));
+    if (out->entropy)
+        memcpy(out->entropy, c->ta.entropy, (size_t)N * sizeof(float));
+}

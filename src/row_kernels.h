@@ -1,0 +1,39 @@
+/*
+ * Per-row work over the vocabulary, shared by every path: the streaming
+ * statistics of one row of logits (one pass: online max, Σ exp, Σ exp·z) and
+ * the row of d loss / d logits. A row is a contiguous run of V values in
+ * float32 or bfloat16; z = x · inv_temp.
+ */
+#ifndef FG_ROW_KERNELS_H
+#define FG_ROW_KERNELS_H
+
+#include <math.h>
+
+#include "fusedgrpo.h"
+
+/* Mergeable row statistics: sum = Σ exp(z − max), dot = Σ exp(z − max)·(z − max).
+ * Keeping dot relative to max avoids the cancellation of lse − Σ p z when the
+ * logits are large. Two shards of one row merge with fg_row_stats_merge. */
+typedef struct fg_row_stats {
+    float max, sum, dot;
+} fg_row_stats;
+
+fg_row_stats fg_row_stats_compute(const void *x, fg_dtype dtype, int64_t n, float inv_temp);
+fg_row_stats fg_row_stats_merge(fg_row_stats a, fg_row_stats b);
+
+static inline float fg_row_lse(fg_row_stats s) { return s.max + logf(s.sum); }
+static inline float fg_row_entropy(fg_row_stats s) { return logf(s.sum) - s.dot / s.sum; }
+
+/* out_v = ∂loss/∂x_v = inv_temp · [ g (δ_v,tok − p_v) − e p_v (log p_v + entropy) ],
+ * p_v = exp(z_v − lse). tok is the row-local index of the chosen token, or −1
+ * when it lies outside this row (another vocab shard). out may alias x when
+ * the dtypes match (in place). */
+void fg_row_backward(const void *x, fg_dtype xtype, void *out, fg_dtype otype, int64_t n,
+                     float inv_temp, float lse, float entropy, float g, float e, int64_t tok);
+
+/* acc[c] += Σ_r d[r, c] for c in [c0, c1): the bias gradient's column sums,
+ * rows summed in order (deterministic whatever the column partition). */
+void fg_col_sums_add(const void *d, fg_dtype dtype, int64_t rows, int64_t ld, int64_t c0,
+                     int64_t c1, float *acc);
+
+#endif

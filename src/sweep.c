@@ -1,0 +1,93 @@
+/* Sweeps over blocks of logit rows (see sweep.h). Rows are split across
+ * threads in contiguous static blocks; each row is computed by one thread
+ * from start to end, so results are the same for any thread count. */
+#include <math.h>
+#include <omp.h>
+
+#include "bf16.h"
+#include "row_kernels.h"
+#include "sweep.h"
+
+static const void *row_ptr(const void *base, fg_dtype t, int64_t ld, int64_t r)
+{
+    return (const unsigned char *)base + (size_t)r * (size_t)ld * fg_dtype_size(t);
+}
+
+static int64_t row_index(const fg_rows *rows, int64_t i) { return rows->by_token ? rows->token[i] : i; }
+
+/* Forward of row i: returns 1 when not finite. */
+static int forward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t i, float inv_temp,
+                       const fg_token_arrays *ta)
+{
+    const void *x = row_ptr(rows->x, rows->xtype, rows->x_ld, row_index(rows, i));
+    const int64_t n = rows->token[i];
+    const int64_t tok = plan->token_ids[n];
+    fg_row_stats s = fg_row_stats_compute(x, rows->xtype, rows->V, inv_temp);
+    const float lse = fg_row_lse(s);
+    const float z_tok = (rows->xtype == FG_DTYPE_BF16
+                             ? fg_bf16_load(((const uint16_t *)x)[tok])
+                             : ((const float *)x)[tok]) * inv_temp;
+    ta->lse[n] = lse;
+    ta->logp[n] = z_tok - lse;
+    ta->entropy[n] = fg_row_entropy(s);
+    return !(isfinite(lse) && isfinite(ta->entropy[n]) && isfinite(z_tok));
+}
+
+static void backward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t i, float inv_temp,
+                         const fg_token_arrays *ta)
+{
+    const int64_t n = rows->token[i];
+    const float g = fg_loss_dlogp(plan, n, ta->logp[n]);
+    const int64_t r = row_index(rows, i);
+    fg_row_backward(row_ptr(rows->x, rows->xtype, rows->x_ld, r), rows->xtype,
+                    (void *)row_ptr(rows->dx, rows->dxtype, rows->dx_ld, r), rows->dxtype, rows->V,
+                    inv_temp, ta->lse[n], ta->entropy[n], g, fg_loss_dentropy(plan),
+                    plan->token_ids[n]);
+}
+
+int fg_sweep_forward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+                     float inv_temp, const fg_token_arrays *ta)
+{
+    int bad = 0;
+#pragma omp parallel for schedule(static) num_threads(fg_threads(ctx)) reduction(| : bad)
+    for (int64_t i = 0; i < rows->count; i++)
+        bad |= forward_row(plan, rows, i, inv_temp, ta);
+    return bad;
+}
+
+void fg_sweep_backward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+                       float inv_temp, const fg_token_arrays *ta)
+{
+#pragma omp parallel for schedule(static) num_threads(fg_threads(ctx))
+    for (int64_t i = 0; i < rows->count; i++)
+        backward_row(plan, rows, i, inv_temp, ta);
+}
+
+int fg_sweep_forward_backward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+                              float inv_temp, const fg_token_arrays *ta)
+{
+    int bad = 0;
+#pragma omp parallel for schedule(static) num_threads(fg_threads(ctx)) reduction(| : bad)
+    for (int64_t i = 0; i < rows->count; i++) {
+        bad |= forward_row(plan, rows, i, inv_temp, ta);
+        backward_row(plan, rows, i, inv_temp, ta);
+    }
+    return bad;
+}
+
+void fg_sweep_column_sums(fg_context *ctx, const fg_rows *rows, float *acc)
+{
+    const int nt = fg_threads(ctx);
+    const int64_t V = rows->V;
+#pragma omp parallel num_threads(nt)
+    {
+        /* ith/nth column split; 16-column granules keep threads off each
+         * other's cache lines. */
+        const int64_t ith = omp_get_thread_num(), nth = omp_get_num_threads();
+        const int64_t granules = (V + 15) / 16;
+        const int64_t g0 = granules * ith / nth, g1 = granules * (ith + 1) / nth;
+        const int64_t c0 = g0 * 16, c1 = g1 * 16 < V ? g1 * 16 : V;
+        if (c0 < c1)
+            fg_col_sums_add(rows->dx, rows->dxtype, rows->count, rows->dx_ld, c0, c1, acc);
+    }
+}

@@ -1,0 +1,51 @@
+/*
+ * A sweep over a block of logit rows: the glue between the row kernels and
+ * the loss math, shared by the logits-level and the LM-head drivers.
+ *
+ * A block is `count` rows of V logits (f32 or bf16, row stride x_ld); row i
+ * belongs to token token[i] (n = b*T + t) of the batch. Per-token results
+ * land in [B*T] arrays indexed by n, so blocks can come in any order.
+ */
+#ifndef FG_SWEEP_H
+#define FG_SWEEP_H
+
+#include "internal.h"
+#include "loss_math.h"
+
+typedef struct fg_rows {
+    const void *x;
+    fg_dtype xtype;
+    int64_t x_ld;
+    void *dx; /* d loss / d x rows (may alias x), or NULL for forward only */
+    fg_dtype dxtype;
+    int64_t dx_ld;
+    int64_t count;
+    int64_t V;
+    const int64_t *token; /* [count] token index of each row */
+    int by_token;         /* 1: row i lives at row token[i] of x/dx (the caller's
+                             [B*T, V] logits); 0: at row i (a compacted chunk) */
+} fg_rows;
+
+typedef struct fg_token_arrays {
+    float *logp, *entropy, *lse; /* [B*T], written at the block's tokens */
+} fg_token_arrays;
+
+/* Row statistics -> lse, logp, entropy of each row's token.
+ * Returns 1 if any of them is not finite (NaN/Inf in the logits). */
+int fg_sweep_forward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+                     float inv_temp, const fg_token_arrays *ta);
+
+/* d loss / d x for each row from the saved lse/entropy and the loss math's
+ * d loss / d logp and d loss / d entropy. */
+void fg_sweep_backward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+                       float inv_temp, const fg_token_arrays *ta);
+
+/* Both, one row at a time while the row is still in cache: valid when a
+ * token's gradient needs only its own log-prob (token-level ratio). */
+int fg_sweep_forward_backward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+                              float inv_temp, const fg_token_arrays *ta);
+
+/* acc[c] += Σ_rows dx[r, c] for all c, columns split across threads. */
+void fg_sweep_column_sums(fg_context *ctx, const fg_rows *rows, float *acc);
+
+#endif

@@ -1,0 +1,28 @@
+/*
+ * Argument checks shared by the entry points. Each failure has its own status
+ * and a message naming the argument; they run before anything is written.
+ */
+#ifndef FG_VALIDATE_H
+#define FG_VALIDATE_H
+
+#include "internal.h"
+
+fg_status fg_validate_config(fg_context *ctx, const fg_loss_config *cfg);
+
+/* Batch sizes, pointers, beta/ref, unmasked token ids in [0, vocab), and
+ * NaN/Inf in advantages, old/ref log-probs and is_ratio where they are read. */
+fg_status fg_validate_batch(fg_context *ctx, const fg_loss_config *cfg, const fg_batch *batch,
+                            int64_t vocab);
+
+/* A matrix view: data, dtype, positive sizes, ld >= cols, no byte overflow,
+ * and the expected shape (a negative expectation is not checked). */
+fg_status fg_validate_matrix(fg_context *ctx, const char *name, const fg_matrix *m,
+                             int64_t rows, int64_t cols);
+fg_status fg_validate_vector(fg_context *ctx, const char *name, const fg_vector *v, int64_t len);
+
+/* NaN/Inf scan of a matrix (rows with mask[r] == 0 skipped when mask given). */
+fg_status fg_check_finite_matrix(fg_context *ctx, const char *name, const fg_matrix *m,
+                                 const uint8_t *row_mask);
+fg_status fg_check_finite_vector(fg_context *ctx, const char *name, const fg_vector *v);
+
+#endif
