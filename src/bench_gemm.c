@@ -53,9 +53,9 @@ fg_status fg_time_bare_gemms(fg_context *ctx, fg_dtype dtype, int64_t n_tokens, 
         return fg_fail(ctx, FG_ERR_UNSUPPORTED, "unknown dtype %d", (int)dtype);
     const size_t es = fg_dtype_size(dtype);
     int64_t m = rows_per_gemm;
-    if (m <= 0) { /* the fused path's choice: logits f32 + dlogits (bf16) + hbuf + ghbuf per row */
-        size_t row = (size_t)vocab * 4 + (dtype == FG_DTYPE_BF16 ? (size_t)vocab * 2 : 0) +
-                     (size_t)hidden * (es + 4);
+    if (m <= 0) { /* about the fused path's choice: logits f32 (+ bf16 dlogits) + hbuf + ghbuf */
+        size_t row = (size_t)vocab * 4 + (es == 2 && fg_gemm_native_bf16(ctx) ? (size_t)vocab * 2 : 0) +
+                     (size_t)hidden * 8;
         m = (int64_t)(ctx->budget / row);
         if (m < 1)
             m = 1;
@@ -64,9 +64,13 @@ fg_status fg_time_bare_gemms(fg_context *ctx, fg_dtype dtype, int64_t n_tokens, 
         m = n_tokens;
     const int64_t blocks = (n_tokens + m - 1) / m;
     m = (n_tokens + blocks - 1) / blocks;
-    fg_gemm_shape g1 = {m, vocab, hidden, dtype, FG_DTYPE_F32, hidden, 1, 1, hidden, vocab, 0, 0};
-    fg_gemm_shape g2 = {m, hidden, vocab, dtype, FG_DTYPE_F32, vocab, 1, hidden, 1, hidden, 0, 0};
-    fg_gemm_shape g3 = {vocab, hidden, m, dtype, FG_DTYPE_F32, 1, vocab, hidden, 1, hidden, 1, 0};
+    /* The operands the fused path passes: weight in its storage dtype, the
+     * token-side operands in the compute dtype (see gemm_onednn.h). */
+    const fg_dtype ct = (dtype == FG_DTYPE_BF16 && fg_gemm_native_bf16(ctx)) ? FG_DTYPE_BF16 : FG_DTYPE_F32;
+    const size_t cs = fg_dtype_size(ct);
+    fg_gemm_shape g1 = {m, vocab, hidden, ct, dtype, FG_DTYPE_F32, hidden, 1, 1, hidden, vocab, 0, 0};
+    fg_gemm_shape g2 = {m, hidden, vocab, ct, dtype, FG_DTYPE_F32, vocab, 1, hidden, 1, hidden, 0, 0};
+    fg_gemm_shape g3 = {vocab, hidden, m, ct, ct, FG_DTYPE_F32, 1, vocab, hidden, 1, hidden, 1, 0};
     const int saved = fg_threads_enter(ctx);
     size_t sp = 0, s;
     fg_status st = FG_OK;
@@ -78,18 +82,18 @@ fg_status fg_time_bare_gemms(fg_context *ctx, fg_dtype dtype, int64_t n_tokens, 
                 sp = s > sp ? s : sp;
         }
     }
-    void *h = malloc((size_t)m * hidden * es), *w = malloc((size_t)vocab * hidden * es);
+    void *h = malloc((size_t)m * hidden * cs), *w = malloc((size_t)vocab * hidden * es);
     float *logits = malloc((size_t)m * vocab * 4), *gh = malloc((size_t)m * hidden * 4);
-    void *dl = malloc((size_t)m * vocab * es);
+    void *dl = malloc((size_t)m * vocab * cs);
     float *gw = malloc((size_t)vocab * hidden * 4);
     void *scratch = sp ? malloc(sp) : NULL;
     double *times = malloc((size_t)reps * sizeof(double));
     if (st == FG_OK && (!h || !w || !logits || !gh || !dl || !gw || (sp && !scratch) || !times))
         st = fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "cannot allocate the roofline buffers");
     if (st == FG_OK) {
-        fill_random(h, dtype, (size_t)m * hidden, 1, 2.0f);
+        fill_random(h, ct, (size_t)m * hidden, 1, 2.0f);
         fill_random(w, dtype, (size_t)vocab * hidden, 2, 0.1f);
-        fill_random(dl, dtype, (size_t)m * vocab, 3, 1e-4f);
+        fill_random(dl, ct, (size_t)m * vocab, 3, 1e-4f);
         memset(gw, 0, (size_t)vocab * hidden * 4);
         for (int r = 0; r < reps && st == FG_OK; r++) {
             double t0 = now_s();

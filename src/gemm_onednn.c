@@ -1,29 +1,89 @@
-/* oneDNN matmul wrapper with a small primitive cache (see gemm_onednn.h). */
+/* oneDNN matmul wrapper: primitive cache and the bf16 tile path (see gemm_onednn.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include "bf16.h"
 #include "gemm_onednn.h"
+
+#define TILE_BYTES ((size_t)4 << 20) /* converted weight tile: stays in L3 */
+#define TILE_MIN_ROWS 4
 
 typedef struct gemm_slot {
     fg_gemm_shape shape;
     int threads;
     dnnl_primitive_t prim;
-    dnnl_memory_desc_t a_md, b_md, c_md, bias_md;
+    dnnl_memory_desc_t a_md, b_md, c_md, bias_md, scratch_md;
     size_t scratch_bytes;
-    dnnl_memory_desc_t scratch_md;
     uint64_t last_use;
 } gemm_slot;
 
 struct fg_gemm_cache {
     dnnl_engine_t engine;
     dnnl_stream_t stream;
+    int native_bf16;
     gemm_slot slots[FG_GEMM_CACHE_SLOTS];
     uint64_t clock;
 };
 
 static dnnl_data_type_t dt(fg_dtype t) { return t == FG_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32; }
+
+static int same_shape(const fg_gemm_shape *a, const fg_gemm_shape *b)
+{
+    return a->M == b->M && a->N == b->N && a->K == b->K && a->a_type == b->a_type &&
+           a->b_type == b->b_type && a->c_type == b->c_type && a->a_rs == b->a_rs &&
+           a->a_cs == b->a_cs && a->b_rs == b->b_rs && a->b_cs == b->b_cs && a->c_ld == b->c_ld &&
+           a->accumulate == b->accumulate && a->has_bias == b->has_bias;
+}
+
+/* Builds the primitive for s; returns nonzero when oneDNN cannot. */
+static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gemm_slot *slot)
+{
+    dnnl_dims_t a_dims = {s->M, s->K}, a_str = {s->a_rs, s->a_cs};
+    dnnl_dims_t b_dims = {s->K, s->N}, b_str = {s->b_rs, s->b_cs};
+    dnnl_dims_t c_dims = {s->M, s->N}, c_str = {s->c_ld, 1};
+    dnnl_dims_t bias_dims = {1, s->N}, bias_str = {s->N, 1};
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_matmul_desc_t md;
+    int bad = 1;
+    if (dnnl_memory_desc_init_by_strides(&slot->a_md, 2, a_dims, dt(s->a_type), a_str) ||
+        dnnl_memory_desc_init_by_strides(&slot->b_md, 2, b_dims, dt(s->b_type), b_str) ||
+        dnnl_memory_desc_init_by_strides(&slot->c_md, 2, c_dims, dt(s->c_type), c_str) ||
+        dnnl_memory_desc_init_by_strides(&slot->bias_md, 2, bias_dims, dt(s->b_type), bias_str))
+        goto done;
+    if (dnnl_matmul_desc_init(&md, &slot->a_md, &slot->b_md, s->has_bias ? &slot->bias_md : NULL,
+                              &slot->c_md))
+        goto done;
+    if (dnnl_primitive_attr_create(&attr) ||
+        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user))
+        goto done;
+    if (s->accumulate && (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
+                          dnnl_primitive_attr_set_post_ops(attr, po)))
+        goto done;
+    if (dnnl_primitive_desc_create(&pd, &md, attr, c->engine, NULL))
+        goto done;
+    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    slot->scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    if (sp)
+        slot->scratch_md = *sp;
+    if (dnnl_primitive_create(&slot->prim, pd))
+        goto done;
+    slot->shape = *s;
+    bad = 0;
+done:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (po)
+        dnnl_post_ops_destroy(po);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    if (bad)
+        slot->prim = NULL;
+    return bad;
+}
 
 fg_status fg_gemm_cache_create(fg_context *ctx)
 {
@@ -39,6 +99,14 @@ fg_status fg_gemm_cache_create(fg_context *ctx)
         free(c);
         return FG_ERR_BACKEND;
     }
+    /* Probe once: does this CPU have oneDNN bf16 matmul kernels? */
+    fg_gemm_shape probe = {16, 16, 16, FG_DTYPE_BF16, FG_DTYPE_BF16, FG_DTYPE_F32,
+                           16, 1, 16, 1, 16, 0, 0};
+    gemm_slot tmp;
+    memset(&tmp, 0, sizeof tmp);
+    c->native_bf16 = create_primitive(c, &probe, &tmp) == 0;
+    if (tmp.prim)
+        dnnl_primitive_destroy(tmp.prim);
     ctx->gemm = c;
     return FG_OK;
 }
@@ -57,65 +125,18 @@ void fg_gemm_cache_destroy(fg_context *ctx)
     ctx->gemm = NULL;
 }
 
-static int same_shape(const fg_gemm_shape *a, const fg_gemm_shape *b)
+int fg_gemm_native_bf16(const fg_context *ctx) { return ctx->gemm->native_bf16; }
+
+static int is_native(const struct fg_gemm_cache *c, const fg_gemm_shape *s)
 {
-    return a->M == b->M && a->N == b->N && a->K == b->K && a->ab_type == b->ab_type &&
-           a->c_type == b->c_type && a->a_rs == b->a_rs && a->a_cs == b->a_cs &&
-           a->b_rs == b->b_rs && a->b_cs == b->b_cs && a->c_ld == b->c_ld &&
-           a->accumulate == b->accumulate && a->has_bias == b->has_bias;
+    if (s->a_type != s->b_type)
+        return 0;
+    if (s->a_type == FG_DTYPE_BF16 || s->c_type == FG_DTYPE_BF16)
+        return c->native_bf16;
+    return 1;
 }
 
-static fg_status create_slot(fg_context *ctx, const fg_gemm_shape *s, gemm_slot *slot)
-{
-    struct fg_gemm_cache *c = ctx->gemm;
-    dnnl_dims_t a_dims = {s->M, s->K}, a_str = {s->a_rs, s->a_cs};
-    dnnl_dims_t b_dims = {s->K, s->N}, b_str = {s->b_rs, s->b_cs};
-    dnnl_dims_t c_dims = {s->M, s->N}, c_str = {s->c_ld, 1};
-    dnnl_dims_t bias_dims = {1, s->N}, bias_str = {s->N, 1};
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
-    dnnl_primitive_desc_t pd = NULL;
-    dnnl_matmul_desc_t md;
-    fg_status st = FG_ERR_BACKEND;
-
-    if (dnnl_memory_desc_init_by_strides(&slot->a_md, 2, a_dims, dt(s->ab_type), a_str) ||
-        dnnl_memory_desc_init_by_strides(&slot->b_md, 2, b_dims, dt(s->ab_type), b_str) ||
-        dnnl_memory_desc_init_by_strides(&slot->c_md, 2, c_dims, dt(s->c_type), c_str) ||
-        dnnl_memory_desc_init_by_strides(&slot->bias_md, 2, bias_dims, dt(s->ab_type), bias_str))
-        goto done;
-    if (dnnl_matmul_desc_init(&md, &slot->a_md, &slot->b_md, s->has_bias ? &slot->bias_md : NULL,
-                              &slot->c_md))
-        goto done;
-    if (dnnl_primitive_attr_create(&attr) ||
-        dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user))
-        goto done;
-    if (s->accumulate) {
-        if (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
-            dnnl_primitive_attr_set_post_ops(attr, po))
-            goto done;
-    }
-    if (dnnl_primitive_desc_create(&pd, &md, attr, c->engine, NULL))
-        goto done;
-    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-    slot->scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
-    if (sp)
-        slot->scratch_md = *sp;
-    if (dnnl_primitive_create(&slot->prim, pd))
-        goto done;
-    slot->shape = *s;
-    slot->threads = fg_threads(ctx);
-    st = FG_OK;
-done:
-    if (pd)
-        dnnl_primitive_desc_destroy(pd);
-    if (po)
-        dnnl_post_ops_destroy(po);
-    if (attr)
-        dnnl_primitive_attr_destroy(attr);
-    if (st != FG_OK)
-        slot->prim = NULL;
-    return st;
-}
+/* ---------------------------------------------------------- native path */
 
 static gemm_slot *find_slot(fg_context *ctx, const fg_gemm_shape *s)
 {
@@ -131,12 +152,11 @@ static gemm_slot *find_slot(fg_context *ctx, const fg_gemm_shape *s)
     return NULL;
 }
 
-fg_status fg_gemm_prepare(fg_context *ctx, const fg_gemm_shape *s, size_t *scratch_bytes)
+static fg_status native_prepare(fg_context *ctx, const fg_gemm_shape *s, gemm_slot **out)
 {
     struct fg_gemm_cache *c = ctx->gemm;
     gemm_slot *slot = find_slot(ctx, s);
-    if (!slot) {
-        /* Evict the least recently used slot. */
+    if (!slot) { /* evict the least recently used slot */
         slot = &c->slots[0];
         for (int i = 1; i < FG_GEMM_CACHE_SLOTS; i++)
             if (c->slots[i].last_use < slot->last_use)
@@ -144,37 +164,33 @@ fg_status fg_gemm_prepare(fg_context *ctx, const fg_gemm_shape *s, size_t *scrat
         if (slot->prim)
             dnnl_primitive_destroy(slot->prim);
         memset(slot, 0, sizeof *slot);
-        if (create_slot(ctx, s, slot) != FG_OK)
+        if (create_primitive(c, s, slot))
             return fg_fail(ctx, FG_ERR_BACKEND,
-                           "oneDNN could not create a matmul for M=%lld N=%lld K=%lld (%s)",
-                           (long long)s->M, (long long)s->N, (long long)s->K,
-                           s->ab_type == FG_DTYPE_BF16 ? "bf16" : "f32");
+                           "oneDNN could not create a matmul for M=%lld N=%lld K=%lld",
+                           (long long)s->M, (long long)s->N, (long long)s->K);
+        slot->threads = fg_threads(ctx);
         slot->last_use = ++c->clock;
     }
-    if (scratch_bytes)
-        *scratch_bytes = slot->scratch_bytes;
+    *out = slot;
     return FG_OK;
 }
 
-fg_status fg_gemm_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
-                      void *C, const void *bias, void *scratch)
+static fg_status native_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
+                            void *C, const void *bias, void *scratch)
 {
     struct fg_gemm_cache *c = ctx->gemm;
-    gemm_slot *slot = find_slot(ctx, s);
-    if (!slot) { /* evicted since prepare: prepare again (no scratch growth: same shape) */
-        fg_status st = fg_gemm_prepare(ctx, s, NULL);
-        if (st != FG_OK)
-            return st;
-        slot = find_slot(ctx, s);
-    }
+    gemm_slot *slot;
+    fg_status st = native_prepare(ctx, s, &slot); /* a cache hit unless evicted */
+    if (st != FG_OK)
+        return st;
     dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL, msp = NULL;
-    fg_status st = FG_ERR_BACKEND;
+    st = FG_ERR_BACKEND;
+    dnnl_exec_arg_t args[5];
+    int nargs = 0;
     if (dnnl_memory_create(&ma, &slot->a_md, c->engine, (void *)A) ||
         dnnl_memory_create(&mb, &slot->b_md, c->engine, (void *)B) ||
         dnnl_memory_create(&mc, &slot->c_md, c->engine, C))
         goto done;
-    dnnl_exec_arg_t args[5];
-    int nargs = 0;
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, ma};
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, mb};
     args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DST, mc};
@@ -202,4 +218,173 @@ done:
         return fg_fail(ctx, FG_ERR_BACKEND, "oneDNN matmul failed (M=%lld N=%lld K=%lld)",
                        (long long)s->M, (long long)s->N, (long long)s->K);
     return FG_OK;
+}
+
+/* ---------------------------------------------------------- tile path */
+
+/* A tiled product: B's weight rows are converted to f32 `rows` at a time.
+ * When B's columns are the contiguous runs (B = Wᵀ, the logits GEMM) the tile
+ * runs along N; when B's rows are (B = W, the grad_hidden GEMM) along K. */
+typedef struct tiling {
+    int along_n;
+    int64_t len, rows, tiles; /* tiled dimension, rows per tile, tile count */
+    size_t btile_bytes, ctile_bytes, bias_bytes, native_scratch;
+} tiling;
+
+static fg_gemm_shape tile_shape(const fg_gemm_shape *s, const tiling *t, int64_t rows, int first)
+{
+    fg_gemm_shape u = *s;
+    u.a_type = u.b_type = u.c_type = FG_DTYPE_F32;
+    if (t->along_n) {
+        u.N = rows;
+        u.b_rs = 1;
+        u.b_cs = s->K;
+        if (s->c_type == FG_DTYPE_BF16)
+            u.c_ld = rows;
+    } else {
+        u.K = rows;
+        u.b_rs = s->N;
+        u.b_cs = 1;
+        u.accumulate = s->accumulate || !first;
+        u.has_bias = s->has_bias && first;
+    }
+    return u;
+}
+
+static fg_status tile_plan(fg_context *ctx, const fg_gemm_shape *s, tiling *t)
+{
+    if (s->a_type != FG_DTYPE_F32)
+        return fg_fail(ctx, FG_ERR_BACKEND, "internal: the bf16 tile path needs an f32 A operand");
+    memset(t, 0, sizeof *t);
+    t->along_n = s->b_cs > s->b_rs;
+    if (!t->along_n && s->c_type == FG_DTYPE_BF16)
+        return fg_fail(ctx, FG_ERR_BACKEND, "internal: bf16 C needs an N-tiled product");
+    const int64_t other = t->along_n ? s->K : s->N;
+    t->len = t->along_n ? s->N : s->K;
+    /* A tile takes at most an eighth of the budget, so small budgets stay met. */
+    const size_t tile_bytes = ctx->budget / 8 < TILE_BYTES ? ctx->budget / 8 : TILE_BYTES;
+    int64_t rows = (int64_t)(tile_bytes / ((size_t)other * sizeof(float)));
+    rows = rows < TILE_MIN_ROWS ? TILE_MIN_ROWS : rows;
+    t->rows = rows < t->len ? rows : t->len;
+    t->tiles = (t->len + t->rows - 1) / t->rows;
+    t->btile_bytes = fg_ws_round((size_t)t->rows * (size_t)other * sizeof(float));
+    if (t->along_n && s->c_type == FG_DTYPE_BF16)
+        t->ctile_bytes = fg_ws_round((size_t)s->M * (size_t)t->rows * sizeof(float));
+    if (s->has_bias)
+        t->bias_bytes = fg_ws_round((size_t)(t->along_n ? t->rows : s->N) * sizeof(float));
+    const int64_t last = t->len - (t->tiles - 1) * t->rows;
+    for (int k = 0; k < 4; k++) { /* full and last tile, first and later */
+        int64_t r = (k & 1) ? last : t->rows;
+        gemm_slot *slot;
+        fg_gemm_shape u = tile_shape(s, t, r, k < 2);
+        fg_status st = native_prepare(ctx, &u, &slot);
+        if (st != FG_OK)
+            return st;
+        if (slot->scratch_bytes > t->native_scratch)
+            t->native_scratch = slot->scratch_bytes;
+    }
+    t->native_scratch = fg_ws_round(t->native_scratch);
+    return FG_OK;
+}
+
+static float load_any(const void *p, fg_dtype t, size_t i)
+{
+    return t == FG_DTYPE_BF16 ? fg_bf16_load(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* dst[j][i] = src row r0 + j, element i, for `rows` rows of `len` elements:
+ * weight row (r0 + j) is element (i * stride_in + (r0 + j) * stride_out). */
+static void convert_rows(float *dst, const void *src, fg_dtype t, int64_t r0, int64_t rows,
+                         int64_t len, int64_t row_stride, int64_t elem_stride, int nt)
+{
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t j = 0; j < rows; j++) {
+        const size_t base = (size_t)(r0 + j) * (size_t)row_stride;
+        float *d = dst + (size_t)j * (size_t)len;
+        if (t == FG_DTYPE_BF16 && elem_stride == 1) {
+            const uint16_t *sp = (const uint16_t *)src + base;
+            for (int64_t i = 0; i < len; i++)
+                d[i] = fg_bf16_load(sp[i]);
+        } else {
+            for (int64_t i = 0; i < len; i++)
+                d[i] = load_any(src, t, base + (size_t)i * (size_t)elem_stride);
+        }
+    }
+}
+
+static fg_status tile_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
+                          void *C, const void *bias, void *scratch)
+{
+    tiling t;
+    fg_status st = tile_plan(ctx, s, &t);
+    if (st != FG_OK)
+        return st;
+    unsigned char *sp = scratch;
+    void *native_scratch = sp;
+    float *btile = (float *)(sp + t.native_scratch);
+    float *ctile = (float *)(sp + t.native_scratch + t.btile_bytes);
+    float *btmp = (float *)(sp + t.native_scratch + t.btile_bytes + t.ctile_bytes);
+    const int nt = fg_threads(ctx);
+    const size_t a_es = fg_dtype_size(s->a_type), c_es = fg_dtype_size(s->c_type);
+    if (!t.along_n && s->has_bias)
+        convert_rows(btmp, bias, s->b_type, 0, 1, s->N, 0, 1, 1);
+    for (int64_t k = 0; k < t.tiles && st == FG_OK; k++) {
+        const int64_t r0 = k * t.rows, rows = t.len - r0 < t.rows ? t.len - r0 : t.rows;
+        fg_gemm_shape u = tile_shape(s, &t, rows, k == 0);
+        if (t.along_n) {
+            /* B column n = weight row n: element (kk, n) at kk*b_rs + n*b_cs. */
+            convert_rows(btile, B, s->b_type, r0, rows, s->K, s->b_cs, s->b_rs, nt);
+            if (s->has_bias)
+                convert_rows(btmp, (const unsigned char *)bias + (size_t)r0 * fg_dtype_size(s->b_type),
+                             s->b_type, 0, 1, rows, 0, 1, 1);
+            void *cdst = s->c_type == FG_DTYPE_BF16 ? (void *)ctile
+                                                    : (unsigned char *)C + (size_t)r0 * c_es;
+            st = native_run(ctx, &u, A, btile, cdst, btmp, native_scratch);
+            if (st == FG_OK && s->c_type == FG_DTYPE_BF16) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+                for (int64_t m = 0; m < s->M; m++) {
+                    uint16_t *crow = (uint16_t *)C + (size_t)m * (size_t)s->c_ld + r0;
+                    for (int64_t j = 0; j < rows; j++)
+                        crow[j] = fg_bf16_store(ctile[(size_t)m * (size_t)rows + j]);
+                }
+            }
+        } else {
+            /* B row kk = weight row kk: element (kk, n) at kk*b_rs + n*b_cs. */
+            convert_rows(btile, B, s->b_type, r0, rows, s->N, s->b_rs, s->b_cs, nt);
+            const void *a_tile = (const unsigned char *)A + (size_t)r0 * (size_t)s->a_cs * a_es;
+            st = native_run(ctx, &u, a_tile, btile, C, btmp, native_scratch);
+        }
+    }
+    return st;
+}
+
+/* ---------------------------------------------------------- public */
+
+fg_status fg_gemm_prepare(fg_context *ctx, const fg_gemm_shape *s, size_t *scratch_bytes)
+{
+    size_t bytes;
+    if (is_native(ctx->gemm, s)) {
+        gemm_slot *slot;
+        fg_status st = native_prepare(ctx, s, &slot);
+        if (st != FG_OK)
+            return st;
+        bytes = slot->scratch_bytes;
+    } else {
+        tiling t;
+        fg_status st = tile_plan(ctx, s, &t);
+        if (st != FG_OK)
+            return st;
+        bytes = t.native_scratch + t.btile_bytes + t.ctile_bytes + t.bias_bytes;
+    }
+    if (scratch_bytes)
+        *scratch_bytes = bytes;
+    return FG_OK;
+}
+
+fg_status fg_gemm_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
+                      void *C, const void *bias, void *scratch)
+{
+    if (is_native(ctx->gemm, s))
+        return native_run(ctx, s, A, B, C, bias, scratch);
+    return tile_run(ctx, s, A, B, C, bias, scratch);
 }

@@ -4,6 +4,13 @@
  * dlogitsᵀ) cost nothing. Primitives are cached per shape in the context;
  * oneDNN's scratchpad is user-managed so it comes out of the tracked
  * workspace and counts toward the budget.
+ *
+ * bf16: where oneDNN has bf16 kernels for this CPU (AVX-512 BF16 / AMX) the
+ * product runs natively. Elsewhere (oneDNN 2.x needs AVX-512 for bf16) a bf16
+ * B operand (the weight) is converted to f32 one cache-sized tile of weight
+ * rows at a time, and a bf16 C is written through an f32 tile: the weight is
+ * never copied whole, and the extra traffic is one read of it per product.
+ * A must then be f32: fg_gemm_native_bf16() tells the caller which to pass.
  */
 #ifndef FG_GEMM_ONEDNN_H
 #define FG_GEMM_ONEDNN_H
@@ -12,14 +19,17 @@
 
 typedef struct fg_gemm_shape {
     int64_t M, N, K;
-    fg_dtype ab_type; /* A and B share it: f32·f32 or bf16·bf16, f32 accumulation */
+    fg_dtype a_type, b_type; /* f32 accumulation always */
     fg_dtype c_type;
     int64_t a_rs, a_cs; /* A element (m,k) at m*a_rs + k*a_cs */
     int64_t b_rs, b_cs; /* B element (k,n) at k*b_rs + n*b_cs */
     int64_t c_ld;
     int accumulate;     /* C += A·B instead of C = A·B */
-    int has_bias;       /* bias[N] in ab_type added to every row */
+    int has_bias;       /* bias[N], in b_type, added to every row */
 } fg_gemm_shape;
+
+/* 1 when bf16·bf16 products run natively on this CPU. */
+int fg_gemm_native_bf16(const fg_context *ctx);
 
 fg_status fg_gemm_cache_create(fg_context *ctx);
 void fg_gemm_cache_destroy(fg_context *ctx);

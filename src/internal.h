@@ -13,7 +13,7 @@
 
 #define FG_DEFAULT_BUDGET ((size_t)128 << 20)
 #define FG_ALIGN 64
-#define FG_GEMM_CACHE_SLOTS 16
+#define FG_GEMM_CACHE_SLOTS 48
 
 struct fg_gemm_cache; /* gemm_onednn.c */
 
@@ -60,6 +60,8 @@ fg_status fg_ws_reserve(fg_context *ctx, size_t bytes);
 void *fg_ws_take(fg_context *ctx, size_t bytes);
 /* Bytes a block of `bytes` occupies in the arena once aligned. */
 size_t fg_ws_round(size_t bytes);
+/* The arena's real size for `bytes`: whole pages. */
+size_t fg_ws_page_round(size_t bytes);
 void fg_ws_release(fg_context *ctx);
 
 /* Thread control: a library call runs with ctx's thread count and restores

@@ -29,7 +29,10 @@
 
 typedef struct linear_plan {
     int fused;
-    fg_dtype in_t, logit_t, dlogit_t;
+    fg_dtype in_t;    /* storage of hidden, weight, bias                          */
+    fg_dtype cmp_t;   /* the gathered hidden rows and dlogits: bf16 only where the
+                         CPU multiplies bf16 natively, else f32 (gemm_onednn.h)   */
+    fg_dtype logit_t, dlogit_t;
     int dl_alias; /* dlogits overwrite the f32 logits in place */
     int64_t H, V, Nc, chunks;
     int want_gh, want_gw, want_gb, any_grad, two_sweeps;
@@ -40,19 +43,21 @@ typedef struct linear_plan {
 
 static fg_gemm_shape shape_logits(const linear_plan *p, int64_t m)
 {
-    fg_gemm_shape s = {m, p->V, p->H, p->in_t, p->logit_t, p->H, 1, 1, p->w_ld, p->V, 0, p->has_bias};
+    fg_gemm_shape s = {m, p->V, p->H, p->cmp_t, p->in_t, p->logit_t, p->H, 1, 1, p->w_ld, p->V, 0,
+                       p->has_bias};
     return s;
 }
 
 static fg_gemm_shape shape_dhidden(const linear_plan *p, int64_t m)
 {
-    fg_gemm_shape s = {m, p->H, p->V, p->in_t, FG_DTYPE_F32, p->V, 1, p->w_ld, 1, p->H, 0, 0};
+    fg_gemm_shape s = {m, p->H, p->V, p->cmp_t, p->in_t, FG_DTYPE_F32, p->V, 1, p->w_ld, 1, p->H,
+                       0, 0};
     return s;
 }
 
 static fg_gemm_shape shape_dweight(const linear_plan *p, int64_t m, int accumulate)
 {
-    fg_gemm_shape s = {p->V, p->H, m, p->in_t, FG_DTYPE_F32, 1, p->V, p->H, 1, p->gw_ld,
+    fg_gemm_shape s = {p->V, p->H, m, p->cmp_t, p->cmp_t, FG_DTYPE_F32, 1, p->V, p->H, 1, p->gw_ld,
                        accumulate, 0};
     return s;
 }
@@ -85,7 +90,7 @@ static size_t chunk_bytes(const linear_plan *p, int64_t m)
     size_t b = fg_ws_round((size_t)m * (size_t)p->V * fg_dtype_size(p->logit_t));
     if (p->any_grad && !p->dl_alias)
         b += fg_ws_round((size_t)m * (size_t)p->V * fg_dtype_size(p->dlogit_t));
-    b += fg_ws_round((size_t)m * (size_t)p->H * fg_dtype_size(p->in_t));
+    b += fg_ws_round((size_t)m * (size_t)p->H * fg_dtype_size(p->cmp_t));
     if (p->want_gh)
         b += fg_ws_round((size_t)m * (size_t)p->H * sizeof(float));
     return b;
@@ -119,7 +124,8 @@ static fg_status plan_chunks(fg_context *ctx, linear_plan *p, int64_t n_active, 
             st = prepare_gemms(ctx, p, last, &scratch);
         if (st != FG_OK)
             return st;
-        size_t need = fixed + chunk_bytes(p, nc) + fg_ws_round(scratch);
+        /* The arena is mapped in whole pages: count what is really held. */
+        size_t need = fg_ws_page_round(fixed + chunk_bytes(p, nc) + fg_ws_round(scratch));
         if (!p->fused || need <= ctx->budget) {
             p->Nc = nc;
             p->chunks = chunks;
@@ -203,6 +209,25 @@ static void *row_at(const fg_matrix *m, int64_t r)
     return (unsigned char *)m->data + (size_t)r * (size_t)m->ld * fg_dtype_size(m->dtype);
 }
 
+/* hbuf[i] = hidden[tok[i]], converted to the compute dtype. */
+static void gather_rows(const linear_plan *p, const fg_matrix *hidden, const int64_t *tok,
+                        int64_t m, void *hbuf)
+{
+    const size_t hrow = (size_t)p->H * fg_dtype_size(p->cmp_t);
+    for (int64_t i = 0; i < m; i++) {
+        const void *src = row_at(hidden, tok[i]);
+        void *dst = (unsigned char *)hbuf + (size_t)i * hrow;
+        if (p->cmp_t == p->in_t) {
+            memcpy(dst, src, hrow);
+        } else { /* bf16 storage, f32 compute */
+            const uint16_t *h = src;
+            float *d = dst;
+            for (int64_t k = 0; k < p->H; k++)
+                d[k] = fg_bf16_to_f32(h[k]);
+        }
+    }
+}
+
 /* Everything one call carries from chunk to chunk. */
 typedef struct linear_call {
     linear_plan p;
@@ -226,12 +251,9 @@ static fg_status run_chunk(fg_context *ctx, linear_call *L, int64_t k, enum swee
     const int64_t r0 = k * p->Nc;
     const int64_t m = L->c.n_active - r0 < p->Nc ? L->c.n_active - r0 : p->Nc;
     const int64_t *tok = L->c.active + r0;
-    const size_t hrow = (size_t)p->H * fg_dtype_size(p->in_t);
     fg_status st;
     if (!logits_ready) {
-        for (int64_t i = 0; i < m; i++)
-            memcpy((unsigned char *)L->hbuf + (size_t)i * hrow, row_at(&L->in->hidden, tok[i]),
-                   hrow);
+        gather_rows(p, &L->in->hidden, tok, m, L->hbuf);
         fg_gemm_shape s1 = shape_logits(p, m);
         if ((st = fg_gemm_run(ctx, &s1, L->hbuf, L->in->weight.data, L->logits, L->in->bias.data,
                               L->scratch)) != FG_OK)
@@ -325,8 +347,9 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
     linear_plan *p = &L.p;
     p->fused = o->impl == FG_IMPL_FUSED;
     p->in_t = in->hidden.dtype;
+    p->cmp_t = (p->in_t == FG_DTYPE_BF16 && fg_gemm_native_bf16(ctx)) ? FG_DTYPE_BF16 : FG_DTYPE_F32;
     p->logit_t = (!p->fused && o->round_logits_to_input_dtype) ? p->in_t : FG_DTYPE_F32;
-    p->dlogit_t = p->in_t; /* the gradient GEMMs run in the input dtype */
+    p->dlogit_t = p->cmp_t; /* the gradient GEMMs take dlogits in the compute dtype */
     p->dl_alias = p->fused && p->dlogit_t == p->logit_t;
     p->H = in->hidden.cols;
     p->V = in->weight.rows;
@@ -367,7 +390,7 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
         L.dlogits = L.logits;
         if (p->any_grad && !p->dl_alias)
             L.dlogits = fg_ws_take(ctx, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->dlogit_t));
-        L.hbuf = fg_ws_take(ctx, (size_t)p->Nc * (size_t)p->H * fg_dtype_size(p->in_t));
+        L.hbuf = fg_ws_take(ctx, (size_t)p->Nc * (size_t)p->H * fg_dtype_size(p->cmp_t));
         if (p->want_gh)
             L.ghbuf = fg_ws_take(ctx, (size_t)p->Nc * (size_t)p->H * sizeof(float));
         L.scratch = p->scratch_bytes ? fg_ws_take(ctx, p->scratch_bytes) : NULL;

@@ -136,6 +136,7 @@ static token_terms token_terms_eval(const fg_loss_plan *p, int64_t b, int64_t n,
             double tr = exp(logp - old);
             r.L += p->beta * kl * tr;
             r.dL_dlogp += p->beta * (dkl + kl) * tr;
+            r.kl = kl * tr; /* the metric reports the corrected KL, as TRL does */
         } else {
             r.L += p->beta * kl;
             r.dL_dlogp += p->beta * dkl;

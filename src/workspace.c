@@ -47,6 +47,8 @@ void fg_tracked_free(fg_context *ctx, void *p, size_t bytes)
 
 size_t fg_ws_round(size_t bytes) { return (bytes + FG_ALIGN - 1) & ~(size_t)(FG_ALIGN - 1); }
 
+size_t fg_ws_page_round(size_t bytes) { return (bytes + 4095) & ~(size_t)4095; }
+
 void fg_ws_release(fg_context *ctx)
 {
     if (ctx->ws.base) {
@@ -68,10 +70,9 @@ fg_status fg_ws_reserve(fg_context *ctx, size_t bytes)
         keep_limit = ctx->budget;
     if (bytes <= ctx->ws.capacity && ctx->ws.capacity <= keep_limit)
         return FG_OK;
-    size_t page = 4096, cap;
-    if (!fg_add_size(bytes, page - 1, &cap))
+    if (bytes > SIZE_MAX - 4095)
         return FG_ERR_OUT_OF_MEMORY;
-    cap &= ~(page - 1);
+    size_t cap = fg_ws_page_round(bytes);
     /* Free first so the peak is the larger arena, not old + new. */
     fg_ws_release(ctx);
     /* MAP_POPULATE: first-touch faults cost ~3 s/GiB here, pre-faulting 20x less. */
