@@ -190,9 +190,15 @@ typedef enum fg_backend {
     FG_BACKEND_CUDA = 1 /* reserved: not built yet, fg_context_create refuses it */
 } fg_backend;
 
-/* Reduction hook for a vocab-sharded weight (one shard per process, e.g. MPI).
- * `allreduce` combines `count` floats elementwise across all shards in place
- * (op 0: sum, op 1: max) and returns 0 on success. NULL: one shard, no hook. */
+/* Reduction hook for a vocab-sharded weight (one shard per process, e.g. MPI
+ * or one thread per shard). `allreduce` combines `count` floats elementwise
+ * across all shards in place (FG_REDUCE_SUM or FG_REDUCE_MAX), every shard
+ * getting identical bits, and returns 0 on success. fg_linear_grpo calls it
+ * collectively (every shard the same calls in the same order): to agree on
+ * the chunk size, to merge each chunk's row statistics (max, then sums), and
+ * to sum each chunk's grad_hidden. With MPI: MPI_Allreduce(MPI_IN_PLACE, buf,
+ * count, MPI_FLOAT, op == FG_REDUCE_SUM ? MPI_SUM : MPI_MAX, comm).
+ * allreduce NULL: one shard, no hook. */
 typedef enum fg_reduce_op { FG_REDUCE_SUM = 0, FG_REDUCE_MAX = 1 } fg_reduce_op;
 typedef struct fg_communicator {
     int (*allreduce)(void *user, float *buf, int64_t count, fg_reduce_op op);

@@ -37,6 +37,8 @@ typedef struct linear_plan {
     int64_t H, V, Nc, chunks;
     int want_gh, want_gw, want_gb, any_grad, two_sweeps;
     int has_bias;
+    int sharded; /* weight holds vocab rows [vocab_start, vocab_start + V) */
+    int64_t vocab_start;
     int64_t w_ld, gw_ld;
     size_t scratch_bytes;
 } linear_plan;
@@ -93,6 +95,8 @@ static size_t chunk_bytes(const linear_plan *p, int64_t m)
     b += fg_ws_round((size_t)m * (size_t)p->H * fg_dtype_size(p->cmp_t));
     if (p->want_gh)
         b += fg_ws_round((size_t)m * (size_t)p->H * sizeof(float));
+    if (p->sharded)
+        b += fg_ws_round((size_t)m * 5 * sizeof(float));
     return b;
 }
 
@@ -107,6 +111,7 @@ static fg_status plan_chunks(fg_context *ctx, linear_plan *p, int64_t n_active, 
         int64_t fit = (int64_t)(avail / row);
         nc = fit < nc ? fit : nc;
     }
+    int agreed = 0;
     for (int attempt = 0; attempt < 16; attempt++) {
         if (nc < 1)
             return fg_fail(ctx, FG_ERR_BUDGET_TOO_SMALL,
@@ -127,6 +132,17 @@ static fg_status plan_chunks(fg_context *ctx, linear_plan *p, int64_t n_active, 
         /* The arena is mapped in whole pages: count what is really held. */
         size_t need = fg_ws_page_round(fixed + chunk_bytes(p, nc) + fg_ws_round(scratch));
         if (!p->fused || need <= ctx->budget) {
+            if (p->sharded && !agreed) {
+                /* Every shard must walk the same chunks: take the smallest Nc. */
+                float neg = -(float)nc;
+                if (ctx->opts.comm.allreduce(ctx->opts.comm.user, &neg, 1, FG_REDUCE_MAX) != 0)
+                    return fg_fail(ctx, FG_ERR_BACKEND, "the communicator's allreduce failed");
+                agreed = 1;
+                if ((int64_t)-neg != nc) {
+                    nc = (int64_t)-neg;
+                    continue;
+                }
+            }
             p->Nc = nc;
             p->chunks = chunks;
             p->scratch_bytes = scratch;
@@ -165,12 +181,18 @@ static fg_status validate_linear(fg_context *ctx, const fg_linear_options *o,
         if (in->bias.dtype != in->weight.dtype)
             return fg_fail(ctx, FG_ERR_SHAPE_MISMATCH, "bias dtype differs from weight dtype");
     }
-    if (in->vocab_start != 0 || (in->vocab_total > 0 && in->vocab_total != V))
-        return fg_fail(ctx, FG_ERR_UNSUPPORTED,
-                       "vocab sharding (vocab_start %lld, vocab_total %lld) is not implemented "
-                       "in this build",
-                       (long long)in->vocab_start, (long long)in->vocab_total);
-    if ((st = fg_validate_batch(ctx, cfg, batch, V)) != FG_OK)
+    const int sharded = in->vocab_start != 0 || (in->vocab_total > 0 && in->vocab_total != V);
+    if (sharded) {
+        if (in->vocab_start < 0 || in->vocab_total <= 0 || in->vocab_start > in->vocab_total - V)
+            return fg_fail(ctx, FG_ERR_SHAPE_MISMATCH,
+                           "vocab shard [%lld, %lld) does not lie in [0, vocab_total = %lld)",
+                           (long long)in->vocab_start, (long long)(in->vocab_start + V),
+                           (long long)in->vocab_total);
+        if (!ctx->opts.comm.allreduce)
+            return fg_fail(ctx, FG_ERR_NULL_ARGUMENT,
+                           "a vocab-sharded weight needs a communicator (fg_context_options.comm)");
+    }
+    if ((st = fg_validate_batch(ctx, cfg, batch, sharded ? in->vocab_total : V)) != FG_OK)
         return st;
     const int64_t N = batch->batch * batch->seq_len;
     if (in->hidden.rows != N)
@@ -237,6 +259,7 @@ typedef struct linear_call {
     float inv_temp;
     void *logits, *dlogits, *hbuf, *scratch;
     float *ghbuf;
+    float *stats; /* sharded: 5 floats per chunk row for the statistics merge */
     int bad; /* non-finite statistics seen (only possible with the finite check off) */
 } linear_call;
 
@@ -259,8 +282,18 @@ static fg_status run_chunk(fg_context *ctx, linear_call *L, int64_t k, enum swee
                               L->scratch)) != FG_OK)
             return st;
     }
-    fg_rows rows = {L->logits, p->logit_t, p->V, L->dlogits, p->dlogit_t, p->V, m, p->V, tok, 0};
+    fg_rows rows = {L->logits, p->logit_t, p->V, L->dlogits, p->dlogit_t, p->V, m, p->V, tok, 0,
+                    p->vocab_start};
     const fg_loss_plan *plan = &L->c.plan;
+    if (p->sharded && mode != SWEEP_BACKWARD) {
+        /* Statistics need every shard: merge, then (token level) the backward. */
+        if ((st = fg_sweep_forward_sharded(ctx, plan, &rows, L->inv_temp, &L->c.ta, L->stats,
+                                           &L->bad)) != FG_OK)
+            return st;
+        if (mode == SWEEP_FORWARD)
+            return FG_OK;
+        mode = SWEEP_BACKWARD;
+    }
     switch (mode) {
     case SWEEP_FORWARD: L->bad |= fg_sweep_forward(ctx, plan, &rows, L->inv_temp, &L->c.ta); return FG_OK;
     case SWEEP_BACKWARD: fg_sweep_backward(ctx, plan, &rows, L->inv_temp, &L->c.ta); break;
@@ -273,6 +306,10 @@ static fg_status run_chunk(fg_context *ctx, linear_call *L, int64_t k, enum swee
         if ((st = fg_gemm_run(ctx, &s2, L->dlogits, L->in->weight.data, L->ghbuf, NULL,
                               L->scratch)) != FG_OK)
             return st;
+        /* Each shard holds its vocab rows' share of grad_hidden: sum them. */
+        if (p->sharded && ctx->opts.comm.allreduce(ctx->opts.comm.user, L->ghbuf, m * p->H,
+                                                    FG_REDUCE_SUM) != 0)
+            return fg_fail(ctx, FG_ERR_BACKEND, "the communicator's allreduce failed");
         for (int64_t i = 0; i < m; i++)
             memcpy(row_at(&L->out->grad_hidden, tok[i]), L->ghbuf + (size_t)i * (size_t)p->H,
                    (size_t)p->H * sizeof(float));
@@ -356,6 +393,8 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
     p->w_ld = in->weight.ld;
     p->gw_ld = out->grad_weight.data ? out->grad_weight.ld : p->H;
     p->has_bias = in->bias.data != NULL;
+    p->sharded = in->vocab_start != 0 || (in->vocab_total > 0 && in->vocab_total != in->weight.rows);
+    p->vocab_start = in->vocab_start;
     p->want_gh = out->grad_hidden.data != NULL;
     p->want_gw = out->grad_weight.data != NULL;
     p->want_gb = out->grad_bias.data != NULL;
@@ -394,6 +433,8 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
         if (p->want_gh)
             L.ghbuf = fg_ws_take(ctx, (size_t)p->Nc * (size_t)p->H * sizeof(float));
         L.scratch = p->scratch_bytes ? fg_ws_take(ctx, p->scratch_bytes) : NULL;
+        if (p->sharded)
+            L.stats = fg_ws_take(ctx, (size_t)p->Nc * 5 * sizeof(float));
     }
     zero_unwritten(&L, batch);
     if (n_active > 0)

@@ -73,7 +73,7 @@ fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg, const fg_ma
     const float inv_temp = (float)(1.0 / cfg->temperature);
     fg_rows rows = {logits->data, logits->dtype, logits->ld,
                     out->grad_logits.data, out->grad_logits.dtype, out->grad_logits.ld,
-                    c.n_active, V, c.active, 1};
+                    c.n_active, V, c.active, 1, 0};
     int bad;
     if (!want_grad) {
         bad = fg_sweep_forward(ctx, &c.plan, &rows, inv_temp, &c.ta);

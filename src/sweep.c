@@ -15,22 +15,42 @@ static const void *row_ptr(const void *base, fg_dtype t, int64_t ld, int64_t r)
 
 static int64_t row_index(const fg_rows *rows, int64_t i) { return rows->by_token ? rows->token[i] : i; }
 
+/* Row-local index of token n's chosen id, or -1 when another shard holds it. */
+static int64_t local_token(const fg_loss_plan *plan, const fg_rows *rows, int64_t n)
+{
+    const int64_t tok = plan->token_ids[n] - rows->vocab_start;
+    return tok >= 0 && tok < rows->V ? tok : -1;
+}
+
+/* Row i's statistics and its chosen logit (-inf when not in this shard). */
+static fg_row_stats row_stats(const fg_loss_plan *plan, const fg_rows *rows, int64_t i,
+                              float inv_temp, float *z_tok)
+{
+    const void *x = row_ptr(rows->x, rows->xtype, rows->x_ld, row_index(rows, i));
+    const int64_t tok = local_token(plan, rows, rows->token[i]);
+    *z_tok = tok < 0 ? -INFINITY
+                     : (rows->xtype == FG_DTYPE_BF16 ? fg_bf16_load(((const uint16_t *)x)[tok])
+                                                     : ((const float *)x)[tok]) * inv_temp;
+    return fg_row_stats_compute(x, rows->xtype, rows->V, inv_temp);
+}
+
+/* lse, logp, entropy of token n from its (merged) statistics; 1 when not finite. */
+static int finalize_row(int64_t n, fg_row_stats s, float z_tok, const fg_token_arrays *ta)
+{
+    const float lse = fg_row_lse(s);
+    ta->lse[n] = lse;
+    ta->logp[n] = z_tok - lse;
+    ta->entropy[n] = fg_row_entropy(s);
+    return !(isfinite(lse) && isfinite(ta->entropy[n]) && isfinite(ta->logp[n]));
+}
+
 /* Forward of row i: returns 1 when not finite. */
 static int forward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t i, float inv_temp,
                        const fg_token_arrays *ta)
 {
-    const void *x = row_ptr(rows->x, rows->xtype, rows->x_ld, row_index(rows, i));
-    const int64_t n = rows->token[i];
-    const int64_t tok = plan->token_ids[n];
-    fg_row_stats s = fg_row_stats_compute(x, rows->xtype, rows->V, inv_temp);
-    const float lse = fg_row_lse(s);
-    const float z_tok = (rows->xtype == FG_DTYPE_BF16
-                             ? fg_bf16_load(((const uint16_t *)x)[tok])
-                             : ((const float *)x)[tok]) * inv_temp;
-    ta->lse[n] = lse;
-    ta->logp[n] = z_tok - lse;
-    ta->entropy[n] = fg_row_entropy(s);
-    return !(isfinite(lse) && isfinite(ta->entropy[n]) && isfinite(z_tok));
+    float z_tok;
+    fg_row_stats s = row_stats(plan, rows, i, inv_temp, &z_tok);
+    return finalize_row(rows->token[i], s, z_tok, ta);
 }
 
 static void backward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t i, float inv_temp,
@@ -42,7 +62,7 @@ static void backward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t 
     fg_row_backward(row_ptr(rows->x, rows->xtype, rows->x_ld, r), rows->xtype,
                     (void *)row_ptr(rows->dx, rows->dxtype, rows->dx_ld, r), rows->dxtype, rows->V,
                     inv_temp, ta->lse[n], ta->entropy[n], g, fg_loss_dentropy(plan),
-                    plan->token_ids[n]);
+                    local_token(plan, rows, n));
 }
 
 int fg_sweep_forward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
@@ -53,6 +73,42 @@ int fg_sweep_forward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *r
     for (int64_t i = 0; i < rows->count; i++)
         bad |= forward_row(plan, rows, i, inv_temp, ta);
     return bad;
+}
+
+fg_status fg_sweep_forward_sharded(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+                                   float inv_temp, const fg_token_arrays *ta, float *scratch,
+                                   int *bad)
+{
+    const int64_t m = rows->count;
+    /* Laid out so that each allreduce takes one contiguous run:
+     * [max | chosen logit] by MAX, then [sum | dot] by SUM. */
+    float *mx = scratch, *zt = scratch + m, *sum = scratch + 2 * m, *dot = scratch + 3 * m;
+    float *local_max = scratch + 4 * m;
+#pragma omp parallel for schedule(static) num_threads(fg_threads(ctx))
+    for (int64_t i = 0; i < m; i++) {
+        fg_row_stats s = row_stats(plan, rows, i, inv_temp, &zt[i]);
+        mx[i] = local_max[i] = s.max;
+        sum[i] = s.sum;
+        dot[i] = s.dot;
+    }
+    const fg_communicator *comm = &ctx->opts.comm;
+    if (comm->allreduce(comm->user, mx, 2 * m, FG_REDUCE_MAX) != 0)
+        return fg_fail(ctx, FG_ERR_BACKEND, "the communicator's allreduce (max) failed");
+    for (int64_t i = 0; i < m; i++) { /* rescale this shard's sums to the global max */
+        fg_row_stats global = {mx[i], 0.0f, 0.0f}, local = {local_max[i], sum[i], dot[i]};
+        fg_row_stats r = fg_row_stats_merge(global, local);
+        sum[i] = r.sum;
+        dot[i] = r.dot;
+    }
+    if (comm->allreduce(comm->user, sum, 2 * m, FG_REDUCE_SUM) != 0)
+        return fg_fail(ctx, FG_ERR_BACKEND, "the communicator's allreduce (sum) failed");
+    int b = 0;
+    for (int64_t i = 0; i < m; i++) {
+        fg_row_stats s = {mx[i], sum[i], dot[i]};
+        b |= finalize_row(rows->token[i], s, zt[i], ta);
+    }
+    *bad |= b;
+    return FG_OK;
 }
 
 void fg_sweep_backward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,

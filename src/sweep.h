@@ -24,6 +24,7 @@ typedef struct fg_rows {
     const int64_t *token; /* [count] token index of each row */
     int by_token;         /* 1: row i lives at row token[i] of x/dx (the caller's
                              [B*T, V] logits); 0: at row i (a compacted chunk) */
+    int64_t vocab_start;  /* this shard's first token id (0 when unsharded) */
 } fg_rows;
 
 typedef struct fg_token_arrays {
@@ -34,6 +35,14 @@ typedef struct fg_token_arrays {
  * Returns 1 if any of them is not finite (NaN/Inf in the logits). */
 int fg_sweep_forward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
                      float inv_temp, const fg_token_arrays *ta);
+
+/* The same across vocab shards: each shard computes its rows' partial
+ * statistics, the communicator merges them (max, then rescaled sums), and
+ * every shard finalizes identical lse/logp/entropy. scratch: 5*count floats.
+ * Returns FG_ERR_BACKEND if the communicator fails; *bad as above. */
+fg_status fg_sweep_forward_sharded(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+                                   float inv_temp, const fg_token_arrays *ta, float *scratch,
+                                   int *bad);
 
 /* d loss / d x for each row from the saved lse/entropy and the loss math's
  * d loss / d logp and d loss / d entropy. */

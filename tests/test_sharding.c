@@ -1,0 +1,248 @@
+/*
+ * Vocab sharding: the weight split by vocab rows over S "processes" (threads,
+ * each with its own context and a communicator made of a barrier and shared
+ * buffers) must give the same loss, log-probs and grad_hidden as one process,
+ * and each shard's slice of grad_weight / grad_bias. Token and sequence level,
+ * with bias, entropy bonus and KL, and a budget small enough for several chunks.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#define MAX_SHARDS 4
+
+typedef struct shared_comm {
+    pthread_barrier_t barrier;
+    int shards;
+    float *bufs[MAX_SHARDS];
+    int64_t counts[MAX_SHARDS];
+    int mismatch;
+} shared_comm;
+
+typedef struct rank_comm {
+    shared_comm *sh;
+    int rank;
+} rank_comm;
+
+/* Every rank reduces all ranks' buffers in rank order, so all get identical bits. */
+static int fake_allreduce(void *user, float *buf, int64_t count, fg_reduce_op op)
+{
+    rank_comm *rc = user;
+    shared_comm *sh = rc->sh;
+    sh->bufs[rc->rank] = buf;
+    sh->counts[rc->rank] = count;
+    pthread_barrier_wait(&sh->barrier);
+    for (int r = 0; r < sh->shards; r++)
+        if (sh->counts[r] != count)
+            sh->mismatch = 1;
+    float *tmp = malloc((size_t)count * sizeof(float));
+    for (int64_t i = 0; i < count; i++) {
+        float acc = sh->bufs[0][i];
+        for (int r = 1; r < sh->shards; r++) {
+            float v = sh->bufs[r][i];
+            acc = op == FG_REDUCE_MAX ? (v > acc ? v : acc) : acc + v;
+        }
+        tmp[i] = acc;
+    }
+    pthread_barrier_wait(&sh->barrier); /* everyone has read everyone */
+    memcpy(buf, tmp, (size_t)count * sizeof(float));
+    free(tmp);
+    pthread_barrier_wait(&sh->barrier);
+    return sh->mismatch;
+}
+
+typedef struct job {
+    rank_comm rc;
+    const fg_loss_config *cfg;
+    const fg_batch *batch;
+    fg_linear_inputs in;
+    fg_outputs out;
+    size_t budget;
+    fg_status status;
+    char error[256];
+} job;
+
+static void *run_shard(void *arg)
+{
+    job *j = arg;
+    fg_context_options o;
+    fg_context_options_init(&o);
+    o.threads = 1;
+    o.memory_budget = j->budget;
+    o.comm.allreduce = fake_allreduce;
+    o.comm.user = &j->rc;
+    fg_context *ctx;
+    j->status = fg_context_create(&o, &ctx);
+    if (j->status == FG_OK) {
+        j->status = fg_linear_grpo(ctx, NULL, j->cfg, &j->in, j->batch, &j->out);
+        snprintf(j->error, sizeof j->error, "%s", fg_last_error(ctx));
+        fg_context_destroy(ctx);
+    }
+    return NULL;
+}
+
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void check_case(int shards, fg_is_level level, tu_rng *rng)
+{
+    const int64_t B = 3, T = 7, H = 29, V = 1013, N = B * T;
+    tu_batch tb;
+    tu_batch_make(&tb, B, T, V, level, rng);
+    double *lp = malloc((size_t)N * sizeof(double));
+    for (int64_t n = 0; n < N; n++)
+        lp[n] = -log((double)V) + 0.5 * tu_normal(rng);
+    tu_batch_fill_logp(&tb, lp, 0.2, 0.2, rng);
+    tb.have_old = tb.have_ref = 1;
+    tb.is_mode = 0;
+    const fg_batch *batch = tu_batch_view(&tb);
+
+    float *hidden = malloc((size_t)N * H * 4), *weight = malloc((size_t)V * H * 4);
+    float *bias = malloc((size_t)V * 4);
+    for (int64_t i = 0; i < N * H; i++)
+        hidden[i] = (float)tu_normal(rng);
+    for (int64_t i = 0; i < V * H; i++)
+        weight[i] = (float)(tu_normal(rng) / sqrt((double)H)) * 2.0f;
+    for (int64_t i = 0; i < V; i++)
+        bias[i] = (float)(0.3 * tu_normal(rng));
+
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    cfg.loss_type = FG_LOSS_GRPO;
+    cfg.importance_sampling_level = level;
+    cfg.beta = 0.05;
+    cfg.entropy_coef = 0.01;
+    cfg.temperature = 0.8;
+
+    /* One process: the reference. */
+    float *lp1 = malloc((size_t)N * 4), *gh1 = malloc((size_t)N * H * 4);
+    float *gw1 = malloc((size_t)V * H * 4), *gb1 = malloc((size_t)V * 4);
+    fg_outputs o1;
+    memset(&o1, 0, sizeof o1);
+    o1.logp = lp1;
+    o1.grad_hidden = fg_matrix_make(gh1, FG_DTYPE_F32, N, H);
+    o1.grad_weight = fg_matrix_make(gw1, FG_DTYPE_F32, V, H);
+    o1.grad_bias = fg_vector_make(gb1, FG_DTYPE_F32, V);
+    fg_context *ctx;
+    fg_context_create(NULL, &ctx);
+    fg_context_set_memory_budget(ctx, 64 << 10);
+    fg_linear_inputs in1 = {fg_matrix_make(hidden, FG_DTYPE_F32, N, H),
+                            fg_matrix_make(weight, FG_DTYPE_F32, V, H),
+                            fg_vector_make(bias, FG_DTYPE_F32, V), 0, 0};
+    fg_status s1 = fg_linear_grpo(ctx, NULL, &cfg, &in1, batch, &o1);
+    CHECK(s1 == FG_OK, "unsharded: %s", fg_last_error(ctx));
+    fg_context_destroy(ctx);
+
+    shared_comm sh;
+    memset(&sh, 0, sizeof sh);
+    sh.shards = shards;
+    pthread_barrier_init(&sh.barrier, NULL, (unsigned)shards);
+    job jobs[MAX_SHARDS];
+    pthread_t th[MAX_SHARDS];
+    float *lps[MAX_SHARDS], *ghs[MAX_SHARDS];
+    int64_t starts[MAX_SHARDS + 1];
+    for (int r = 0; r <= shards; r++)
+        starts[r] = V * r / shards + (r > 0 && r < shards ? 7 * r : 0); /* uneven shards */
+    float *gw = malloc((size_t)V * H * 4), *gb = malloc((size_t)V * 4);
+    for (int r = 0; r < shards; r++) {
+        const int64_t v0 = starts[r], vl = starts[r + 1] - v0;
+        job *j = &jobs[r];
+        memset(j, 0, sizeof *j);
+        j->rc.sh = &sh;
+        j->rc.rank = r;
+        j->cfg = &cfg;
+        j->batch = batch;
+        j->budget = (size_t)(24 + 8 * r) << 10; /* different budgets: shards must agree on chunks */
+        j->in = in1;
+        j->in.weight = fg_matrix_make(weight + v0 * H, FG_DTYPE_F32, vl, H);
+        j->in.bias = fg_vector_make(bias + v0, FG_DTYPE_F32, vl);
+        j->in.vocab_start = v0;
+        j->in.vocab_total = V;
+        lps[r] = malloc((size_t)N * 4);
+        ghs[r] = malloc((size_t)N * H * 4);
+        j->out.logp = lps[r];
+        j->out.grad_hidden = fg_matrix_make(ghs[r], FG_DTYPE_F32, N, H);
+        j->out.grad_weight = fg_matrix_make(gw + v0 * H, FG_DTYPE_F32, vl, H);
+        j->out.grad_bias = fg_vector_make(gb + v0, FG_DTYPE_F32, vl);
+        pthread_create(&th[r], NULL, run_shard, j);
+    }
+    for (int r = 0; r < shards; r++)
+        pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&sh.barrier);
+    const char *lv = level == FG_LEVEL_TOKEN ? "token" : "sequence";
+    for (int r = 0; r < shards; r++) {
+        CHECK(jobs[r].status == FG_OK, "%s shards=%d rank %d: %s", lv, shards, r, jobs[r].error);
+        double el = fabs(jobs[r].out.loss - o1.loss) / fmax(fabs(o1.loss), 1e-3);
+        CHECK(el <= 1e-5, "%s shards=%d rank %d loss %.9g vs %.9g", lv, shards, r, jobs[r].out.loss,
+              o1.loss);
+        CHECK(rel_err(lps[r], lp1, (size_t)N) <= 1e-5, "%s shards=%d rank %d logp rel %.2e", lv,
+              shards, r, rel_err(lps[r], lp1, (size_t)N));
+        CHECK(rel_err(ghs[r], gh1, (size_t)(N * H)) <= 1e-4, "%s shards=%d rank %d grad_hidden rel %.2e",
+              lv, shards, r, rel_err(ghs[r], gh1, (size_t)(N * H)));
+        CHECK(memcmp(lps[r], lps[0], (size_t)N * 4) == 0, "%s shards=%d: ranks disagree on logp", lv,
+              shards);
+    }
+    for (int r = 0; r < shards; r++) {
+        free(lps[r]);
+        free(ghs[r]);
+    }
+    double ew = rel_err(gw, gw1, (size_t)(V * H)), eb = rel_err(gb, gb1, (size_t)V);
+    CHECK(ew <= 1e-4 && eb <= 1e-4, "%s shards=%d grad_weight rel %.2e grad_bias rel %.2e", lv,
+          shards, ew, eb);
+    printf("%-8s shards=%d: loss %.9f (unsharded %.9f), grad_weight rel %.1e, grad_bias rel %.1e\n",
+           lv, shards, jobs[0].out.loss, o1.loss, ew, eb);
+    free(gw);
+    free(gb);
+    free(lp1);
+    free(gh1);
+    free(gw1);
+    free(gb1);
+    free(hidden);
+    free(weight);
+    free(bias);
+    free(lp);
+    tu_batch_free(&tb);
+}
+
+int main(void)
+{
+    tu_rng rng;
+    tu_rng_seed(&rng, 20261122);
+    for (int shards = 2; shards <= 3; shards++) {
+        check_case(shards, FG_LEVEL_TOKEN, &rng);
+        check_case(shards, FG_LEVEL_SEQUENCE, &rng);
+    }
+    /* A sharded weight without a communicator is refused. */
+    fg_context *ctx;
+    fg_context_create(NULL, &ctx);
+    int64_t ids[1] = {0};
+    uint8_t mask[1] = {1};
+    float adv[1] = {1}, h[2] = {1, 2}, w[2] = {3, 4}, gh[2] = {7, 7};
+    fg_batch b = {1, 1, ids, mask, adv, NULL, NULL, NULL, 0};
+    fg_linear_inputs in = {fg_matrix_make(h, FG_DTYPE_F32, 1, 2), fg_matrix_make(w, FG_DTYPE_F32, 1, 2),
+                           {NULL, FG_DTYPE_F32, 0}, 0, 5};
+    fg_outputs o;
+    memset(&o, 0, sizeof o);
+    o.grad_hidden = fg_matrix_make(gh, FG_DTYPE_F32, 1, 2);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    CHECK(fg_linear_grpo(ctx, NULL, &cfg, &in, &b, &o) == FG_ERR_NULL_ARGUMENT,
+          "sharded without communicator: %s", fg_last_error(ctx));
+    in.vocab_start = 5; /* shard [5, 6) outside [0, 5) */
+    CHECK(fg_linear_grpo(ctx, NULL, &cfg, &in, &b, &o) == FG_ERR_SHAPE_MISMATCH,
+          "shard outside the vocabulary: %s", fg_last_error(ctx));
+    CHECK(gh[0] == 7 && gh[1] == 7, "outputs untouched on refusal");
+    fg_context_destroy(ctx);
+    return tu_finish();
+}
