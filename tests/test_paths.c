@@ -1,0 +1,572 @@
+/*
+ * test_paths: every path of the library against the float64 oracle.
+ *
+ * Paths: fg_linear_grpo FG_IMPL_MATERIALIZED, fg_linear_grpo FG_IMPL_FUSED
+ * (with a memory budget small enough for several chunks), fg_logits_grpo
+ * (logits computed here in double, stored as f32 / bf16; grad_logits in f32 or
+ * bf16, sometimes in place), and for bf16 the plain framework baseline
+ * (materialized with round_logits_to_input_dtype = 1).
+ * dtypes f32 and bf16 (bf16 inputs are rounded and stored as uint16 bits; the
+ * oracle runs on the rounded values). Every loss type x both levels x option
+ * sets rotating bias, old_logp / on-policy, ref_logp with beta != 0 (with and
+ * without the bias-corrected KL), delta, is_ratio [B, T] and [B],
+ * entropy_coef != 0, temperature != 1, epsilon_high != epsilon_low, explicit
+ * max_completion_length / num_items_in_batch, sapo temperatures, padded row
+ * strides (ld > cols, padding NaN on inputs and a sentinel on outputs).
+ * Shapes are odd: V prime, H not a multiple of 16, ragged masks with an all
+ * masked sequence and a hole, masked token ids out of range and hostile values
+ * at masked positions of old/ref/is_ratio, plus a single-token batch.
+ *
+ * Error measures:
+ *  - loss: |a - b| / max(|b|, s), where s = the loss's own aggregation applied
+ *    to |L_t| (plus |c| * mean entropy), i.e. the mean absolute per-token
+ *    contribution (fg_oracle_loss_scale). A loss can cancel to ~0, and every
+ *    path's rounding error is relative to the terms, not to their sum.
+ *  - logp, entropy: max over unmasked tokens of |a - b| / max(|b|, 1).
+ *  - kl and entropy metrics: |a - b| / max(|b|, 1), like logp (their error
+ *    follows logp's); clip fractions may differ by one token (a ratio within
+ *    rounding of a bound).
+ *  - gradients: ||a - b||_2 / ||b||_2.
+ * Masked rows of grad_hidden / grad_logits and masked logp / entropy must be
+ * exactly 0.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fg_oracle.h"
+#include "test_util.h"
+
+enum { P_MAT, P_FUSED, P_LOGITS, P_BASE, P_COUNT };
+static const char *PATH_NAME[P_COUNT] = {"materialized", "fused", "logits", "bf16-baseline"};
+enum { Q_LOSS, Q_LOGP, Q_ENT, Q_METRIC, Q_CLIP, Q_GH, Q_GW, Q_GB, Q_GL, Q_COUNT };
+static const char *Q_NAME[Q_COUNT] = {"loss",        "logp",        "entropy",
+                                      "kl/ent metric", "clip (tokens)", "grad_hidden",
+                                      "grad_weight", "grad_bias",   "grad_logits"};
+
+/* Tolerances [dtype][quantity]. Q_CLIP is in tokens. */
+static const double TOL[2][Q_COUNT] = {
+    /* f32 */ {1e-5, 1e-5, 1e-5, 1e-5, 1.0, 1e-4, 1e-4, 1e-4, 1e-4},
+    /* bf16: logits are f32 (from bf16 inputs) so logp stays tight; dlogits
+       are rounded to bf16 for the bf16 GEMMs, so gradients are ~1e-3..1e-2 */
+    {1e-5, 1e-5, 1e-5, 1e-5, 1.0, 1e-2, 1e-2, 1e-2, 1e-2},
+};
+
+static double worst[P_COUNT][2][Q_COUNT];
+static char worst_tag[P_COUNT][2][Q_COUNT][200];
+/* sums over configs for the bf16 fused-vs-baseline comparison */
+static double sum_err[P_COUNT][Q_COUNT];
+static double max_err_bf16[P_COUNT][Q_COUNT];
+
+typedef struct popt {
+    int bias, old, beta, bias_kl, delta, is_mode, ent, temp, eh, mcl_nib, sapo_t, pad;
+} popt;
+
+static const popt SETS[] = {
+    /* bias old beta bkl delta is ent temp eh mcl sapo pad */
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, /* plain on-policy                              */
+    {1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1}, /* bias, off-policy, KL, T=0.7, padded strides  */
+    {0, 1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0}, /* delta, is [B,T], entropy 0.3, eps_high 0.28  */
+    {1, 0, 1, 1, 0, 2, 0, 1, 0, 1, 1, 1}, /* on-policy, bias-corrected KL, is [B], mcl/nib */
+    {1, 1, 1, 1, 1, 1, 2, 2, 1, 1, 0, 0}, /* everything off-policy, T=1.3, entropy -0.1    */
+    {0, 0, 1, 0, 1, 2, 1, 1, 1, 0, 1, 1}, /* on-policy, KL, delta, is [B], entropy, pad     */
+};
+#define NSETS ((int)(sizeof SETS / sizeof SETS[0]))
+
+typedef struct shape {
+    int64_t B, T, H, V;
+} shape;
+static const shape SHAPES[] = {{3, 7, 37, 1009}, {1, 1, 37, 503}, {4, 5, 61, 503}};
+#define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
+
+/* ------------------------------------------------------------ fused budgets */
+
+typedef struct budget_cache {
+    size_t b1, b4; /* smallest budget that works; smallest with chunk_rows >= 4 */
+} budget_cache;
+static budget_cache BUDGETS[NSHAPES][2][2]; /* shape, dtype, bias */
+
+static fg_context *ctx_mat, *ctx_fused;
+
+/* ---------------------------------------------------------------- outputs */
+
+#define OUT_PAD_VALUE 7777.0f
+
+typedef struct outbuf {
+    int64_t N, H, V;
+    float *logp, *ent, *gh, *gw, *gb;
+    void *gl;
+    int64_t ldgh, ldgw, ldgl;
+    fg_dtype gl_dt;
+    fg_outputs out;
+} outbuf;
+
+static void fill_f32_matrix(float *p, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < ld; c++) p[r * ld + c] = c < cols ? NAN : OUT_PAD_VALUE;
+}
+
+static int pad_untouched_f32(const float *p, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = cols; c < ld; c++)
+            if (p[r * ld + c] != OUT_PAD_VALUE) return 0;
+    return 1;
+}
+
+/* Linear outputs (logits == NULL) or logits outputs. */
+static void outbuf_init(outbuf *o, int64_t N, int64_t H, int64_t V, int bias, int pad, int logits,
+                        fg_dtype gl_dt, void *alias, int64_t alias_ld) {
+    memset(o, 0, sizeof(*o));
+    o->N = N;
+    o->H = H;
+    o->V = V;
+    o->logp = tu_xmalloc(sizeof(float) * N);
+    o->ent = tu_xmalloc(sizeof(float) * N);
+    tu_fill_nan(o->logp, (size_t)N);
+    tu_fill_nan(o->ent, (size_t)N);
+    o->out.logp = o->logp;
+    o->out.entropy = o->ent;
+    if (!logits) {
+        o->ldgh = H + (pad ? 2 : 0);
+        o->ldgw = H + (pad ? 1 : 0);
+        o->gh = tu_xmalloc(sizeof(float) * N * o->ldgh);
+        o->gw = tu_xmalloc(sizeof(float) * V * o->ldgw);
+        fill_f32_matrix(o->gh, N, H, o->ldgh);
+        fill_f32_matrix(o->gw, V, H, o->ldgw);
+        o->out.grad_hidden = (fg_matrix){o->gh, FG_DTYPE_F32, N, H, o->ldgh};
+        o->out.grad_weight = (fg_matrix){o->gw, FG_DTYPE_F32, V, H, o->ldgw};
+        if (bias) {
+            o->gb = tu_xmalloc(sizeof(float) * V);
+            tu_fill_nan(o->gb, (size_t)V);
+            o->out.grad_bias = fg_vector_make(o->gb, FG_DTYPE_F32, V);
+        }
+    } else if (alias) {
+        o->gl_dt = gl_dt;
+        o->ldgl = alias_ld;
+        o->out.grad_logits = (fg_matrix){alias, gl_dt, N, V, alias_ld};
+    } else {
+        o->gl_dt = gl_dt;
+        o->ldgl = V + (pad ? 4 : 0);
+        o->gl = tu_xmalloc(tu_dtype_size(gl_dt) * N * o->ldgl);
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t c = 0; c < o->ldgl; c++) {
+                const float x = c < V ? NAN : OUT_PAD_VALUE;
+                if (gl_dt == FG_DTYPE_BF16)
+                    ((uint16_t *)o->gl)[r * o->ldgl + c] = fg_f32_to_bf16(x);
+                else
+                    ((float *)o->gl)[r * o->ldgl + c] = x;
+            }
+        o->out.grad_logits = (fg_matrix){o->gl, gl_dt, N, V, o->ldgl};
+    }
+}
+
+static void outbuf_free(outbuf *o) {
+    free(o->logp);
+    free(o->ent);
+    free(o->gh);
+    free(o->gw);
+    free(o->gb);
+    free(o->gl);
+}
+
+/* ---------------------------------------------------------------- compare */
+
+static void record(const char *tag, int path, fg_dtype dt, int q, double e) {
+    const int d = dt == FG_DTYPE_BF16;
+    if (isnan(e)) e = INFINITY;
+    if (e > worst[path][d][q]) {
+        worst[path][d][q] = e;
+        snprintf(worst_tag[path][d][q], sizeof worst_tag[path][d][q], "%s", tag);
+    }
+    if (d) {
+        sum_err[path][q] += e;
+        if (e > max_err_bf16[path][q]) max_err_bf16[path][q] = e;
+    }
+}
+
+static void check_q(const char *tag, int path, fg_dtype dt, int q, double e) {
+    record(tag, path, dt, q, e);
+    if (path == P_BASE) return; /* the baseline is only compared, not held to tolerances */
+    const double tol = TOL[dt == FG_DTYPE_BF16][q];
+    CHECK(e <= tol, "%s %s: error %.3g > tolerance %.3g", tag, Q_NAME[q], e, tol);
+}
+
+static void compare(const char *tag, int path, fg_dtype dt, const fg_loss_config *cfg,
+                    const tu_batch *tb, const fg_oracle_result *ref, const outbuf *o) {
+    const int64_t N = o->N, H = o->H, V = o->V;
+    const fg_batch *batch = &tb->view;
+    const double M = (double)tu_batch_unmasked(tb);
+    const double scale = fg_oracle_loss_scale(cfg, batch, ref->logp, ref->entropy);
+    check_q(tag, path, dt, Q_LOSS, tu_rel_err(o->out.loss, ref->loss, scale));
+    check_q(tag, path, dt, Q_LOGP, tu_max_rel(o->logp, ref->logp, N, tb->mask, 1.0));
+    check_q(tag, path, dt, Q_ENT, tu_max_rel(o->ent, ref->entropy, N, tb->mask, 1.0));
+    const fg_metrics *a = &o->out.metrics, *b = &ref->metrics;
+    double em = tu_rel_err(a->kl, b->kl, 1.0);
+    const double ee = tu_rel_err(a->entropy, b->entropy, 1.0);
+    if (ee > em) em = ee;
+    check_q(tag, path, dt, Q_METRIC, em);
+    double ec = 0.0;
+    const double dc[4] = {a->clip_ratio_low - b->clip_ratio_low,
+                          a->clip_ratio_high - b->clip_ratio_high,
+                          a->clip_ratio_region - b->clip_ratio_region,
+                          a->cispo_clip_ratio - b->cispo_clip_ratio};
+    for (int i = 0; i < 4; i++) {
+        const double tokens = isnan(dc[i]) ? INFINITY : fabs(dc[i]) * (M > 1 ? M : 1);
+        if (tokens > ec) ec = tokens;
+    }
+    check_q(tag, path, dt, Q_CLIP, ec);
+    if (path != P_BASE) {
+        if (cfg->beta == 0.0) CHECK(a->kl == 0.0, "%s kl metric %g with beta 0", tag, a->kl);
+        if (cfg->loss_type != FG_LOSS_CISPO)
+            CHECK(a->cispo_clip_ratio == 0.0, "%s cispo_clip_ratio %g for %s", tag,
+                  a->cispo_clip_ratio, tu_loss_name(cfg->loss_type));
+    }
+
+    /* masked positions */
+    int zero_ok = 1;
+    for (int64_t n = 0; n < N; n++)
+        if (!tb->mask[n]) zero_ok &= o->logp[n] == 0.0f && o->ent[n] == 0.0f;
+    CHECK(zero_ok, "%s logp/entropy not exactly 0 at masked positions", tag);
+
+    if (o->gh) {
+        check_q(tag, path, dt, Q_GH, tu_rel_l2(o->gh, FG_DTYPE_F32, N, H, o->ldgh, ref->grad_hidden));
+        check_q(tag, path, dt, Q_GW, tu_rel_l2(o->gw, FG_DTYPE_F32, V, H, o->ldgw, ref->grad_weight));
+        if (o->gb) check_q(tag, path, dt, Q_GB, tu_rel_l2(o->gb, FG_DTYPE_F32, 1, V, V, ref->grad_bias));
+        int z = 1;
+        for (int64_t n = 0; n < N; n++)
+            if (!tb->mask[n])
+                for (int64_t h = 0; h < H; h++) z &= o->gh[n * o->ldgh + h] == 0.0f;
+        CHECK(z, "%s grad_hidden masked rows not exactly 0", tag);
+        CHECK(pad_untouched_f32(o->gh, N, H, o->ldgh) && pad_untouched_f32(o->gw, V, H, o->ldgw),
+              "%s gradient row padding (ld > cols) was written", tag);
+    }
+    if (o->out.grad_logits.data) {
+        const fg_matrix *g = &o->out.grad_logits;
+        check_q(tag, path, dt, Q_GL, tu_rel_l2(g->data, g->dtype, N, V, g->ld, ref->grad_logits));
+        int z = 1;
+        for (int64_t n = 0; n < N; n++)
+            if (!tb->mask[n])
+                for (int64_t v = 0; v < V; v++) z &= tu_load(g->data, g->dtype, n * g->ld + v) == 0.0;
+        CHECK(z, "%s grad_logits masked rows not exactly 0", tag);
+        if (o->gl) {
+            int p = 1;
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t c = V; c < o->ldgl; c++)
+                    p &= tu_load(o->gl, o->gl_dt, n * o->ldgl + c) == (double)OUT_PAD_VALUE ||
+                         (o->gl_dt == FG_DTYPE_BF16 &&
+                          tu_load(o->gl, o->gl_dt, n * o->ldgl + c) ==
+                              tu_round_to(FG_DTYPE_BF16, OUT_PAD_VALUE));
+            CHECK(p, "%s grad_logits row padding was written", tag);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ fused runner */
+
+static fg_status fused_call(const fg_loss_config *cfg, const fg_linear_inputs *in,
+                            const fg_batch *batch, outbuf *o, size_t budget,
+                            fg_memory_stats *st) {
+    const fg_linear_options lo = {FG_IMPL_FUSED, 0};
+    fg_context_set_memory_budget(ctx_fused, budget);
+    fg_release_workspace(ctx_fused);
+    fg_reset_peak_memory(ctx_fused);
+    fg_status s = fg_linear_grpo(ctx_fused, &lo, cfg, in, batch, &o->out);
+    fg_get_memory_stats(ctx_fused, st);
+    return s;
+}
+
+/* Finds (once per shape/dtype/bias) the smallest budget that works and the
+ * smallest giving chunk_rows >= 4, by bisection on probe calls. */
+static void find_budgets(budget_cache *bc, const fg_loss_config *cfg, const fg_linear_inputs *in,
+                         const fg_batch *batch, int64_t N, int64_t H, int64_t V, int bias) {
+    if (bc->b1) return;
+    fg_memory_stats st;
+    size_t lo = 256, hi = 4096;
+    for (;;) {
+        outbuf o;
+        outbuf_init(&o, N, H, V, bias, 0, 0, FG_DTYPE_F32, NULL, 0);
+        fg_status s = fused_call(cfg, in, batch, &o, hi, &st);
+        outbuf_free(&o);
+        if (s == FG_OK) break;
+        if (s != FG_ERR_BUDGET_TOO_SMALL || hi > ((size_t)1 << 32)) {
+            CHECK(0, "budget search: %s at %zu bytes (%s)", fg_status_name(s), hi,
+                  fg_last_error(ctx_fused));
+            bc->b1 = bc->b4 = (size_t)128 << 20;
+            return;
+        }
+        lo = hi;
+        hi *= 2;
+    }
+    while (hi - lo > 64) {
+        const size_t mid = lo + (hi - lo) / 2;
+        outbuf o;
+        outbuf_init(&o, N, H, V, bias, 0, 0, FG_DTYPE_F32, NULL, 0);
+        fg_status s = fused_call(cfg, in, batch, &o, mid, &st);
+        outbuf_free(&o);
+        if (s == FG_OK) hi = mid;
+        else lo = mid;
+    }
+    bc->b1 = hi;
+    /* chunk_rows >= 4 */
+    size_t b = hi;
+    for (int it = 0; it < 40 && N >= 8; it++) {
+        outbuf o;
+        outbuf_init(&o, N, H, V, bias, 0, 0, FG_DTYPE_F32, NULL, 0);
+        fg_status s = fused_call(cfg, in, batch, &o, b, &st);
+        outbuf_free(&o);
+        if (s == FG_OK && st.chunk_rows >= 4) break;
+        b += b / 8;
+    }
+    bc->b4 = b;
+    printf("fused budgets for N=%lld H=%lld V=%lld bias=%d: one row %zu bytes, 4 rows %zu bytes\n",
+           (long long)N, (long long)H, (long long)V, bias, bc->b1, bc->b4);
+}
+
+/* ---------------------------------------------------------------- one case */
+
+static void run_case(int si, int lt, int lvl, int set, fg_dtype dt, int case_idx) {
+    const shape sh = SHAPES[si];
+    const popt *op = &SETS[set];
+    const int64_t B = sh.B, T = sh.T, H = sh.H, V = sh.V, N = B * T;
+    const int bf = dt == FG_DTYPE_BF16;
+    char tag[200];
+    snprintf(tag, sizeof tag, "[%s/%s set %d shape %lldx%lldx%lldx%lld %s", tu_loss_name(lt),
+             tu_level_name(lvl), set, (long long)B, (long long)T, (long long)H, (long long)V,
+             bf ? "bf16" : "f32");
+
+    tu_rng rng; /* same data for f32 and bf16 */
+    tu_rng_seed(&rng, 7919u * (uint64_t)si + 131u * (uint64_t)lt + 17u * (uint64_t)lvl +
+                          1000003u * (uint64_t)set);
+    const int64_t ldh = H + (op->pad ? 3 : 0), ldw = H + (op->pad ? 5 : 0);
+    const int64_t ldl = V + (op->pad ? 7 : 0);
+    double *hid = tu_xmalloc(sizeof(double) * N * H);
+    double *wt = tu_xmalloc(sizeof(double) * V * H);
+    double *bs = tu_xmalloc(sizeof(double) * V);
+    for (int64_t i = 0; i < N * H; i++) hid[i] = tu_normal(&rng);
+    for (int64_t i = 0; i < V * H; i++) wt[i] = tu_normal(&rng) * 3.0 / sqrt((double)H);
+    for (int64_t i = 0; i < V; i++) bs[i] = 0.5 * tu_normal(&rng);
+    void *hid_s = tu_store_matrix(hid, N, H, ldh, dt);
+    void *wt_s = tu_store_matrix(wt, V, H, ldw, dt);
+    void *bs_s = tu_store_matrix(bs, 1, V, V, dt);
+    const double *bias_d = op->bias ? bs : NULL;
+
+    /* logits in double from the stored (rounded) inputs, then stored */
+    double *lg = tu_xmalloc(sizeof(double) * N * V);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t v = 0; v < V; v++) {
+            double acc = bias_d ? bias_d[v] : 0.0;
+            for (int64_t h = 0; h < H; h++) acc += hid[n * H + h] * wt[v * H + h];
+            lg[n * V + v] = acc;
+        }
+    double *lg_r = tu_xmalloc(sizeof(double) * N * V);
+    memcpy(lg_r, lg, sizeof(double) * N * V);
+    void *lg_s = tu_store_matrix(lg_r, N, V, ldl, dt);
+
+    tu_batch tb;
+    tu_batch_make(&tb, B, T, V, set + lt + lvl, &rng);
+    tb.have_old = op->old;
+    tb.have_ref = op->beta;
+    tb.is_mode = op->is_mode;
+
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    cfg.loss_type = (fg_loss_type)lt;
+    cfg.importance_sampling_level = (fg_is_level)lvl;
+    cfg.temperature = op->temp == 1 ? 0.7 : op->temp == 2 ? 1.3 : 1.0;
+
+    /* logp of the current policy: old and ref are drawn around it */
+    {
+        fg_loss_config c0;
+        tu_config_defaults(&c0);
+        c0.temperature = cfg.temperature;
+        tu_batch plain = tb;
+        plain.have_old = plain.have_ref = 0;
+        plain.is_mode = 0;
+        fg_oracle_result r0;
+        if (fg_oracle_logits(&c0, tu_batch_view(&plain), lg, V, &r0) == 0) {
+            tu_batch_fill_logp(&tb, r0.logp, 0.2, 0.3, &rng);
+            fg_oracle_result_free(&r0);
+        } else {
+            CHECK(0, "%s] oracle refused a valid batch", tag);
+        }
+    }
+    if (op->beta) cfg.beta = set == 3 ? 0.1 : 0.04;
+    cfg.use_bias_correction_kl = op->bias_kl;
+    if (op->delta) cfg.delta = 1.3;
+    if (op->ent == 1) cfg.entropy_coef = 0.3;
+    if (op->ent == 2) cfg.entropy_coef = -0.1;
+    if (lt == FG_LOSS_CISPO) cfg.epsilon_high = op->eh ? 1.1 : -1.0; /* absolute cap */
+    else if (op->eh) cfg.epsilon_high = 0.28;
+    if (op->mcl_nib) {
+        cfg.max_completion_length = T + 3;
+        cfg.num_items_in_batch = 15.5;
+    }
+    if (op->sapo_t) {
+        cfg.sapo_temperature_pos = 0.8;
+        cfg.sapo_temperature_neg = 1.3;
+    }
+    const fg_batch *batch = tu_batch_view(&tb);
+
+    fg_oracle_result ref_lin, ref_log;
+    if (fg_oracle_linear(&cfg, batch, hid, wt, bias_d, H, V, &ref_lin) != 0 ||
+        fg_oracle_logits(&cfg, batch, lg_r, V, &ref_log) != 0) {
+        CHECK(0, "%s] oracle failed", tag);
+        goto out;
+    }
+
+    fg_linear_inputs in;
+    memset(&in, 0, sizeof in);
+    in.hidden = (fg_matrix){hid_s, dt, N, H, ldh};
+    in.weight = (fg_matrix){wt_s, dt, V, H, ldw};
+    in.bias = op->bias ? fg_vector_make(bs_s, dt, V) : fg_vector_make(NULL, dt, 0);
+
+    char t2[260];
+    /* materialized */
+    {
+        outbuf o;
+        outbuf_init(&o, N, H, V, op->bias, op->pad, 0, FG_DTYPE_F32, NULL, 0);
+        const fg_linear_options lo = {FG_IMPL_MATERIALIZED, 0};
+        fg_status s = fg_linear_grpo(ctx_mat, &lo, &cfg, &in, batch, &o.out);
+        snprintf(t2, sizeof t2, "%s materialized]", tag);
+        CHECK(s == FG_OK, "%s status %s: %s", t2, fg_status_name(s), fg_last_error(ctx_mat));
+        if (s == FG_OK) compare(t2, P_MAT, dt, &cfg, &tb, &ref_lin, &o);
+        outbuf_free(&o);
+    }
+    /* fused, several chunks */
+    {
+        budget_cache *bc = &BUDGETS[si][bf][op->bias];
+        find_budgets(bc, &cfg, &in, batch, N, H, V, op->bias);
+        const size_t budget = (case_idx & 1) ? bc->b4 : bc->b1;
+        outbuf o;
+        outbuf_init(&o, N, H, V, op->bias, op->pad, 0, FG_DTYPE_F32, NULL, 0);
+        fg_memory_stats st;
+        fg_status s = fused_call(&cfg, &in, batch, &o, budget, &st);
+        snprintf(t2, sizeof t2, "%s fused budget %zu]", tag, budget);
+        CHECK(s == FG_OK, "%s status %s: %s", t2, fg_status_name(s), fg_last_error(ctx_fused));
+        if (s == FG_OK) {
+            compare(t2, P_FUSED, dt, &cfg, &tb, &ref_lin, &o);
+            /* several chunks whenever the tokens do not fit in one */
+            const int64_t M = tu_batch_unmasked(&tb);
+            if (N >= 8 && M > st.chunk_rows)
+                CHECK(st.chunks > 1, "%s chunks %lld (chunk_rows %lld, %lld unmasked tokens)", t2,
+                      (long long)st.chunks, (long long)st.chunk_rows, (long long)M);
+            if (N >= 8) CHECK(st.chunk_rows < N, "%s budget %zu holds all %lld rows in one chunk",
+                              t2, budget, (long long)N);
+            CHECK(st.peak_bytes <= budget, "%s peak %zu > budget %zu", t2, st.peak_bytes, budget);
+        }
+        outbuf_free(&o);
+    }
+    /* logits path: grad_logits f32 / bf16, out of place or in place */
+    {
+        const int alias = case_idx % 3 == 2;
+        const fg_dtype gdt = alias ? dt : (bf && (case_idx & 1)) ? FG_DTYPE_BF16 : FG_DTYPE_F32;
+        void *lg_in = lg_s;
+        void *copy = NULL;
+        if (alias) {
+            const size_t bytes = tu_dtype_size(dt) * (size_t)(N * ldl);
+            copy = tu_xmalloc(bytes);
+            memcpy(copy, lg_s, bytes);
+            lg_in = copy;
+        }
+        outbuf o;
+        outbuf_init(&o, N, H, V, 0, op->pad, 1, gdt, alias ? copy : NULL, ldl);
+        const fg_matrix lm = {lg_in, dt, N, V, ldl};
+        fg_status s = fg_logits_grpo(ctx_mat, &cfg, &lm, batch, &o.out);
+        snprintf(t2, sizeof t2, "%s logits grad %s%s]", tag, gdt == FG_DTYPE_BF16 ? "bf16" : "f32",
+                 alias ? " in place" : "");
+        CHECK(s == FG_OK, "%s status %s: %s", t2, fg_status_name(s), fg_last_error(ctx_mat));
+        if (s == FG_OK) compare(t2, P_LOGITS, dt, &cfg, &tb, &ref_log, &o);
+        outbuf_free(&o);
+        free(copy);
+    }
+    /* the plain bf16 baseline: logits rounded to bf16 */
+    if (bf) {
+        outbuf o;
+        outbuf_init(&o, N, H, V, op->bias, op->pad, 0, FG_DTYPE_F32, NULL, 0);
+        const fg_linear_options lo = {FG_IMPL_MATERIALIZED, 1};
+        fg_status s = fg_linear_grpo(ctx_mat, &lo, &cfg, &in, batch, &o.out);
+        snprintf(t2, sizeof t2, "%s baseline]", tag);
+        CHECK(s == FG_OK, "%s status %s: %s", t2, fg_status_name(s), fg_last_error(ctx_mat));
+        if (s == FG_OK) compare(t2, P_BASE, dt, &cfg, &tb, &ref_lin, &o);
+        outbuf_free(&o);
+    }
+    fg_oracle_result_free(&ref_lin);
+    fg_oracle_result_free(&ref_log);
+out:
+    tu_batch_free(&tb);
+    free(hid);
+    free(wt);
+    free(bs);
+    free(hid_s);
+    free(wt_s);
+    free(bs_s);
+    free(lg);
+    free(lg_r);
+    free(lg_s);
+}
+
+int main(void) {
+    if (fg_context_create(NULL, &ctx_mat) != FG_OK || fg_context_create(NULL, &ctx_fused) != FG_OK) {
+        CHECK(0, "%s", "context create failed");
+        return tu_finish();
+    }
+    int case_idx = 0;
+    for (int dti = 0; dti < 2; dti++) {
+        const fg_dtype dt = dti ? FG_DTYPE_BF16 : FG_DTYPE_F32;
+        for (int lt = 0; lt < FG_LOSS_TYPE_COUNT; lt++)
+            for (int lvl = 0; lvl < FG_LEVEL_COUNT; lvl++) {
+                for (int set = 0; set < NSETS; set++) run_case(0, lt, lvl, set, dt, case_idx++);
+                run_case(1, lt, lvl, (lt + lvl) % NSETS, dt, case_idx++);
+                run_case(2, lt, lvl, (2 * lt + lvl + 3) % NSETS, dt, case_idx++);
+            }
+    }
+
+    printf("\nworst errors reached (tolerances in parentheses; clip in tokens)\n");
+    for (int d = 0; d < 2; d++)
+        for (int p = 0; p < P_COUNT; p++) {
+            if (p == P_BASE && d == 0) continue;
+            printf("%-4s %-13s", d ? "bf16" : "f32", PATH_NAME[p]);
+            for (int q = 0; q < Q_COUNT; q++) {
+                if ((p == P_LOGITS) != (q == Q_GL) && q >= Q_GH) continue;
+                if (p == P_BASE)
+                    printf(" %s %.2e", Q_NAME[q], worst[p][d][q]);
+                else
+                    printf(" %s %.2e (%.0e)", Q_NAME[q], worst[p][d][q], TOL[d][q]);
+            }
+            printf("\n");
+        }
+
+    if (getenv("FG_TEST_VERBOSE"))
+        for (int d = 0; d < 2; d++)
+            for (int p = 0; p < P_COUNT; p++)
+                for (int q = 0; q < Q_COUNT; q++)
+                    if (worst[p][d][q] > 0)
+                        printf("worst %s %s %s %.3e at %s\n", d ? "bf16" : "f32", PATH_NAME[p],
+                               Q_NAME[q], worst[p][d][q], worst_tag[p][d][q]);
+
+    /* bf16: the fused path is at least as close to the oracle as the plain
+     * baseline that rounds the logits to bf16 (summed over all configs). */
+    printf("bf16 sums over configs (fused vs baseline): loss %.3e vs %.3e, logp %.3e vs %.3e, "
+           "entropy %.3e vs %.3e, grad_hidden %.3e vs %.3e, grad_weight %.3e vs %.3e\n",
+           sum_err[P_FUSED][Q_LOSS], sum_err[P_BASE][Q_LOSS], sum_err[P_FUSED][Q_LOGP],
+           sum_err[P_BASE][Q_LOGP], sum_err[P_FUSED][Q_ENT], sum_err[P_BASE][Q_ENT],
+           sum_err[P_FUSED][Q_GH], sum_err[P_BASE][Q_GH], sum_err[P_FUSED][Q_GW],
+           sum_err[P_BASE][Q_GW]);
+    CHECK(sum_err[P_FUSED][Q_LOSS] <= sum_err[P_BASE][Q_LOSS], "bf16 fused loss error %.3e > "
+          "baseline %.3e", sum_err[P_FUSED][Q_LOSS], sum_err[P_BASE][Q_LOSS]);
+    CHECK(sum_err[P_FUSED][Q_LOGP] <= sum_err[P_BASE][Q_LOGP] &&
+              max_err_bf16[P_FUSED][Q_LOGP] <= max_err_bf16[P_BASE][Q_LOGP],
+          "bf16 fused logp error sum %.3e max %.3e > baseline sum %.3e max %.3e",
+          sum_err[P_FUSED][Q_LOGP], max_err_bf16[P_FUSED][Q_LOGP], sum_err[P_BASE][Q_LOGP],
+          max_err_bf16[P_BASE][Q_LOGP]);
+    CHECK(sum_err[P_FUSED][Q_ENT] <= sum_err[P_BASE][Q_ENT], "bf16 fused entropy error %.3e > "
+          "baseline %.3e", sum_err[P_FUSED][Q_ENT], sum_err[P_BASE][Q_ENT]);
+    for (int q = Q_GH; q <= Q_GB; q++)
+        CHECK(sum_err[P_FUSED][q] <= 1.25 * sum_err[P_BASE][q],
+              "bf16 fused %s error %.3e > 1.25 x baseline %.3e", Q_NAME[q], sum_err[P_FUSED][q],
+              sum_err[P_BASE][q]);
+
+    fg_context_destroy(ctx_mat);
+    fg_context_destroy(ctx_fused);
+    return tu_finish();
+}
