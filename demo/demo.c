@@ -66,6 +66,7 @@ typedef struct result {
     double loss, cold_s, warm_s;
     size_t peak;
     int64_t chunks, chunk_rows;
+    double gemm_s, call_s; /* last call: time inside GEMMs, whole call */
     float *logp, *gh, *gw;
 } result;
 
@@ -102,6 +103,8 @@ static int run(fg_context *ctx, fg_impl impl, const fg_loss_config *cfg, const f
     r->peak = ms.peak_bytes;
     r->chunks = ms.chunks;
     r->chunk_rows = ms.chunk_rows;
+    r->gemm_s = ms.gemm_seconds;
+    r->call_s = ms.call_seconds;
     fg_release_workspace(ctx);
     return 0;
 }
@@ -203,11 +206,11 @@ int main(int argc, char **argv)
         if (run(ctx, impls[k], &cfg, &in, &batch, steps, &r[k]))
             return 1;
     }
-    printf("\n%-13s %14s %10s %10s %14s %8s\n", "impl", "loss", "cold_s", "warm_s", "peak_work_MiB",
-           "chunks");
+    printf("\n%-13s %14s %10s %10s %10s %14s %8s\n", "impl", "loss", "cold_s", "warm_s", "gemm_s",
+           "peak_work_MiB", "chunks");
     for (int k = 0; k < 2; k++)
-        printf("%-13s %14.8f %10.3f %10.3f %14.1f %8lld\n", names[k], r[k].loss, r[k].cold_s,
-               r[k].warm_s, (double)r[k].peak / 1048576.0, (long long)r[k].chunks);
+        printf("%-13s %14.8f %10.3f %10.3f %10.3f %14.1f %8lld\n", names[k], r[k].loss, r[k].cold_s,
+               r[k].warm_s, r[k].gemm_s, (double)r[k].peak / 1048576.0, (long long)r[k].chunks);
     const double dl = fabs(r[1].loss - r[0].loss) / fmax(fabs(r[0].loss), 1e-12);
     printf("\nfused vs materialized: loss rel diff %.2e, logp rel-L2 %.2e, grad_hidden %.2e, "
            "grad_weight %.2e\n",

@@ -238,6 +238,8 @@ typedef struct fg_memory_stats {
     int64_t chunk_rows;   /* token rows per chunk chosen by the last call    */
     int64_t chunks;       /* chunks processed by the last call               */
     int64_t gemm_flops;   /* floating-point ops issued to GEMMs, last call   */
+    double gemm_seconds;  /* wall time inside GEMMs, last call               */
+    double call_seconds;  /* wall time of the whole last call                */
 } fg_memory_stats;
 
 fg_status fg_get_memory_stats(const fg_context *ctx, fg_memory_stats *out);

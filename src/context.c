@@ -1,8 +1,10 @@
 /* The opaque context: options, error message, thread control, statistics. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gemm_onednn.h"
 #include "internal.h"
@@ -102,6 +104,8 @@ fg_status fg_get_memory_stats(const fg_context *ctx, fg_memory_stats *out)
     out->chunk_rows = ctx->last_chunk_rows;
     out->chunks = ctx->last_chunks;
     out->gemm_flops = ctx->last_gemm_flops;
+    out->gemm_seconds = ctx->last_gemm_seconds;
+    out->call_seconds = ctx->last_call_seconds;
     return FG_OK;
 }
 
@@ -115,6 +119,13 @@ void fg_release_workspace(fg_context *ctx)
 {
     if (ctx)
         fg_ws_release(ctx);
+}
+
+double fg_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 int fg_threads(const fg_context *ctx)

@@ -204,8 +204,10 @@ static fg_status native_run(fg_context *ctx, const fg_gemm_shape *s, const void 
             goto done;
         args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, msp};
     }
+    const double t0 = fg_now();
     if (dnnl_primitive_execute(slot->prim, c->stream, nargs, args) || dnnl_stream_wait(c->stream))
         goto done;
+    ctx->last_gemm_seconds += fg_now() - t0;
     ctx->last_gemm_flops += 2 * s->M * s->N * s->K;
     st = FG_OK;
 done:

@@ -37,6 +37,8 @@ struct fg_context {
     int64_t last_chunk_rows;
     int64_t last_chunks;
     int64_t last_gemm_flops;
+    double last_gemm_seconds;
+    double last_call_seconds;
     struct fg_gemm_cache *gemm;
 };
 
@@ -69,6 +71,9 @@ void fg_ws_release(fg_context *ctx);
 int fg_threads_enter(const fg_context *ctx);
 void fg_threads_leave(int saved);
 int fg_threads(const fg_context *ctx);
+
+/* Monotonic wall clock in seconds. */
+double fg_now(void);
 
 /* Checked size arithmetic: returns 0 on overflow. */
 int fg_mul_size(size_t a, size_t b, size_t *out);

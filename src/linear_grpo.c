@@ -418,6 +418,8 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
     /* All checks passed and all resources are in hand: outputs are written
      * from here on. */
     ctx->last_gemm_flops = 0;
+    ctx->last_gemm_seconds = 0;
+    const double call_t0 = fg_now();
     ctx->last_chunk_rows = p->Nc;
     ctx->last_chunks = p->chunks;
     fg_common_init(ctx, &L.c, cfg, batch);
@@ -441,6 +443,7 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
         st = run_sweeps(ctx, &L);
     fg_common_finish(&L.c, batch, out);
     fg_threads_leave(saved);
+    ctx->last_call_seconds = fg_now() - call_t0;
     if (st != FG_OK)
         return st;
     if (L.bad)

@@ -66,6 +66,8 @@ fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg, const fg_ma
     /* All checks passed: from here on outputs are written. */
     const int saved = fg_threads_enter(ctx);
     ctx->last_gemm_flops = 0;
+    ctx->last_gemm_seconds = 0;
+    const double call_t0 = fg_now();
     ctx->last_chunks = 1;
     ctx->last_chunk_rows = N;
     fg_common c;
@@ -94,6 +96,7 @@ fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg, const fg_ma
     }
     fg_common_finish(&c, batch, out);
     fg_threads_leave(saved);
+    ctx->last_call_seconds = fg_now() - call_t0;
     if (bad)
         return fg_fail(ctx, FG_ERR_NONFINITE_INPUT,
                        "the logits hold NaN or Inf (finite check was off); results are invalid");

@@ -1,0 +1,307 @@
+"""fusedgrpo: the GRPO policy loss of LLM RL fused with the LM head.
+
+NumPy front end of the C library (libfusedgrpo, through ctypes). The numerical
+contract is LOSS_SPEC.md (TRL / Liger-Kernel conventions). Optional front ends:
+``fusedgrpo.torch`` (PyTorch custom op + nn.Module) and ``fusedgrpo.jax``
+(XLA FFI custom call).
+
+Storage dtypes: float32, or bfloat16. bfloat16 data is passed either as numpy
+``uint16`` bit patterns (or ml_dtypes ``bfloat16`` arrays), which are always
+taken as bf16 whatever ``dtype`` says, or as float arrays together with
+``dtype="bfloat16"``, which are rounded to bf16 (nearest even) first.
+Gradients come back in float32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from . import _lib
+from ._lib import FusedGRPOError, LOSS_TYPES, LEVELS, METRIC_NAMES, library_path, include_dir
+
+__version__ = "0.1.0"
+__all__ = ["fused_linear_grpo", "logits_grpo", "GRPOResult", "FusedGRPOError", "LOSS_TYPES",
+           "LEVELS", "METRIC_NAMES", "f32_to_bf16_bits", "bf16_bits_to_f32", "memory_stats",
+           "library_path", "include_dir", "__version__"]
+
+
+@dataclass
+class GRPOResult:
+    loss: float
+    logp: np.ndarray
+    entropy: np.ndarray
+    metrics: dict
+    grad_hidden: Optional[np.ndarray] = None
+    grad_weight: Optional[np.ndarray] = None
+    grad_bias: Optional[np.ndarray] = None
+    grad_logits: Optional[np.ndarray] = None
+    extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ bf16
+
+_CHUNK = 1 << 22
+
+
+def f32_to_bf16_bits(x) -> np.ndarray:
+    """float -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays NaN.
+    Works in bounded chunks so a big weight needs no full-size temporaries."""
+    x = np.asarray(x)
+    out = np.empty(x.shape, dtype=np.uint16)
+    src = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    dst = out.reshape(-1)
+    for s in range(0, src.size, _CHUNK):
+        u = src[s:s + _CHUNK].view(np.uint32)
+        r = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+        nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        if nan.any():
+            r[nan] = (u[nan] >> np.uint32(16)) | np.uint32(0x40)
+        dst[s:s + _CHUNK] = r
+    return out
+
+
+def bf16_bits_to_f32(x) -> np.ndarray:
+    """bfloat16 bit patterns (uint16 or ml_dtypes.bfloat16) -> float32."""
+    x = np.asarray(x)
+    if x.dtype != np.uint16:
+        x = x.view(np.uint16) if x.dtype.itemsize == 2 else x.astype(np.uint16)
+    return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _is_bf16_dtype(dt) -> bool:  # ml_dtypes.bfloat16 (kind 'V'), without importing it
+    return dt.kind == "V" and dt.name == "bfloat16"
+
+
+def _is_bf16_storage(a) -> bool:
+    return isinstance(a, np.ndarray) and (a.dtype == np.uint16 or _is_bf16_dtype(a.dtype))
+
+
+def _dtype_id(dtype, *arrays) -> int:
+    if any(_is_bf16_storage(a) for a in arrays if a is not None):
+        return _lib.DTYPE_BF16
+    if dtype in ("float32", np.float32, "f32", None):
+        return _lib.DTYPE_F32
+    if dtype in ("bfloat16", "bf16"):
+        return _lib.DTYPE_BF16
+    raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"dtype must be 'float32' or 'bfloat16', got "
+                         f"{dtype!r}", 12)
+
+
+def _storage(a, dt: int, name: str) -> np.ndarray:
+    """An array whose last axis is contiguous, in the storage dtype (no copy when it
+    already is)."""
+    a = np.asarray(a)
+    if dt == _lib.DTYPE_BF16:
+        if _is_bf16_dtype(a.dtype):
+            a = a.view(np.uint16)
+        elif a.dtype != np.uint16:
+            return f32_to_bf16_bits(a)
+    elif a.dtype != np.float32:
+        if a.dtype == np.uint16 or _is_bf16_dtype(a.dtype):
+            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH",
+                                 f"{name} is bfloat16 but another input is float32", 4)
+        a = a.astype(np.float32)
+    if a.ndim and (a.strides[-1] != a.itemsize):
+        a = np.ascontiguousarray(a)
+    return a
+
+
+def _rows_view(a: np.ndarray, lead: int):
+    """(array, ld) for `a` seen as a row-major [rows, cols] matrix with unit column
+    stride, the first `lead` axes flattened into rows. No copy when the leading
+    axes can be expressed with one positive row stride ld >= cols."""
+    item = a.itemsize
+    cols = a.shape[-1]
+    ok = a.strides[-1] == item or cols == 1
+    ld = None
+    inner = None  # (stride, extent) of the inner non-trivial leading axis
+    for i in reversed(range(lead)):
+        if not ok or a.shape[i] == 1:
+            continue
+        s = a.strides[i]
+        if s <= 0 or s % item:
+            ok = False
+        elif inner is None:
+            ld = s // item
+            inner = (s, a.shape[i])
+        elif s != inner[0] * inner[1]:
+            ok = False
+        else:
+            inner = (s, a.shape[i])
+    if ld is None:
+        ld = cols
+    if ok and ld >= cols:
+        return a, int(ld)
+    a = np.ascontiguousarray(a)
+    return a, int(cols)
+
+
+def _vec(a, dtype, shape, name):
+    if a is None:
+        return None
+    a = np.ascontiguousarray(a, dtype=dtype)
+    if a.shape != shape:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"{name} has shape {a.shape}, expected "
+                             f"{shape}", 4)
+    return a
+
+
+def _batch_arrays(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T):
+    tok = np.asarray(token_ids)
+    if tok.shape != (B, T):
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"token_ids has shape {tok.shape}, "
+                             f"expected {(B, T)}", 4)
+    tok = np.ascontiguousarray(tok, dtype=np.int64)
+    m = np.asarray(mask)
+    if m.shape != (B, T):
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"mask has shape {m.shape}, expected "
+                             f"{(B, T)}", 4)
+    if m.dtype == np.bool_ and m.flags.c_contiguous:
+        m = m.view(np.uint8)
+    elif m.dtype != np.uint8 or not m.flags.c_contiguous:
+        m = np.ascontiguousarray(m != 0, dtype=np.uint8)
+    adv = _vec(np.asarray(advantages).reshape(-1) if np.ndim(advantages) == 2 else advantages,
+               np.float32, (B,), "advantages")
+    old = _vec(old_logp, np.float32, (B, T), "old_logp")
+    ref = _vec(ref_logp, np.float32, (B, T), "ref_logp")
+    per_seq = False
+    isr = None
+    if is_ratio is not None:
+        isr = np.asarray(is_ratio, dtype=np.float32)
+        if isr.shape in ((B,), (B, 1)) and not (T == 1 and isr.shape == (B, 1)):
+            isr = np.ascontiguousarray(isr.reshape(B))
+            per_seq = True
+        else:
+            isr = _vec(isr, np.float32, (B, T), "is_ratio")
+    return tok, m, adv, old, ref, isr, per_seq
+
+
+def _ptr(a) -> int:
+    return 0 if a is None else a.ctypes.data
+
+
+def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None, ref_logp=None,
+                      *, bias=None, is_ratio=None, beta=0.0, epsilon_low=0.2, epsilon_high=None,
+                      delta=None, temperature=1.0, loss_type="dapo",
+                      importance_sampling_level="token", max_completion_length=None,
+                      num_items_in_batch=None, sapo_temperature_pos=1.0,
+                      sapo_temperature_neg=1.05, use_bias_correction_kl=False,
+                      entropy_coef=0.0, dtype="float32", memory_budget=None, threads=None,
+                      impl="fused", compute_grad=True) -> GRPOResult:
+    """The GRPO loss of LOSS_SPEC.md from LM-head inputs, forward and backward.
+
+    hidden [B, T, H], weight [V, H], bias [V] (optional), token_ids / mask [B, T],
+    advantages [B], old_logp / ref_logp [B, T], is_ratio [B, T] or [B].
+    ``impl`` is "fused" (bounded working memory, ``memory_budget`` bytes, default
+    128 MiB) or "materialized" (the plain baseline). ``compute_grad=False`` skips
+    the two gradient GEMMs (loss, logp, entropy and metrics only).
+    Returns a GRPOResult (grads in float32; grad_bias None without a bias).
+    """
+    dt = _dtype_id(dtype, hidden, weight, bias)
+    h = _storage(hidden, dt, "hidden")
+    w = _storage(weight, dt, "weight")
+    if h.ndim != 3:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"hidden must be [B, T, H], got shape "
+                             f"{h.shape}", 4)
+    if w.ndim != 2:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight must be [V, H], got shape "
+                             f"{w.shape}", 4)
+    B, T, H = h.shape
+    V = w.shape[0]
+    if w.shape[1] != H:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight has {w.shape[1]} columns, hidden "
+                             f"has H = {H}", 4)
+    h, ldh = _rows_view(h, 2)
+    w, ldw = _rows_view(w, 1)
+    b = None
+    if bias is not None:
+        b = np.ascontiguousarray(_storage(bias, dt, "bias"))
+        if b.shape != (V,):
+            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"bias has shape {b.shape}, expected "
+                                 f"{(V,)}", 4)
+    tok, m, adv, old, ref, isr, per_seq = _batch_arrays(token_ids, mask, advantages, old_logp,
+                                                        ref_logp, is_ratio, B, T)
+    cfg = _lib.make_config(loss_type=loss_type,
+                           importance_sampling_level=importance_sampling_level, beta=beta,
+                           epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
+                           temperature=temperature, max_completion_length=max_completion_length,
+                           num_items_in_batch=num_items_in_batch,
+                           sapo_temperature_pos=sapo_temperature_pos,
+                           sapo_temperature_neg=sapo_temperature_neg,
+                           use_bias_correction_kl=use_bias_correction_kl,
+                           entropy_coef=entropy_coef)
+    logp = np.empty((B, T), np.float32)
+    ent = np.empty((B, T), np.float32)
+    gh = np.empty((B, T, H), np.float32) if compute_grad else None
+    gw = np.empty((V, H), np.float32) if compute_grad else None
+    gb = np.empty((V,), np.float32) if (compute_grad and b is not None) else None
+    ctx = _lib.get_context(threads, memory_budget)
+    loss, metrics = _lib.linear_call(
+        ctx, cfg, impl, B=B, T=T, H=H, V=V, dtype=dt, hidden=_ptr(h), ld_hidden=ldh,
+        weight=_ptr(w), ld_weight=ldw, bias=_ptr(b), token_ids=_ptr(tok), mask=_ptr(m),
+        advantages=_ptr(adv), old_logp=_ptr(old), ref_logp=_ptr(ref), is_ratio=_ptr(isr),
+        is_ratio_per_sequence=per_seq, logp=_ptr(logp), entropy=_ptr(ent), grad_hidden=_ptr(gh),
+        grad_weight=_ptr(gw), grad_bias=_ptr(gb))
+    return GRPOResult(loss=loss, logp=logp, entropy=ent, metrics=metrics, grad_hidden=gh,
+                      grad_weight=gw, grad_bias=gb)
+
+
+def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=None, *,
+                is_ratio=None, beta=0.0, epsilon_low=0.2, epsilon_high=None, delta=None,
+                temperature=1.0, loss_type="dapo", importance_sampling_level="token",
+                max_completion_length=None, num_items_in_batch=None, sapo_temperature_pos=1.0,
+                sapo_temperature_neg=1.05, use_bias_correction_kl=False, entropy_coef=0.0,
+                dtype="float32", threads=None, compute_grad=True, inplace=False) -> GRPOResult:
+    """The same loss from logits [B, T, V] the caller already holds.
+
+    ``grad_logits`` ([B, T, V], d loss / d logits) comes back in float32, or with
+    ``inplace=True`` is written over ``logits`` itself (which must then be a
+    writable float32 / uint16-bf16 array whose last axis is contiguous) and
+    returned as that same array.
+    """
+    dt = _dtype_id(dtype, logits)
+    lg = _storage(logits, dt, "logits")
+    if lg.ndim != 3:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"logits must be [B, T, V], got shape "
+                             f"{lg.shape}", 4)
+    B, T, V = lg.shape
+    if inplace and lg is not logits and not (isinstance(logits, np.ndarray)
+                                            and lg.base is logits):
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED", "inplace=True needs logits already in the "
+                             "storage dtype with a contiguous last axis", 12)
+    lg, ldl = _rows_view(lg, 2)
+    tok, m, adv, old, ref, isr, per_seq = _batch_arrays(token_ids, mask, advantages, old_logp,
+                                                        ref_logp, is_ratio, B, T)
+    cfg = _lib.make_config(loss_type=loss_type,
+                           importance_sampling_level=importance_sampling_level, beta=beta,
+                           epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
+                           temperature=temperature, max_completion_length=max_completion_length,
+                           num_items_in_batch=num_items_in_batch,
+                           sapo_temperature_pos=sapo_temperature_pos,
+                           sapo_temperature_neg=sapo_temperature_neg,
+                           use_bias_correction_kl=use_bias_correction_kl,
+                           entropy_coef=entropy_coef)
+    logp = np.empty((B, T), np.float32)
+    ent = np.empty((B, T), np.float32)
+    if not compute_grad:
+        g, ldg, gdt = None, V, _lib.DTYPE_F32
+    elif inplace:
+        if not lg.flags.writeable:
+            raise FusedGRPOError("FG_ERR_UNSUPPORTED", "inplace=True needs writable logits", 12)
+        g, ldg, gdt = lg, ldl, dt
+    else:
+        g, ldg, gdt = np.empty((B, T, V), np.float32), V, _lib.DTYPE_F32
+    ctx = _lib.get_context(threads, None)
+    loss, metrics = _lib.logits_call(
+        ctx, cfg, B=B, T=T, V=V, dtype=dt, logits=_ptr(lg), ld_logits=ldl, token_ids=_ptr(tok),
+        mask=_ptr(m), advantages=_ptr(adv), old_logp=_ptr(old), ref_logp=_ptr(ref),
+        is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq, logp=_ptr(logp), entropy=_ptr(ent),
+        grad_logits=_ptr(g), ld_grad_logits=ldg, grad_dtype=gdt)
+    return GRPOResult(loss=loss, logp=logp, entropy=ent, metrics=metrics, grad_logits=g)
+
+
+def memory_stats(threads=None, memory_budget=None) -> dict:
+    """fg_get_memory_stats of the cached context for (threads, memory_budget)."""
+    return _lib.get_context(threads, memory_budget).memory_stats()

@@ -1,0 +1,391 @@
+"""JAX front end: the fused loss as an XLA FFI custom call on the CPU.
+
+The handler (``_jax_ffi.cc``, C++ over the C library, written against
+``jax.ffi.include_dir()``'s ``xla/ffi/api/ffi.h``) is compiled at first use
+with the system C++ compiler (``$CXX`` or ``c++``) into a cache directory
+(``$FUSEDGRPO_CACHE_DIR`` or ``~/.cache/fusedgrpo``), keyed by the source, the
+jaxlib version and the library path, then registered with
+``jax.ffi.register_ffi_target``. If that build fails (no compiler), the module
+falls back to ``jax.pure_callback`` over the NumPy front end and warns once;
+``FUSEDGRPO_JAX_BACKEND=callback`` forces the fallback, ``=ffi`` forbids it.
+``backend()`` says which one is in use.
+
+``fused_linear_grpo_loss`` is a ``jax.custom_vjp``: the forward of a
+differentiated call computes the loss and all gradients in one C call (like
+Liger), the backward scales them by the incoming cotangent. It works under
+``jit``. ``fused_linear_grpo_loss_sharded`` runs it under ``shard_map`` over a
+mesh: a batch axis (global normalizers fed at run time, results psum-ed) and/or
+a vocab axis (weight rows split; the C library's communicator hook is served
+in-process by the handler across the host devices' threads).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import _lib
+from ._lib import METRIC_NAMES, FusedGRPOError
+
+__all__ = ["fused_linear_grpo_loss", "fused_linear_grpo_loss_sharded", "backend",
+           "METRIC_NAMES", "FusedGRPOError"]
+
+_TARGET = "fusedgrpo_linear_grpo"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_state = {"backend": None, "error": None, "so": None}
+_state_lock = threading.Lock()
+
+
+def _cache_dir() -> str:
+    d = os.environ.get("FUSEDGRPO_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fusedgrpo")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _build_handler() -> str:
+    import jaxlib
+    src = os.path.join(_HERE, "_jax_ffi.cc")
+    libpath = _lib.library_path()
+    inc = _lib.include_dir()
+    cxx = os.environ.get("CXX", "c++")
+    with open(src, "rb") as f:
+        text = f.read()
+    with open(os.path.join(inc, "fusedgrpo.h"), "rb") as f:
+        text += f.read()
+    key = hashlib.sha256(text + repr((jaxlib.__version__, libpath, cxx,
+                                      sys.version_info[:2])).encode()).hexdigest()[:16]
+    out = os.path.join(_cache_dir(), f"fusedgrpo_jax_ffi-{key}.so")
+    if os.path.isfile(out):
+        return out
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
+    os.close(fd)
+    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w",
+           "-isystem", jax.ffi.include_dir(), "-I", inc, src, "-o", tmp, libpath,
+           "-Wl,-rpath," + os.path.dirname(libpath)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("building the JAX FFI handler failed:\n" + " ".join(cmd) + "\n"
+                               + r.stderr[-4000:])
+        os.replace(tmp, out)  # atomic: concurrent builders are fine
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def backend() -> str:
+    """"ffi" (the compiled XLA custom call) or "callback" (jax.pure_callback)."""
+    with _state_lock:
+        if _state["backend"] is None:
+            want = os.environ.get("FUSEDGRPO_JAX_BACKEND", "auto")
+            if want == "callback":
+                _state["backend"] = "callback"
+            else:
+                try:
+                    so = _build_handler()
+                    lib = ctypes.CDLL(so)
+                    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.FgLinearGrpo),
+                                                platform="cpu")
+                    _state["so"], _state["lib"] = so, lib
+                    _state["backend"] = "ffi"
+                except Exception as e:  # no compiler, headers, ...
+                    if want == "ffi":
+                        raise
+                    _state["error"] = e
+                    _state["backend"] = "callback"
+                    warnings.warn(f"fusedgrpo.jax: using jax.pure_callback, the FFI handler is "
+                                  f"unavailable: {e}", RuntimeWarning, stacklevel=3)
+        return _state["backend"]
+
+
+# ------------------------------------------------------------------ primitive call
+
+def _cfg(loss_type="dapo", importance_sampling_level="token", impl="fused", beta=0.0,
+         epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
+         sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, max_completion_length=None,
+         use_bias_correction_kl=False, threads=None, memory_budget=None):
+    if loss_type not in _lib.LOSS_TYPES:
+        raise FusedGRPOError("FG_ERR_UNKNOWN_LOSS_TYPE", f"unknown loss_type {loss_type!r}", 8)
+    if importance_sampling_level not in _lib.LEVELS:
+        raise FusedGRPOError("FG_ERR_UNKNOWN_LEVEL",
+                             f"unknown importance_sampling_level {importance_sampling_level!r}",
+                             9)
+    if delta is not None and not delta > 0:
+        raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER", f"delta must be > 0, got {delta}", 10)
+    return (loss_type, importance_sampling_level, impl, float(beta), float(epsilon_low),
+            -1.0 if epsilon_high is None else float(epsilon_high),
+            0.0 if delta is None else float(delta), float(temperature),
+            float(sapo_temperature_pos), float(sapo_temperature_neg),
+            0 if max_completion_length is None else int(max_completion_length),
+            1 if use_bias_correction_kl else 0, int(threads or 0), int(memory_budget or 0),
+            1, 0)  # vocab_shards, vocab_total: set by the sharded wrapper
+
+
+def _empty(dtype=jnp.float32):
+    return jnp.zeros((0,), dtype)
+
+
+def _out_types(B, T, H, V, need):
+    f = jnp.float32
+    S = jax.ShapeDtypeStruct
+    return (S((), f), S((6,), f), S((B, T), f), S((B, T), f),
+            S((B, T, H) if need[0] else (0,), f), S((V, H) if need[1] else (0,), f),
+            S((V,) if need[2] else (0,), f))
+
+
+def _callback_impl(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars,
+                   shard):
+    import fusedgrpo as fg
+    (lt, lvl, impl, beta, el, eh, delta, temp, sp, sn, mcl, bc, thr, bud, vs, vt) = cfg
+    sc = np.asarray(scalars)
+    r = fg.fused_linear_grpo(
+        np.asarray(hidden), np.asarray(weight), np.asarray(tok), np.asarray(mask),
+        np.asarray(adv), None if old.size == 0 else np.asarray(old),
+        None if ref.size == 0 else np.asarray(ref), bias=None if bias.size == 0 else
+        np.asarray(bias), is_ratio=None if isr.size == 0 else np.asarray(isr), beta=beta,
+        epsilon_low=el, epsilon_high=None if eh < 0 else eh, delta=None if delta <= 0 else delta,
+        temperature=temp, loss_type=lt, importance_sampling_level=lvl,
+        max_completion_length=None if mcl <= 0 else mcl,
+        num_items_in_batch=None if sc[0] < 0 else float(sc[0]), sapo_temperature_pos=sp,
+        sapo_temperature_neg=sn, use_bias_correction_kl=bool(bc), entropy_coef=float(sc[1]),
+        memory_budget=bud or None, threads=thr or None, impl=impl, compute_grad=any(need))
+    z = np.zeros((0,), np.float32)
+    return (np.float32(r.loss), np.array([r.metrics[n] for n in METRIC_NAMES], np.float32),
+            r.logp, r.entropy, r.grad_hidden if need[0] else z,
+            r.grad_weight if need[1] else z, r.grad_bias if need[2] else z)
+
+
+def _prim(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars, shard):
+    B, T, H = hidden.shape
+    V = weight.shape[0]
+    has_bias = bias is not None
+    need = (need[0], need[1], need[2] and has_bias)
+    bias = bias if has_bias else _empty(hidden.dtype)
+    old = _empty() if old is None else old.astype(jnp.float32)
+    ref = _empty() if ref is None else ref.astype(jnp.float32)
+    isr = _empty() if isr is None else isr.astype(jnp.float32)
+    if isr.ndim == 2 and isr.shape == (B, 1) and T != 1:
+        isr = isr.reshape(B)
+    tok = tok if tok.dtype in (jnp.int32, jnp.int64) else tok.astype(jnp.int32)
+    mask = mask.astype(jnp.uint8)
+    adv = adv.astype(jnp.float32).reshape(B)
+    shard = jnp.zeros((2,), jnp.int32) if shard is None else shard.astype(jnp.int32)
+    types = _out_types(B, T, H, V, need)
+    args = (hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars, shard)
+    if backend() == "ffi":
+        (lt, lvl, impl, beta, el, eh, delta, temp, sp, sn, mcl, bc, thr, bud, vs, vt) = cfg
+        call = jax.ffi.ffi_call(_TARGET, types, vmap_method="sequential")
+        return call(*args, loss_type=lt, level=lvl, impl=impl, beta=np.float64(beta),
+                    epsilon_low=np.float64(el), epsilon_high=np.float64(eh),
+                    delta=np.float64(delta), temperature=np.float64(temp),
+                    sapo_temperature_pos=np.float64(sp), sapo_temperature_neg=np.float64(sn),
+                    max_completion_length=np.int64(mcl), use_bias_correction_kl=np.int64(bc),
+                    threads=np.int64(thr), memory_budget=np.int64(bud),
+                    vocab_shards=np.int64(vs), vocab_total=np.int64(vt))
+    if cfg[14] > 1:
+        raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler "
+                                  "(the pure_callback fallback cannot do it)")
+    return jax.pure_callback(functools.partial(_callback_impl, cfg, need), types, *args,
+                             vmap_method="sequential")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _core(cfg, hidden, weight, bias, batch):
+    outs = _prim(cfg, (False, False, False), hidden, weight, bias, *batch)
+    return outs[0], tuple(outs[1:4])
+
+
+def _core_fwd(cfg, hidden, weight, bias, batch):
+    outs = _prim(cfg, (True, True, True), hidden, weight, bias, *batch)
+    dts = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+    shard = batch[-1]
+    # Vocab-sharded: every shard holds the whole (all-reduced) grad_hidden, and
+    # shard_map's transpose sums the cotangents of the vocab-replicated hidden
+    # over the vocab axis: keep it on rank 0 only.
+    keep = None if shard is None else (shard[0] == 0).astype(jnp.float32)
+    return (outs[0], tuple(outs[1:4])), (outs[4], outs[5], outs[6] if bias is not None else None,
+                                         keep, _DtypeBox(dts))
+
+
+class _DtypeBox:
+    """Static dtypes carried through the residuals (a pytree with no leaves)."""
+
+    def __init__(self, dts):
+        self.dts = dts
+
+
+jax.tree_util.register_pytree_node(_DtypeBox, lambda b: ((), b.dts),
+                                   lambda dts, _: _DtypeBox(dts))
+
+
+def _core_bwd(cfg, res, ct):
+    gh, gw, gb, keep, box = res
+    g = ct[0]
+    if keep is not None:
+        # Vocab-sharded: the wrapper's loss is the mean of the nv shards' (equal)
+        # losses, but each shard's loss depends on every shard's weight rows
+        # through the in-kernel all-reduce that JAX cannot see: the gradient for
+        # this shard's inputs is that of the whole loss, i.e. nv times its share.
+        g = g * cfg[14]
+        gh = gh * keep
+    dh_t, dw_t, db_t = box.dts
+    dh = (gh * g).astype(dh_t)
+    dw = (gw * g).astype(dw_t)
+    db = None if gb is None else (gb * g).astype(db_t)
+    return dh, dw, db, None
+
+
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+def _batch(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, items, entropy_coef,
+           shard=None):
+    scalars = jnp.stack([jnp.asarray(items, jnp.float32),
+                         jnp.asarray(entropy_coef, jnp.float32)])
+    return (jnp.asarray(token_ids), jnp.asarray(mask), jnp.asarray(advantages),
+            None if old_logp is None else jnp.asarray(old_logp),
+            None if ref_logp is None else jnp.asarray(ref_logp),
+            None if is_ratio is None else jnp.asarray(is_ratio), scalars, shard)
+
+
+def _aux(metrics, logp, ent):
+    d = {n: metrics[i] for i, n in enumerate(METRIC_NAMES)}
+    return {"metrics": d, "logp": logp, "entropy": ent}
+
+
+def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, old_logp=None,
+                           ref_logp=None, *, bias=None, is_ratio=None, beta=0.0,
+                           epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
+                           loss_type="dapo", importance_sampling_level="token",
+                           max_completion_length=None, num_items_in_batch=None,
+                           sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
+                           use_bias_correction_kl=False, entropy_coef=0.0, impl="fused",
+                           memory_budget=None, threads=None, return_aux=False):
+    """The loss of LOSS_SPEC.md from hidden [B, T, H] (float32 or bfloat16), weight
+    [V, H] (same dtype), bias [V]; differentiable w.r.t. hidden, weight, bias.
+    ``num_items_in_batch`` and ``entropy_coef`` may be traced values. With
+    ``return_aux=True`` returns ``(loss, {"metrics": {...}, "logp", "entropy"})``
+    (aux is not differentiable)."""
+    cfg = _cfg(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
+               delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
+               max_completion_length, use_bias_correction_kl, threads, memory_budget)
+    items = -1.0 if num_items_in_batch is None else num_items_in_batch
+    batch = _batch(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, items,
+                   entropy_coef)
+    loss, (metrics, logp, ent) = _core(cfg, hidden, weight, bias, batch)
+    return (loss, _aux(metrics, logp, ent)) if return_aux else loss
+
+
+def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advantages,
+                                   old_logp=None, ref_logp=None, *, bias=None, is_ratio=None,
+                                   batch_axis="batch", vocab_axis=None, beta=0.0,
+                                   epsilon_low=0.2, epsilon_high=None, delta=None,
+                                   temperature=1.0, loss_type="dapo",
+                                   importance_sampling_level="token",
+                                   max_completion_length=None, num_items_in_batch=None,
+                                   sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
+                                   use_bias_correction_kl=False, entropy_coef=0.0,
+                                   impl="fused", memory_budget=None, threads=None,
+                                   return_aux=False):
+    """The same loss under ``jax.shard_map`` over ``mesh``.
+
+    ``batch_axis`` (or None): sequences are split over it (B must divide
+    evenly); each shard runs the kernel on its sequences with the global
+    normalizers (token counts, B) computed by psum and fed at run time, and the
+    results are psum-ed, so the loss equals the single-device one.
+    ``vocab_axis`` (or None): weight and bias are split by vocab rows over it
+    (V must divide evenly); the kernel's communicator hook merges the row
+    statistics and grad_hidden across the shards of a group in-process (FFI
+    handler only: one process, its host devices). Other mesh axes replicate.
+    Gradients flow to hidden, weight and bias with their input shardings."""
+    from jax.sharding import PartitionSpec as P
+
+    cfg = _cfg(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
+               delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
+               max_completion_length, use_bias_correction_kl, threads, memory_budget)
+    nb = mesh.shape[batch_axis] if batch_axis else 1
+    nv = mesh.shape[vocab_axis] if vocab_axis else 1
+    B_glob, V_glob = hidden.shape[0], weight.shape[0]
+    if B_glob % nb:
+        raise ValueError(f"batch {B_glob} does not divide over {nb} shards of {batch_axis!r}")
+    if V_glob % nv:
+        raise ValueError(f"vocab {V_glob} does not divide over {nv} shards of {vocab_axis!r}")
+    if nv > 1:
+        if backend() != "ffi":
+            raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler")
+        cfg = cfg[:14] + (nv, V_glob)
+    bspec = P(batch_axis) if batch_axis else P()
+    vspec = P(vocab_axis) if vocab_axis else P()
+    names = ["hidden", "weight", "token_ids", "mask", "advantages", "old_logp", "ref_logp",
+             "bias", "is_ratio"]
+    vals = [hidden, weight, token_ids, mask, advantages, old_logp, ref_logp, bias, is_ratio]
+    by_batch = {"hidden", "token_ids", "mask", "advantages", "old_logp", "ref_logp", "is_ratio"}
+    present = [(n, v) for n, v in zip(names, vals) if v is not None]
+    specs = tuple(bspec if n in by_batch else vspec if n in ("weight", "bias") else P()
+                  for n, _ in present)
+    user_items = num_items_in_batch
+
+    def psum_b(x):
+        return lax.psum(x, batch_axis) if batch_axis else x
+
+    def local(*arrs):
+        a = dict(zip([n for n, _ in present], arrs))
+        m = a["mask"]
+        n_loc = jnp.sum(m != 0).astype(jnp.float32)
+        n_glob = psum_b(n_loc)
+        B_loc = a["hidden"].shape[0]
+        n_loc1, n_glob1 = jnp.maximum(n_loc, 1.0), jnp.maximum(n_glob, 1.0)
+        if loss_type in ("grpo", "sapo", "luspo", "dr_grpo"):
+            s_p = jnp.float32(B_loc / B_glob)
+            items = -1.0
+        elif loss_type == "bnpo":
+            s_p = n_loc1 / n_glob1
+            items = -1.0
+        else:  # dapo, cispo: one global normalizer
+            s_p = jnp.float32(1.0)
+            items = n_glob if user_items is None else user_items
+        s_p = lax.stop_gradient(s_p)
+        c_eff = entropy_coef * n_loc1 / (n_glob1 * s_p)
+        shard = None
+        if nv > 1:
+            group = lax.axis_index(batch_axis) if batch_axis else 0
+            shard = jnp.stack([lax.axis_index(vocab_axis), group]).astype(jnp.int32)
+        batch = _batch(a["token_ids"], m, a["advantages"], a.get("old_logp"),
+                       a.get("ref_logp"), a.get("is_ratio"), items, c_eff, shard)
+        loss, (metrics, logp, ent) = _core(cfg, a["hidden"], a["weight"], a.get("bias"), batch)
+        loss = psum_b(s_p * loss)
+        metrics = psum_b(metrics * n_loc) / n_glob1
+        if nv > 1:
+            loss = loss[None]  # one (equal) value per vocab shard, averaged outside
+        return loss, metrics, logp, ent
+
+    lspec = P(vocab_axis) if nv > 1 else P()
+    fn = _shard_map(local, mesh, specs, (lspec, P(), bspec, bspec))
+    loss, metrics, logp, ent = fn(*[v for _, v in present])
+    if nv > 1:
+        loss = jnp.mean(loss)
+    return (loss, _aux(metrics, logp, ent)) if return_aux else loss
+
+
+def _shard_map(f, mesh, in_specs, out_specs):
+    sm = getattr(jax, "shard_map", None)
+    if sm is not None:
+        try:
+            return sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+        except TypeError:
+            pass
+    from jax.experimental.shard_map import shard_map
+    return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)

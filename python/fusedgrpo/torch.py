@@ -1,0 +1,330 @@
+"""PyTorch front end: ``fusedgrpo::linear_grpo`` (a ``torch.library.custom_op``
+with a fake kernel and autograd) and ``FusedLinearGRPOLoss``, an ``nn.Module``
+that mirrors Liger-Kernel's ``LigerFusedLinearGRPOLoss`` (same constructor
+arguments, same ``forward`` arguments, returns ``(loss, metrics)``).
+
+CPU tensors, float32 or bfloat16 (float64 is accepted and computed in float32:
+meant for gradcheck). One C call computes the loss and all gradients in the
+forward (like Liger); backward scales the saved gradients by the incoming
+gradient and casts them to the input dtype.
+
+Differences from Liger, by design (LOSS_SPEC.md is the contract):
+- ``metrics`` is ``(kl, clip_ratio)`` when beta != 0 else ``(clip_ratio,)`` like
+  Liger, where clip_ratio is the spec's ``clip_ratio_region``. For "cispo" that
+  is ``ratio > 1 + epsilon_high`` with the sign of A (Liger counts
+  ``ratio > epsilon_high``, our ``cispo_clip_ratio``). Pass
+  ``return_metrics_dict=True`` for every metric by name.
+- "luspo" at token level follows the spec (mean over b of sum_t m*L); Liger /
+  TRL also weight masked positions there. They agree at sequence level.
+- ``use_bias_correction_kl`` multiplies by the token-level ratio (spec); Liger
+  uses the sequence ratio at sequence level.
+- "vespo" is not implemented (its vespo_* arguments are accepted and ignored).
+- Sequence-level "cispo"/"sapo" are allowed (Liger refuses them).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _lib
+from ._lib import FusedGRPOError, METRIC_NAMES
+
+__all__ = ["linear_grpo", "FusedLinearGRPOLoss", "fused_linear_grpo_loss", "METRIC_NAMES"]
+
+_DT = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16}
+
+
+def _rows(t: Tensor, lead: int):
+    """(tensor, ld): t as a [rows, cols] matrix with unit column stride, rows the
+    first `lead` axes; copies only when one row stride cannot describe it."""
+    cols = t.shape[-1]
+    st = t.stride()
+    ok = st[-1] == 1 or cols == 1
+    ld, inner = None, None
+    for i in reversed(range(lead)):
+        if not ok or t.shape[i] == 1:
+            continue
+        if st[i] <= 0:
+            ok = False
+        elif inner is None:
+            ld, inner = st[i], (st[i], t.shape[i])
+        elif st[i] != inner[0] * inner[1]:
+            ok = False
+        else:
+            inner = (st[i], t.shape[i])
+    if ld is None:
+        ld = cols
+    if ok and ld >= cols:
+        return t, int(ld)
+    t = t.contiguous()
+    return t, int(cols)
+
+
+def _compute_dtype(t: Tensor) -> Tensor:
+    if t.dtype in _DT:
+        return t
+    if t.dtype in (torch.float64, torch.float16):
+        return t.to(torch.float32)
+    raise TypeError(f"fusedgrpo: unsupported dtype {t.dtype} (float32 or bfloat16)")
+
+
+def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.detach().to(torch.float32).contiguous()
+
+
+@torch.library.custom_op("fusedgrpo::linear_grpo", mutates_args=(), device_types="cpu")
+def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
+                advantages: Tensor, bias: Optional[Tensor], old_logp: Optional[Tensor],
+                ref_logp: Optional[Tensor], is_ratio: Optional[Tensor], loss_type: str,
+                importance_sampling_level: str, beta: float, epsilon_low: float,
+                epsilon_high: float, delta: float, temperature: float,
+                max_completion_length: int, num_items_in_batch: float,
+                sapo_temperature_pos: float, sapo_temperature_neg: float,
+                use_bias_correction_kl: bool, entropy_coef: float, need_grad_hidden: bool,
+                need_grad_weight: bool, need_grad_bias: bool, impl: str, threads: int,
+                memory_budget: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                             Tensor]:
+    """Returns (loss [], metrics [6] (METRIC_NAMES order), logp [B, T], entropy [B, T],
+    grad_hidden [B, T, H] or [0], grad_weight [V, H] or [0], grad_bias [V] or [0]),
+    all float32. epsilon_high < 0, delta <= 0, max_completion_length <= 0 and
+    num_items_in_batch < 0 mean the spec's defaults."""
+    B, T, H = hidden.shape
+    V = weight.shape[0]
+    h = _compute_dtype(hidden.detach())
+    w = _compute_dtype(weight.detach())
+    if w.dtype != h.dtype:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH",
+                             f"weight dtype {weight.dtype} differs from hidden dtype {hidden.dtype}",
+                             4)
+    h, ldh = _rows(h, 2)
+    w, ldw = _rows(w, 1)
+    b = None
+    if bias is not None:
+        b = bias.detach().to(w.dtype).contiguous()
+    tok = token_ids.detach().to(torch.int64).contiguous()
+    m = mask.detach()
+    if m.dtype == torch.bool and m.is_contiguous():
+        m = m.view(torch.uint8)
+    elif m.dtype != torch.uint8 or not m.is_contiguous():
+        m = (m != 0).to(torch.uint8).contiguous()
+    adv = _f32(advantages).reshape(-1)
+    old = _f32(old_logp)
+    ref = _f32(ref_logp)
+    isr = _f32(is_ratio)
+    per_seq = False
+    if isr is not None:
+        if isr.numel() == B and tuple(isr.shape) != (B, T):
+            isr = isr.reshape(B).contiguous()
+            per_seq = True
+    cfg = _lib.make_config(
+        loss_type=loss_type, importance_sampling_level=importance_sampling_level, beta=beta,
+        epsilon_low=epsilon_low, epsilon_high=None if epsilon_high < 0 else epsilon_high,
+        delta=None if delta <= 0 else delta, temperature=temperature,
+        max_completion_length=None if max_completion_length <= 0 else max_completion_length,
+        num_items_in_batch=None if num_items_in_batch < 0 else num_items_in_batch,
+        sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
+        use_bias_correction_kl=use_bias_correction_kl, entropy_coef=entropy_coef)
+    f32 = torch.float32
+    logp = torch.empty((B, T), dtype=f32)
+    ent = torch.empty((B, T), dtype=f32)
+    gh = torch.empty((B, T, H) if need_grad_hidden else (0,), dtype=f32)
+    gw = torch.empty((V, H) if need_grad_weight else (0,), dtype=f32)
+    gb = torch.empty((V,) if (need_grad_bias and b is not None) else (0,), dtype=f32)
+
+    def p(t):
+        return 0 if t is None or t.numel() == 0 else t.data_ptr()
+
+    ctx = _lib.get_context(threads, memory_budget)
+    loss, metrics = _lib.linear_call(
+        ctx, cfg, impl, B=B, T=T, H=H, V=V, dtype=_DT[h.dtype], hidden=p(h), ld_hidden=ldh,
+        weight=p(w), ld_weight=ldw, bias=p(b), token_ids=p(tok), mask=p(m), advantages=p(adv),
+        old_logp=p(old), ref_logp=p(ref), is_ratio=p(isr), is_ratio_per_sequence=per_seq,
+        logp=p(logp), entropy=p(ent), grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb))
+    return (torch.tensor(loss, dtype=f32), torch.tensor([metrics[n] for n in METRIC_NAMES],
+                                                        dtype=f32), logp, ent, gh, gw, gb)
+
+
+@linear_grpo.register_fake
+def _(hidden, weight, token_ids, mask, advantages, bias, old_logp, ref_logp, is_ratio,
+      loss_type, importance_sampling_level, beta, epsilon_low, epsilon_high, delta, temperature,
+      max_completion_length, num_items_in_batch, sapo_temperature_pos, sapo_temperature_neg,
+      use_bias_correction_kl, entropy_coef, need_grad_hidden, need_grad_weight, need_grad_bias,
+      impl, threads, memory_budget):
+    B, T, H = hidden.shape
+    V = weight.shape[0]
+    f32 = torch.float32
+    e = hidden.new_empty
+    return (e((), dtype=f32), e((6,), dtype=f32), e((B, T), dtype=f32), e((B, T), dtype=f32),
+            e((B, T, H) if need_grad_hidden else (0,), dtype=f32),
+            e((V, H) if need_grad_weight else (0,), dtype=f32),
+            e((V,) if (need_grad_bias and bias is not None) else (0,), dtype=f32))
+
+
+def _setup_context(ctx, inputs, output):
+    _, _, _, _, gh, gw, gb = output
+    hidden, weight, bias = inputs[0], inputs[1], inputs[5]
+    ctx.save_for_backward(gh, gw, gb)
+    ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb):
+    # Only the loss is differentiable: logp, entropy and metrics are reported
+    # values (gradients flowing into them are not supported and are dropped).
+    gh, gw, gb = ctx.saved_tensors
+    dh = dw = db = None
+    if g_loss is not None:
+        if gh.numel():
+            dh = (gh * g_loss).to(ctx.dtypes[0])
+        if gw.numel():
+            dw = (gw * g_loss).to(ctx.dtypes[1])
+        if gb.numel():
+            db = (gb * g_loss).to(ctx.dtypes[2])
+    return (dh, dw, None, None, None, db) + (None,) * 22
+
+
+linear_grpo.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=None,
+                           old_logp=None, ref_logp=None, is_ratio=None, *, beta=0.0,
+                           epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
+                           loss_type="dapo", importance_sampling_level="token",
+                           max_completion_length=None, num_items_in_batch=None,
+                           sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
+                           use_bias_correction_kl=False, entropy_coef=0.0, impl="fused",
+                           threads=None, memory_budget=None):
+    """Functional form: (loss, metrics dict of 0-dim tensors, logp, entropy); the
+    loss is differentiable w.r.t. hidden, weight and bias."""
+    grad_on = torch.is_grad_enabled()
+    if isinstance(num_items_in_batch, Tensor):
+        num_items_in_batch = float(num_items_in_batch)
+    loss, metrics, logp, ent, _, _, _ = linear_grpo(
+        hidden, weight, token_ids, mask, advantages, bias, old_logp, ref_logp, is_ratio,
+        loss_type, importance_sampling_level, float(beta), float(epsilon_low),
+        -1.0 if epsilon_high is None else float(epsilon_high),
+        0.0 if delta is None else float(delta), float(temperature),
+        0 if max_completion_length is None else int(max_completion_length),
+        -1.0 if num_items_in_batch is None else float(num_items_in_batch),
+        float(sapo_temperature_pos), float(sapo_temperature_neg), bool(use_bias_correction_kl),
+        float(entropy_coef), grad_on and hidden.requires_grad,
+        grad_on and weight.requires_grad,
+        grad_on and bias is not None and bias.requires_grad, impl, int(threads or 0),
+        int(memory_budget or 0))
+    return loss, {n: metrics[i] for i, n in enumerate(METRIC_NAMES)}, logp, ent
+
+
+class FusedLinearGRPOLoss(torch.nn.Module):
+    """Fused LM head + GRPO loss, a drop-in for Liger's LigerFusedLinearGRPOLoss.
+
+    forward(_input [B, T, H], lin_weight [V, H], selected_token_ids [B, T],
+    attention_mask [B, T], advantages [B], bias=None, ref_per_token_logps=None,
+    old_per_token_logps=None, ref_input=None, ref_weight=None, ref_bias=None,
+    vllm_is_ratio=None, num_items_in_batch=None) -> (loss, metrics).
+
+    ``compiled`` and ``chunk_size`` are accepted for compatibility and unused
+    (the C kernel chunks by ``memory_budget`` bytes). Extra keyword-only
+    arguments: entropy_coef, impl ("fused" / "materialized"), memory_budget,
+    threads, return_metrics_dict.
+    """
+
+    def __init__(self, beta: float = 0.04, compiled: bool = True, use_ref_model: bool = True,
+                 chunk_size: int = 1, epsilon_low: float = 0.2, epsilon_high: float = 0.2,
+                 loss_type: str = "dapo", max_completion_length: Optional[int] = None,
+                 importance_sampling_level: str = "token", sapo_temperature_pos: float = 1.0,
+                 sapo_temperature_neg: float = 1.05, temperature: float = 1.0,
+                 delta: Optional[float] = None, use_bias_correction_kl: bool = False,
+                 vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0,
+                 vespo_k_neg: float = 3.0, vespo_lambda_neg: float = 2.0, *,
+                 entropy_coef: float = 0.0, impl: str = "fused",
+                 memory_budget: Optional[int] = None, threads: Optional[int] = None,
+                 return_metrics_dict: bool = False):
+        super().__init__()
+        if sapo_temperature_pos <= 0:
+            raise ValueError(f"sapo_temperature_pos must be positive, got {sapo_temperature_pos}")
+        if sapo_temperature_neg <= 0:
+            raise ValueError(f"sapo_temperature_neg must be positive, got {sapo_temperature_neg}")
+        if delta is not None and delta <= 0:
+            raise ValueError(f"delta must be positive, got {delta}")
+        if loss_type not in _lib.LOSS_TYPES:
+            raise FusedGRPOError("FG_ERR_UNKNOWN_LOSS_TYPE",
+                                 f"unknown loss_type {loss_type!r}; one of {_lib.LOSS_TYPES}", 8)
+        if importance_sampling_level not in _lib.LEVELS:
+            raise FusedGRPOError("FG_ERR_UNKNOWN_LEVEL", f"unknown importance_sampling_level "
+                                 f"{importance_sampling_level!r}", 9)
+        self.beta = beta
+        self.compiled = compiled
+        self.use_ref_model = use_ref_model
+        self.chunk_size = chunk_size
+        self.epsilon_low = epsilon_low
+        self.epsilon_high = epsilon_high
+        self.loss_type = loss_type
+        self.max_completion_length = max_completion_length
+        self.importance_sampling_level = importance_sampling_level
+        self.sapo_temperature_pos = sapo_temperature_pos
+        self.sapo_temperature_neg = sapo_temperature_neg
+        self.temperature = temperature
+        self.delta = delta
+        self.use_bias_correction_kl = use_bias_correction_kl
+        self.entropy_coef = entropy_coef
+        self.impl = impl
+        self.memory_budget = memory_budget
+        self.threads = threads
+        self.return_metrics_dict = return_metrics_dict
+
+    def _ref_logps(self, ref_input, ref_weight, ref_bias, selected_token_ids, attention_mask,
+                   advantages):
+        with torch.no_grad():
+            _, _, logp, _ = fused_linear_grpo_loss(
+                ref_input.detach(), ref_weight.detach(), selected_token_ids, attention_mask,
+                advantages, None if ref_bias is None else ref_bias.detach(),
+                temperature=self.temperature, impl=self.impl, threads=self.threads,
+                memory_budget=self.memory_budget)
+        return logp
+
+    def forward(self, _input, lin_weight, selected_token_ids, attention_mask, advantages,
+                bias=None, ref_per_token_logps=None, old_per_token_logps=None, ref_input=None,
+                ref_weight=None, ref_bias=None, vllm_is_ratio=None, num_items_in_batch=None):
+        beta = float(self.beta)
+        ref = ref_per_token_logps
+        if beta != 0.0:
+            if ref is None and self.use_ref_model:
+                if ref_input is None:
+                    raise ValueError("If use_ref_model is True, ref_per_token_logps or ref_input "
+                                     "must be provided")
+                ref = self._ref_logps(ref_input, ref_weight if ref_weight is not None
+                                      else lin_weight, ref_bias, selected_token_ids,
+                                      attention_mask, advantages)
+            if ref is None:
+                # Liger/TRL: ref = stop_gradient(logp): KL == 0 with zero gradient.
+                beta_eff = 0.0
+            else:
+                beta_eff = beta
+        else:
+            beta_eff = 0.0
+            ref = None
+        if self.loss_type == "dr_grpo" and self.max_completion_length is None:
+            max_len = None  # the spec's default (T); Liger asserts instead
+        else:
+            max_len = self.max_completion_length
+        loss, metrics, _, _ = fused_linear_grpo_loss(
+            _input, lin_weight, selected_token_ids, attention_mask, advantages, bias,
+            old_per_token_logps, ref, vllm_is_ratio, beta=beta_eff,
+            epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, delta=self.delta,
+            temperature=self.temperature, loss_type=self.loss_type,
+            importance_sampling_level=self.importance_sampling_level,
+            max_completion_length=max_len, num_items_in_batch=num_items_in_batch,
+            sapo_temperature_pos=self.sapo_temperature_pos,
+            sapo_temperature_neg=self.sapo_temperature_neg,
+            use_bias_correction_kl=self.use_bias_correction_kl,
+            entropy_coef=self.entropy_coef, impl=self.impl, threads=self.threads,
+            memory_budget=self.memory_budget)
+        if self.return_metrics_dict:
+            return loss, metrics
+        out = []
+        if beta != 0.0:
+            out.append(metrics["kl"])
+        out.append(metrics["clip_ratio_region"])
+        return loss, tuple(out)

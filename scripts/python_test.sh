@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The Python front ends: install the package (`pip install .`, which builds the C
+# library through CMake / scikit-build-core) with its test deps, then run
+# tests/python with pytest. Optional deps (jax, torch, liger-kernel) are tried
+# one by one with a time limit; a missing one only makes its tests skip.
+#   FG_PY_OPTIONAL=skip   install no optional dep (use whatever is present)
+#   FG_PY_OPTIONAL_TIMEOUT=900   seconds allowed per optional install
+#   PYTHON=python3.11     the interpreter to use
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+py="${PYTHON:-python3}"
+command -v "$py" >/dev/null || py=python
+
+# System build deps (compiler, CMake, oneDNN): scripts/setup.sh installs them.
+if ! dpkg -s libdnnl-dev >/dev/null 2>&1 || ! command -v cmake >/dev/null; then
+  bash scripts/setup.sh
+fi
+
+export PIP_ROOT_USER_ACTION=ignore
+pipq() { "$py" -m pip install -q --disable-pip-version-check "$@"; }
+
+echo "python_test: pip install . pytest numpy"
+pipq . pytest numpy
+
+if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ]; then
+  limit="${FG_PY_OPTIONAL_TIMEOUT:-900}"
+  for pkg in jax torch liger-kernel; do
+    mod="${pkg//-/_}"
+    if "$py" -c "import ${mod}" >/dev/null 2>&1; then
+      continue
+    fi
+    echo "python_test: pip install $pkg (optional, up to ${limit}s)"
+    start=$SECONDS
+    if timeout "$limit" "$py" -m pip install -q --disable-pip-version-check "$pkg"; then
+      echo "python_test: $pkg installed in $((SECONDS - start))s"
+    else
+      echo "python_test: $pkg not installed: its tests will skip"
+    fi
+  done
+fi
+
+# Run from the repo root: `fusedgrpo` resolves to the installed package (the
+# source lives under python/, which is not on sys.path).
+"$py" -m pytest -q -p no:cacheprovider tests/python "$@"

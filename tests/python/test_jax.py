@@ -1,0 +1,256 @@
+"""The JAX front end (XLA FFI custom call) against a pure-JAX baseline with
+materialized logits (jax.nn.log_softmax), single device and under shard_map."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+
+import fusedgrpo  # noqa: E402
+import fusedgrpo.jax as fgj  # noqa: E402
+from grpo_reference import make_inputs, reference  # noqa: E402
+
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo"]
+
+
+def jax_baseline(hidden, weight, token_ids, mask, advantages, old_logp=None, ref_logp=None, *,
+                 bias=None, is_ratio=None, beta=0.0, epsilon_low=0.2, epsilon_high=None,
+                 delta=None, temperature=1.0, loss_type="dapo",
+                 importance_sampling_level="token", max_completion_length=None,
+                 num_items_in_batch=None, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
+                 use_bias_correction_kl=False, entropy_coef=0.0):
+    """TRL's formulas in plain JAX: the whole [B, T, V] logits, jax.nn.log_softmax."""
+    eh = epsilon_low if epsilon_high is None else epsilon_high
+    logits = hidden.astype(jnp.float32) @ weight.astype(jnp.float32).T
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    logits = logits / temperature
+    lsm = jax.nn.log_softmax(logits, -1)
+    V = weight.shape[0]
+    m = mask.astype(jnp.float32)
+    B, T = m.shape
+    tok = jnp.where(mask != 0, token_ids, 0).clip(0, V - 1)
+    logp = jnp.take_along_axis(lsm, tok[..., None], -1)[..., 0]
+    ent = -(jnp.exp(lsm) * lsm).sum(-1)
+    old = jax.lax.stop_gradient(logp) if old_logp is None else old_logp
+    cnt = m.sum(1)
+    lr_tok = logp - old
+    if importance_sampling_level == "token":
+        lr = lr_tok
+    else:
+        lr = jnp.broadcast_to(((m * lr_tok).sum(1) / jnp.maximum(cnt, 1.0))[:, None], (B, T))
+    ratio = jnp.exp(lr)
+    A = advantages.astype(jnp.float32)[:, None]
+    if loss_type == "cispo":
+        L = -jax.lax.stop_gradient(jnp.minimum(ratio, eh)) * A * logp
+    elif loss_type == "sapo":
+        tau = jnp.where(A > 0, sapo_temperature_pos, sapo_temperature_neg)
+        L = -(4.0 / tau) * jax.nn.sigmoid(tau * (ratio - 1.0)) * A
+    else:
+        rt = jnp.minimum(ratio, delta) if delta is not None else ratio
+        L = -jnp.minimum(rt * A, jnp.clip(ratio, 1 - epsilon_low, 1 + eh) * A)
+    if is_ratio is not None:
+        L = L * (is_ratio.reshape(B, 1) if is_ratio.ndim == 1 else is_ratio)
+    if beta != 0:
+        d = ref_logp - logp
+        kl = jnp.exp(d) - d - 1.0
+        if use_bias_correction_kl:
+            kl = kl * jnp.exp(lr_tok)
+        L = L + beta * kl
+    tot = jnp.maximum(m.sum(), 1.0)
+    if loss_type in ("grpo", "sapo"):
+        loss = ((m * L).sum(1) / jnp.maximum(cnt, 1.0)).mean()
+    elif loss_type == "bnpo":
+        loss = (m * L).sum() / tot
+    elif loss_type == "dr_grpo":
+        loss = (m * L).sum() / (B * (T if max_completion_length is None
+                                     else max_completion_length))
+    elif loss_type in ("dapo", "cispo"):
+        items = tot if num_items_in_batch is None else max(num_items_in_batch, 1.0)
+        loss = (m * L).sum() / items
+    else:  # luspo
+        loss = (m * L).sum(1).mean()
+    return loss - entropy_coef * (m * ent).sum() / tot
+
+
+def _args(inp):
+    return (inp["hidden"], inp["weight"], inp["token_ids"], inp["mask"], inp["advantages"],
+            inp.get("old_logp"), inp.get("ref_logp"))
+
+
+def _grads(fn, inp, cfg):
+    def f(h, w, b):
+        a = _args({**inp, "hidden": h, "weight": w})
+        return fn(*a, bias=b, **cfg)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(inp["hidden"], inp["weight"],
+                                                             inp["bias"])
+
+
+def _close(a, b, name, rtol=1e-3, atol_frac=2e-4):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=atol_frac * max(np.abs(b).max(), 1e-3),
+                               err_msg=name)
+
+
+def test_backend_is_the_ffi_handler():
+    assert fgj.backend() == "ffi", fgj._state.get("error")
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_matches_pure_jax_baseline(loss_type, level):
+    rng = np.random.default_rng(LOSS_TYPES.index(loss_type) * 2 + (level == "sequence"))
+    inp = make_inputs(rng, B=3, T=5, H=16, V=37, bad_masked_ids=False)
+    inp["is_ratio"] = rng.uniform(0.7, 1.3, (3, 5)).astype(np.float32)
+    cfg = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.05,
+               temperature=0.9, entropy_coef=0.01,
+               epsilon_high=1.2 if loss_type == "cispo" else 0.28,
+               use_bias_correction_kl=(loss_type == "dapo"))
+    isr = jnp.asarray(inp["is_ratio"])
+    (l1, g1) = _grads(lambda *a, **k: fgj.fused_linear_grpo_loss(*a, is_ratio=isr, **k), inp,
+                      cfg)
+    (l2, g2) = _grads(lambda *a, **k: jax_baseline(*a, is_ratio=isr, **k), inp, cfg)
+    assert float(l1) == pytest.approx(float(l2), rel=2e-4, abs=1e-6)
+    for a, b, n in zip(g1, g2, ("grad_hidden", "grad_weight", "grad_bias")):
+        _close(a, b, n)
+
+
+def test_aux_metrics_logp_entropy_and_no_bias():
+    rng = np.random.default_rng(1)
+    inp = make_inputs(rng, B=2, T=6, H=12, V=29, bias=False)
+    cfg = dict(loss_type="bnpo", beta=0.1)
+    loss, aux = jax.jit(lambda h, w: fgj.fused_linear_grpo_loss(
+        *_args({**inp, "hidden": h, "weight": w}), return_aux=True, **cfg))(inp["hidden"],
+                                                                           inp["weight"])
+    want = reference(**inp, **cfg)
+    assert float(loss) == pytest.approx(want["loss"], rel=1e-4)
+    for k, v in want["metrics"].items():
+        assert float(aux["metrics"][k]) == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    _close(aux["logp"], want["logp"], "logp", 1e-4, 1e-5)
+    _close(aux["entropy"], want["entropy"], "entropy", 1e-4, 1e-5)
+    g = jax.grad(lambda w: fgj.fused_linear_grpo_loss(*_args({**inp, "weight": w}), **cfg))(
+        inp["weight"])
+    _close(g, want["grad_weight"], "grad_weight")
+
+
+def test_bfloat16_inputs_grads_in_bf16():
+    rng = np.random.default_rng(2)
+    inp = make_inputs(rng, B=2, T=4, H=16, V=23)
+    hb = jnp.asarray(inp["hidden"], jnp.bfloat16)
+    wb = jnp.asarray(inp["weight"], jnp.bfloat16)
+    bb = jnp.asarray(inp["bias"], jnp.bfloat16)
+    cfg = dict(loss_type="grpo", beta=0.04)
+    loss, (gh, gw, gb) = jax.value_and_grad(
+        lambda h, w, b: fgj.fused_linear_grpo_loss(*_args({**inp, "hidden": h, "weight": w}),
+                                                   bias=b, **cfg), argnums=(0, 1, 2))(hb, wb, bb)
+    assert gh.dtype == gw.dtype == gb.dtype == jnp.bfloat16
+    rounded = {**inp, "hidden": np.asarray(hb, np.float32), "weight": np.asarray(wb, np.float32),
+               "bias": np.asarray(bb, np.float32)}
+    want = reference(**rounded, **cfg)
+    assert float(loss) == pytest.approx(want["loss"], rel=1e-3, abs=1e-5)
+    _close(gw, want["grad_weight"], "grad_weight", 2e-2, 1e-2)
+
+
+def test_errors_surface():
+    rng = np.random.default_rng(3)
+    inp = make_inputs(rng, B=2, T=3, H=4, V=5)
+    tok = np.array(inp["token_ids"])
+    tok[:] = 7
+    with pytest.raises(Exception, match="FG_ERR_TOKEN_OUT_OF_RANGE"):
+        out = jax.jit(lambda h: fgj.fused_linear_grpo_loss(
+            h, inp["weight"], tok, np.ones((2, 3), bool), inp["advantages"]))(inp["hidden"])
+        jax.block_until_ready(out)
+    with pytest.raises(fusedgrpo.FusedGRPOError):
+        fgj.fused_linear_grpo_loss(*_args(inp), loss_type="ppo")
+
+
+def test_pure_callback_fallback_agrees(monkeypatch):
+    rng = np.random.default_rng(4)
+    inp = make_inputs(rng, B=2, T=5, H=8, V=19)
+    cfg = dict(loss_type="dapo", beta=0.1, entropy_coef=0.01)
+    l1, g1 = _grads(fgj.fused_linear_grpo_loss, inp, cfg)
+    fgj.backend()
+    monkeypatch.setitem(fgj._state, "backend", "callback")
+    l2, g2 = _grads(fgj.fused_linear_grpo_loss, inp, cfg)
+    assert float(l1) == float(l2)
+    for a, b in zip(g1, g2):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_shard_map_batch_axis(loss_type):
+    if len(jax.devices()) < 4:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=4 before jax starts")
+    mesh = Mesh(np.array(jax.devices()[:4]), ("batch",))
+    rng = np.random.default_rng(10 + LOSS_TYPES.index(loss_type))
+    inp = make_inputs(rng, B=8, T=5, H=16, V=31, all_masked_row=3, bad_masked_ids=False)
+    level = "sequence" if loss_type in ("grpo", "luspo") else "token"
+    cfg = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.1,
+               entropy_coef=0.02, epsilon_high=1.2 if loss_type == "cispo" else None)
+    l1, g1 = _grads(lambda *a, **k: fgj.fused_linear_grpo_loss_sharded(mesh, *a, **k), inp, cfg)
+    l2, g2 = _grads(jax_baseline, inp, cfg)
+    l3, g3 = _grads(fgj.fused_linear_grpo_loss, inp, cfg)
+    assert float(l1) == pytest.approx(float(l2), rel=2e-4, abs=1e-6)
+    assert float(l1) == pytest.approx(float(l3), rel=1e-5, abs=1e-7)
+    for a, b, c, n in zip(g1, g2, g3, ("grad_hidden", "grad_weight", "grad_bias")):
+        _close(a, b, n)
+        _close(a, c, n, 1e-5, 1e-6)
+    # metrics combine over shards into the global masked means
+    _, aux = fgj.fused_linear_grpo_loss_sharded(mesh, *_args(inp), bias=inp["bias"],
+                                                return_aux=True, **cfg)
+    want = reference(**inp, **cfg)
+    for k, v in want["metrics"].items():
+        assert float(aux["metrics"][k]) == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    _close(aux["logp"], want["logp"], "logp", 1e-4, 1e-5)
+
+
+def test_shard_map_2d_mesh_batch_axis_only():
+    """A (batch, model) mesh: sharded over 'batch', replicated over 'model'."""
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 host devices")
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("batch", "model"))
+    rng = np.random.default_rng(20)
+    inp = make_inputs(rng, B=4, T=3, H=8, V=17, bad_masked_ids=False)
+    cfg = dict(loss_type="dapo", beta=0.05)
+    l1, g1 = _grads(lambda *a, **k: fgj.fused_linear_grpo_loss_sharded(mesh, *a, **k), inp, cfg)
+    l2, g2 = _grads(fgj.fused_linear_grpo_loss, inp, cfg)
+    assert float(l1) == pytest.approx(float(l2), rel=1e-5)
+    for a, b in zip(g1, g2):
+        _close(a, b, "grad", 1e-5, 1e-6)
+
+
+@pytest.mark.parametrize("mesh_shape,axes,batch_axis", [
+    ((4,), ("vocab",), None),
+    ((2, 2), ("batch", "vocab"), "batch"),
+])
+@pytest.mark.parametrize("loss_type,level", [("grpo", "sequence"), ("dapo", "token"),
+                                             ("bnpo", "token"), ("sapo", "token")])
+def test_shard_map_vocab_axis(mesh_shape, axes, batch_axis, loss_type, level):
+    """Weight split by vocab rows: the C library's communicator hook is served
+    in-process by the FFI handler (barrier + rank-ordered reduction). A small
+    memory budget forces several chunks, which the shards must agree on."""
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 host devices")
+    if fgj.backend() != "ffi":
+        pytest.skip("vocab sharding needs the FFI handler")
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(mesh_shape), axes)
+    rng = np.random.default_rng(30 + len(axes))
+    inp = make_inputs(rng, B=4, T=24, H=16, V=4 * 257, all_masked_row=1, bad_masked_ids=False)
+    cfg = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.1,
+               entropy_coef=0.02, temperature=0.8)
+    l1, g1 = _grads(lambda *a, **k: fgj.fused_linear_grpo_loss_sharded(
+        mesh, *a, batch_axis=batch_axis, vocab_axis="vocab", threads=1,
+        memory_budget=24 << 10, **k), inp, cfg)
+    want = reference(**inp, **cfg)
+    assert float(l1) == pytest.approx(want["loss"], rel=2e-4, abs=1e-6)
+    for a, n in zip(g1, ("grad_hidden", "grad_weight", "grad_bias")):
+        _close(a, want[n], n)
+    _, aux = fgj.fused_linear_grpo_loss_sharded(mesh, *_args(inp), bias=inp["bias"],
+                                                batch_axis=batch_axis, vocab_axis="vocab",
+                                                return_aux=True, **cfg)
+    for k, v in want["metrics"].items():
+        assert float(aux["metrics"][k]) == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    _close(aux["logp"], want["logp"], "logp", 1e-4, 1e-5)
+    _close(aux["entropy"], want["entropy"], "entropy", 1e-4, 1e-5)

@@ -1,0 +1,268 @@
+"""The NumPy front end against the float64 reference of LOSS_SPEC.md."""
+import zlib
+
+import numpy as np
+import pytest
+
+import fusedgrpo as fg
+from grpo_reference import make_inputs, reference
+
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo"]
+LEVELS = ["token", "sequence"]
+
+# Option sets: each is (name, input kwargs, config kwargs).
+OPTIONS = [
+    ("defaults", {}, {}),
+    ("on_policy", {"off_policy": False}, {}),
+    ("beta_kl", {}, {"beta": 0.1}),
+    ("beta_kl_bias_corrected", {}, {"beta": 0.2, "use_bias_correction_kl": True}),
+    ("asym_eps_delta", {}, {"epsilon_low": 0.15, "epsilon_high": 0.28, "delta": 1.3}),
+    ("is_ratio_tokens", {"is_ratio": "token"}, {}),
+    ("is_ratio_seq", {"is_ratio": "seq"}, {"beta": 0.05}),
+    ("temperature_entropy", {}, {"temperature": 0.7, "entropy_coef": 0.05}),
+    ("normalizers", {"bias": False}, {"max_completion_length": 9, "num_items_in_batch": 17,
+                                      "sapo_temperature_pos": 0.8, "sapo_temperature_neg": 1.6}),
+]
+
+
+def _tol_check(got, want, name, rtol=2e-4, atol_frac=2e-5):
+    want = np.asarray(want, np.float64)
+    got = np.asarray(got, np.float64)
+    scale = max(np.abs(want).max(), 1e-3)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol_frac * scale + 1e-7,
+                               err_msg=name)
+
+
+def _inputs(seed, opt_inp, **kw):
+    rng = np.random.default_rng(seed)
+    opt = dict(opt_inp)
+    isr = opt.pop("is_ratio", None)
+    inp = make_inputs(rng, **{**opt, **kw})
+    B, T = inp["mask"].shape
+    if isr == "token":
+        inp["is_ratio"] = rng.uniform(0.5, 1.5, (B, T)).astype(np.float32)
+    elif isr == "seq":
+        inp["is_ratio"] = rng.uniform(0.5, 1.5, (B,)).astype(np.float32)
+    return inp
+
+
+def check_against_reference(inp, cfg, *, impl="fused", memory_budget=None, threads=None,
+                            dtype="float32", tol=1.0):
+    got = fg.fused_linear_grpo(**inp, **cfg, impl=impl, memory_budget=memory_budget,
+                               threads=threads, dtype=dtype)
+    ref_inp = dict(inp)
+    if dtype == "bfloat16":  # the reference sees the bf16-rounded inputs
+        for k in ("hidden", "weight", "bias"):
+            if ref_inp.get(k) is not None:
+                ref_inp[k] = fg.bf16_bits_to_f32(fg.f32_to_bf16_bits(ref_inp[k]))
+    want = reference(**ref_inp, **cfg)
+    assert np.isfinite(got.loss)
+    _tol_check(got.loss, want["loss"], "loss", rtol=2e-4 * tol, atol_frac=1e-5 * tol)
+    for k in ("logp", "entropy"):
+        _tol_check(getattr(got, k), want[k], k, rtol=1e-4 * tol, atol_frac=1e-5 * tol)
+    for k, v in want["metrics"].items():
+        assert got.metrics[k] == pytest.approx(v, rel=1e-4 * tol, abs=1e-6 * tol), k
+    for k in ("grad_hidden", "grad_weight", "grad_bias"):
+        if want[k] is None:
+            assert getattr(got, k) is None
+            continue
+        _tol_check(getattr(got, k), want[k], k, rtol=1e-3 * tol, atol_frac=2e-4 * tol)
+    return got, want
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=[o[0] for o in OPTIONS])
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_all_loss_types_levels_options(loss_type, level, opt):
+    name, opt_inp, opt_cfg = opt
+    seed = zlib.crc32(f"{loss_type}/{level}/{name}".encode())
+    inp = _inputs(seed, opt_inp)
+    if loss_type == "cispo":
+        opt_cfg = {**opt_cfg, "epsilon_high": 1.1}  # an absolute cap on the ratio for CISPO
+    cfg = dict(loss_type=loss_type, importance_sampling_level=level, **opt_cfg)
+    check_against_reference(inp, cfg)
+
+
+@pytest.mark.parametrize("impl", ["fused", "materialized"])
+def test_odd_sizes_prime_vocab_all_masked_sequence(impl):
+    # V prime, H not a multiple of 16, one sequence fully masked
+    inp = _inputs(7, {}, B=4, T=6, H=37, V=1009, all_masked_row=2)
+    for lt in ("grpo", "dapo", "luspo"):
+        cfg = dict(loss_type=lt, beta=0.1, entropy_coef=0.01)
+        got, _ = check_against_reference(inp, cfg, impl=impl)
+        assert np.all(got.grad_hidden[2] == 0)
+        assert np.all(got.logp[2] == 0) and np.all(got.entropy[2] == 0)
+
+
+def test_everything_masked_is_zero_not_nan():
+    inp = _inputs(8, {}, B=2, T=3, H=5, V=7)
+    inp["mask"][:] = False
+    for lt in LOSS_TYPES:
+        got = fg.fused_linear_grpo(**inp, loss_type=lt, beta=0.1)
+        assert got.loss == 0.0
+        assert np.all(got.grad_hidden == 0) and np.all(got.grad_weight == 0)
+        assert all(v == 0 for v in got.metrics.values())
+
+
+def test_chunked_small_budget_matches_one_chunk():
+    inp = _inputs(9, {}, B=3, T=40, H=24, V=2053)
+    cfg = dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.05)
+    small, _ = check_against_reference(inp, cfg, memory_budget=1 << 18)
+    stats = fg.memory_stats(memory_budget=1 << 18)
+    assert stats["chunks"] > 1, stats
+    assert stats["peak_bytes"] <= 1 << 18
+    big = fg.fused_linear_grpo(**inp, **cfg)
+    np.testing.assert_allclose(small.grad_weight, big.grad_weight, rtol=1e-4, atol=1e-6)
+
+
+def test_bfloat16_inputs():
+    inp = _inputs(10, {}, B=2, T=7, H=20, V=61)
+    cfg = dict(loss_type="dapo", beta=0.04)
+    check_against_reference(inp, cfg, dtype="bfloat16", tol=5.0)
+    # uint16 bit arrays are taken as bf16 as they are
+    bits = {k: fg.f32_to_bf16_bits(inp[k]) for k in ("hidden", "weight", "bias")}
+    a = fg.fused_linear_grpo(**{**inp, **bits}, **cfg)
+    b = fg.fused_linear_grpo(**inp, **cfg, dtype="bfloat16")
+    assert a.loss == b.loss
+    np.testing.assert_array_equal(a.grad_weight, b.grad_weight)
+
+
+def test_bf16_conversion_round_to_nearest_even():
+    x = np.array([1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, -2.5, np.inf, -np.inf, 0.0, -0.0,
+                  np.finfo(np.float32).max, 1e-40], np.float32)
+    bits = fg.f32_to_bf16_bits(x)
+    want = [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x7F80, 0x0001]
+    assert [int(v) for v in bits] == want
+    from fusedgrpo import _lib  # the C library's own conversion agrees
+    assert [int(_lib.lib.fg_f32_to_bf16(float(v))) for v in x] == want
+    assert np.isnan(fg.bf16_bits_to_f32(fg.f32_to_bf16_bits(np.array([np.nan], np.float32))))[0]
+    y = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    back = fg.bf16_bits_to_f32(fg.f32_to_bf16_bits(y))
+    assert np.max(np.abs(back - y) / np.abs(y)) <= 2**-8
+
+
+def test_deterministic_and_thread_count_independent_row_work():
+    inp = _inputs(11, {}, B=2, T=9, H=33, V=101)
+    a = fg.fused_linear_grpo(**inp, threads=1)
+    b = fg.fused_linear_grpo(**inp, threads=1)
+    assert a.loss == b.loss
+    np.testing.assert_array_equal(a.grad_weight, b.grad_weight)
+    c = fg.fused_linear_grpo(**inp, threads=2)
+    np.testing.assert_allclose(c.grad_weight, a.grad_weight, rtol=1e-5, atol=1e-7)
+
+
+def test_non_contiguous_views_need_no_copy_and_match():
+    inp = _inputs(12, {}, B=2, T=5, H=16, V=29)
+    wide = np.zeros((2, 5, 24), np.float32)
+    wide[..., :16] = inp["hidden"]
+    wwide = np.zeros((29, 20), np.float32)
+    wwide[:, :16] = inp["weight"]
+    a = fg.fused_linear_grpo(**inp)
+    b = fg.fused_linear_grpo(**{**inp, "hidden": wide[..., :16], "weight": wwide[:, :16]})
+    assert a.loss == pytest.approx(b.loss, rel=1e-6)
+    np.testing.assert_allclose(a.grad_weight, b.grad_weight, rtol=1e-5, atol=1e-7)
+    # Transposed weight (column stride != 1) is copied, still right
+    c = fg.fused_linear_grpo(**{**inp, "weight": np.asfortranarray(inp["weight"])})
+    np.testing.assert_allclose(a.grad_weight, c.grad_weight, rtol=1e-5, atol=1e-7)
+
+
+def test_compute_grad_false():
+    inp = _inputs(13, {}, B=2, T=4, H=8, V=13)
+    a = fg.fused_linear_grpo(**inp, compute_grad=False)
+    b = fg.fused_linear_grpo(**inp)
+    assert a.grad_hidden is None and a.grad_weight is None and a.grad_bias is None
+    assert a.loss == pytest.approx(b.loss, rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_logits_level(loss_type):
+    inp = _inputs(14, {}, B=3, T=4, H=12, V=53)
+    h, W, bias = inp.pop("hidden"), inp.pop("weight"), inp.pop("bias")
+    logits = (h @ W.T + bias).astype(np.float32)
+    cfg = dict(loss_type=loss_type, beta=0.1, temperature=0.9, entropy_coef=0.02,
+               epsilon_high=1.2 if loss_type == "cispo" else None)
+    want = reference(logits, np.eye(53, dtype=np.float32), **inp, **cfg)  # hidden = logits
+    got = fg.logits_grpo(logits, **inp, **cfg)
+    _tol_check(got.loss, want["loss"], "loss")
+    _tol_check(got.grad_logits, want["grad_logits"], "grad_logits", rtol=1e-3, atol_frac=2e-4)
+    # in place: dlogits overwrite the logits
+    buf = logits.copy()
+    got2 = fg.logits_grpo(buf, **inp, **cfg, inplace=True)
+    assert got2.grad_logits is buf
+    np.testing.assert_array_equal(buf, got.grad_logits)
+
+
+def test_errors_carry_status_and_message():
+    inp = _inputs(15, {}, B=2, T=3, H=4, V=5)
+    bad = dict(inp)
+    bad["token_ids"] = inp["token_ids"].copy()
+    bad["token_ids"][0, 0] = 5
+    bad["mask"] = np.ones_like(inp["mask"])
+    with pytest.raises(fg.FusedGRPOError) as e:
+        fg.fused_linear_grpo(**bad)
+    assert e.value.status == "FG_ERR_TOKEN_OUT_OF_RANGE" and "token_ids" in str(e.value)
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(fg.FusedGRPOError) as e:
+        fg.fused_linear_grpo(**{**inp, "ref_logp": None}, beta=0.1)
+    assert e.value.status == "FG_ERR_MISSING_REF_LOGP"
+    with pytest.raises(fg.FusedGRPOError) as e:
+        fg.fused_linear_grpo(**inp, temperature=0.0)
+    assert e.value.status == "FG_ERR_BAD_TEMPERATURE"
+    with pytest.raises(fg.FusedGRPOError) as e:
+        fg.fused_linear_grpo(**inp, loss_type="ppo")
+    assert e.value.status == "FG_ERR_UNKNOWN_LOSS_TYPE"
+    with pytest.raises(fg.FusedGRPOError) as e:
+        fg.fused_linear_grpo(**inp, importance_sampling_level="batch")
+    assert e.value.status == "FG_ERR_UNKNOWN_LEVEL"
+    h = inp["hidden"].copy()
+    h[0, 0, 0] = np.nan
+    with pytest.raises(fg.FusedGRPOError) as e:
+        fg.fused_linear_grpo(**{**inp, "hidden": h})
+    assert e.value.status == "FG_ERR_NONFINITE_INPUT"
+    with pytest.raises(fg.FusedGRPOError) as e:
+        fg.fused_linear_grpo(**{**inp, "weight": inp["weight"][:, :3]})
+    assert e.value.status == "FG_ERR_SHAPE_MISMATCH"
+    with pytest.raises(fg.FusedGRPOError) as e:
+        fg.fused_linear_grpo(**inp, memory_budget=1024)
+    assert e.value.status == "FG_ERR_BUDGET_TOO_SMALL"
+
+
+def test_reference_itself_by_finite_differences_of_hidden():
+    """Sanity of the test oracle: its grad_hidden / grad_weight match central
+    differences of its own loss in float64 (small case)."""
+    inp = _inputs(16, {}, B=2, T=3, H=4, V=6)
+    cfg = dict(loss_type="grpo", beta=0.1, temperature=0.8, entropy_coef=0.1)
+    want = reference(**inp, **cfg)
+    h = inp["hidden"].astype(np.float64)
+    W = inp["weight"].astype(np.float64)
+    eps = 1e-5
+    for (arr, key, idx) in ((h, "grad_hidden", (0, 1, 2)), (W, "grad_weight", (3, 1))):
+        xp, xm = arr.copy(), arr.copy()
+        xp[idx] += eps
+        xm[idx] -= eps
+        name = "hidden" if key == "grad_hidden" else "weight"
+        lp = reference(**{**inp, name: xp}, **cfg)["loss"]
+        lm = reference(**{**inp, name: xm}, **cfg)["loss"]
+        assert (lp - lm) / (2 * eps) == pytest.approx(want[key][idx], rel=1e-4, abs=1e-8)
+
+
+def test_ml_dtypes_bfloat16_arrays():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    inp = _inputs(17, {}, B=2, T=4, H=8, V=11)
+    a = fg.fused_linear_grpo(**inp, dtype="bfloat16")
+    b = fg.fused_linear_grpo(**{**inp, **{k: inp[k].astype(ml_dtypes.bfloat16)
+                                          for k in ("hidden", "weight", "bias")}})
+    assert a.loss == b.loss
+    np.testing.assert_array_equal(a.grad_hidden, b.grad_hidden)
+
+
+def test_per_call_python_overhead_is_small():
+    """No copies of contiguous float32 inputs: a tiny call costs well under 1 ms."""
+    import time
+    inp = _inputs(18, {}, B=1, T=2, H=8, V=16)
+    for _ in range(3):
+        fg.fused_linear_grpo(**inp, threads=1)
+    t = time.perf_counter()
+    for _ in range(200):
+        fg.fused_linear_grpo(**inp, threads=1)
+    assert (time.perf_counter() - t) / 200 < 2e-3
