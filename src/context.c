@@ -32,7 +32,7 @@ fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
         fg_context_options_init(&o);
     if (o.backend != FG_BACKEND_CPU)
         return FG_ERR_UNSUPPORTED; /* the CUDA backend is not part of this build */
-    fg_context *ctx = calloc(1, sizeof *ctx);
+    fg_context *ctx = fg_fault_hit() ? NULL : calloc(1, sizeof *ctx);
     if (!ctx)
         return FG_ERR_OUT_OF_MEMORY;
     ctx->opts = o;

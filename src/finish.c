@@ -6,7 +6,7 @@
 size_t fg_common_workspace_bytes(int64_t B, int64_t N)
 {
     return fg_ws_round((size_t)fg_loss_plan_scratch_doubles(B) * sizeof(double)) +
-           fg_ws_round((size_t)N * sizeof(int64_t)) + 3 * fg_ws_round((size_t)N * sizeof(float));
+           fg_ws_round((size_t)N * sizeof(int64_t)) + 4 * fg_ws_round((size_t)N * sizeof(float));
 }
 
 void fg_common_init(fg_context *ctx, fg_common *c, const fg_loss_config *cfg,
@@ -18,10 +18,11 @@ void fg_common_init(fg_context *ctx, fg_common *c, const fg_loss_config *cfg,
     c->active = fg_ws_take(ctx, (size_t)N * sizeof(int64_t));
     c->ta.logp = fg_ws_take(ctx, (size_t)N * sizeof(float));
     c->ta.entropy = fg_ws_take(ctx, (size_t)N * sizeof(float));
-    c->ta.lse = fg_ws_take(ctx, (size_t)N * sizeof(float));
+    c->ta.zmax = fg_ws_take(ctx, (size_t)N * sizeof(float));
+    c->ta.lsum = fg_ws_take(ctx, (size_t)N * sizeof(float));
     c->n_active = 0;
     for (int64_t n = 0; n < N; n++) {
-        c->ta.logp[n] = c->ta.entropy[n] = c->ta.lse[n] = 0.0f;
+        c->ta.logp[n] = c->ta.entropy[n] = c->ta.zmax[n] = c->ta.lsum[n] = 0.0f;
         if (batch->mask[n])
             c->active[c->n_active++] = n;
     }

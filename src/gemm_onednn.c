@@ -7,13 +7,21 @@
 #include "bf16.h"
 #include "gemm_onednn.h"
 
-#define TILE_BYTES ((size_t)4 << 20) /* converted weight tile: stays in L3 */
+/* Converted weight tile: large enough that the per-tile GEMMs stay efficient
+ * (>= 1024 weight rows at H = 4096), capped at an eighth of the budget. */
+#define TILE_BYTES ((size_t)32 << 20)
 #define TILE_MIN_ROWS 4
+
+enum { MEM_A, MEM_B, MEM_C, MEM_BIAS, MEM_SCRATCH, MEM_COUNT };
 
 typedef struct gemm_slot {
     fg_gemm_shape shape;
     int threads;
     dnnl_primitive_t prim;
+    /* Memory objects without a buffer, created with the primitive; a run only
+     * sets their data handles, so nothing is allocated once outputs are being
+     * written (an allocation failure can only happen in fg_gemm_prepare). */
+    dnnl_memory_t mem[MEM_COUNT];
     dnnl_memory_desc_t a_md, b_md, c_md, bias_md, scratch_md;
     size_t scratch_bytes;
     uint64_t last_use;
@@ -35,6 +43,16 @@ static int same_shape(const fg_gemm_shape *a, const fg_gemm_shape *b)
            a->b_type == b->b_type && a->c_type == b->c_type && a->a_rs == b->a_rs &&
            a->a_cs == b->a_cs && a->b_rs == b->b_rs && a->b_cs == b->b_cs && a->c_ld == b->c_ld &&
            a->accumulate == b->accumulate && a->has_bias == b->has_bias;
+}
+
+static void slot_free(gemm_slot *slot)
+{
+    for (int i = 0; i < MEM_COUNT; i++)
+        if (slot->mem[i])
+            dnnl_memory_destroy(slot->mem[i]);
+    if (slot->prim)
+        dnnl_primitive_destroy(slot->prim);
+    memset(slot, 0, sizeof *slot);
 }
 
 /* Builds the primitive for s; returns nonzero when oneDNN cannot. */
@@ -63,14 +81,21 @@ static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gem
     if (s->accumulate && (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
                           dnnl_primitive_attr_set_post_ops(attr, po)))
         goto done;
-    if (dnnl_primitive_desc_create(&pd, &md, attr, c->engine, NULL))
+    if (fg_fault_hit() || dnnl_primitive_desc_create(&pd, &md, attr, c->engine, NULL))
         goto done;
     const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     slot->scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
     if (sp)
         slot->scratch_md = *sp;
-    if (dnnl_primitive_create(&slot->prim, pd))
+    if (fg_fault_hit() || dnnl_primitive_create(&slot->prim, pd))
         goto done;
+    const dnnl_memory_desc_t *mds[MEM_COUNT] = {&slot->a_md, &slot->b_md, &slot->c_md,
+                                                s->has_bias ? &slot->bias_md : NULL,
+                                                slot->scratch_bytes ? &slot->scratch_md : NULL};
+    for (int i = 0; i < MEM_COUNT; i++)
+        if (mds[i] && (fg_fault_hit() ||
+                       dnnl_memory_create(&slot->mem[i], mds[i], c->engine, DNNL_MEMORY_NONE)))
+            goto done;
     slot->shape = *s;
     bad = 0;
 done:
@@ -81,20 +106,21 @@ done:
     if (attr)
         dnnl_primitive_attr_destroy(attr);
     if (bad)
-        slot->prim = NULL;
+        slot_free(slot);
     return bad;
 }
 
 fg_status fg_gemm_cache_create(fg_context *ctx)
 {
-    struct fg_gemm_cache *c = calloc(1, sizeof *c);
+    struct fg_gemm_cache *c = fg_fault_hit() ? NULL : calloc(1, sizeof *c);
     if (!c)
         return FG_ERR_OUT_OF_MEMORY;
-    if (dnnl_engine_create(&c->engine, dnnl_cpu, 0) != dnnl_success) {
+    if (fg_fault_hit() || dnnl_engine_create(&c->engine, dnnl_cpu, 0) != dnnl_success) {
         free(c);
         return FG_ERR_BACKEND;
     }
-    if (dnnl_stream_create(&c->stream, c->engine, dnnl_stream_default_flags) != dnnl_success) {
+    if (fg_fault_hit() ||
+        dnnl_stream_create(&c->stream, c->engine, dnnl_stream_default_flags) != dnnl_success) {
         dnnl_engine_destroy(c->engine);
         free(c);
         return FG_ERR_BACKEND;
@@ -105,8 +131,7 @@ fg_status fg_gemm_cache_create(fg_context *ctx)
     gemm_slot tmp;
     memset(&tmp, 0, sizeof tmp);
     c->native_bf16 = create_primitive(c, &probe, &tmp) == 0;
-    if (tmp.prim)
-        dnnl_primitive_destroy(tmp.prim);
+    slot_free(&tmp);
     ctx->gemm = c;
     return FG_OK;
 }
@@ -117,8 +142,7 @@ void fg_gemm_cache_destroy(fg_context *ctx)
     if (!c)
         return;
     for (int i = 0; i < FG_GEMM_CACHE_SLOTS; i++)
-        if (c->slots[i].prim)
-            dnnl_primitive_destroy(c->slots[i].prim);
+        slot_free(&c->slots[i]);
     dnnl_stream_destroy(c->stream);
     dnnl_engine_destroy(c->engine);
     free(c);
@@ -161,9 +185,7 @@ static fg_status native_prepare(fg_context *ctx, const fg_gemm_shape *s, gemm_sl
         for (int i = 1; i < FG_GEMM_CACHE_SLOTS; i++)
             if (c->slots[i].last_use < slot->last_use)
                 slot = &c->slots[i];
-        if (slot->prim)
-            dnnl_primitive_destroy(slot->prim);
-        memset(slot, 0, sizeof *slot);
+        slot_free(slot);
         if (create_primitive(c, s, slot))
             return fg_fail(ctx, FG_ERR_BACKEND,
                            "oneDNN could not create a matmul for M=%lld N=%lld K=%lld",
@@ -183,39 +205,27 @@ static fg_status native_run(fg_context *ctx, const fg_gemm_shape *s, const void 
     fg_status st = native_prepare(ctx, s, &slot); /* a cache hit unless evicted */
     if (st != FG_OK)
         return st;
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL, msp = NULL;
-    st = FG_ERR_BACKEND;
-    dnnl_exec_arg_t args[5];
+    static const int arg_of[MEM_COUNT] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST,
+                                          DNNL_ARG_BIAS, DNNL_ARG_SCRATCHPAD};
+    void *const handle[MEM_COUNT] = {(void *)A, (void *)B, C, (void *)bias, scratch};
+    dnnl_exec_arg_t args[MEM_COUNT];
     int nargs = 0;
-    if (dnnl_memory_create(&ma, &slot->a_md, c->engine, (void *)A) ||
-        dnnl_memory_create(&mb, &slot->b_md, c->engine, (void *)B) ||
-        dnnl_memory_create(&mc, &slot->c_md, c->engine, C))
-        goto done;
-    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, ma};
-    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, mb};
-    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DST, mc};
-    if (s->has_bias) {
-        if (dnnl_memory_create(&mbias, &slot->bias_md, c->engine, (void *)bias))
-            goto done;
-        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mbias};
-    }
-    if (slot->scratch_bytes) {
-        if (dnnl_memory_create(&msp, &slot->scratch_md, c->engine, scratch))
-            goto done;
-        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, msp};
+    st = FG_OK;
+    for (int i = 0; i < MEM_COUNT && st == FG_OK; i++) {
+        if (!slot->mem[i])
+            continue;
+        if (dnnl_memory_set_data_handle(slot->mem[i], handle[i]) != dnnl_success)
+            st = FG_ERR_BACKEND;
+        args[nargs++] = (dnnl_exec_arg_t){arg_of[i], slot->mem[i]};
     }
     const double t0 = fg_now();
-    if (dnnl_primitive_execute(slot->prim, c->stream, nargs, args) || dnnl_stream_wait(c->stream))
-        goto done;
-    ctx->last_gemm_seconds += fg_now() - t0;
-    ctx->last_gemm_flops += 2 * s->M * s->N * s->K;
-    st = FG_OK;
-done:
-    if (ma) dnnl_memory_destroy(ma);
-    if (mb) dnnl_memory_destroy(mb);
-    if (mc) dnnl_memory_destroy(mc);
-    if (mbias) dnnl_memory_destroy(mbias);
-    if (msp) dnnl_memory_destroy(msp);
+    if (st == FG_OK &&
+        (dnnl_primitive_execute(slot->prim, c->stream, nargs, args) || dnnl_stream_wait(c->stream)))
+        st = FG_ERR_BACKEND;
+    if (st == FG_OK) {
+        ctx->last_gemm_seconds += fg_now() - t0;
+        ctx->last_gemm_flops += 2 * s->M * s->N * s->K;
+    }
     if (st != FG_OK)
         return fg_fail(ctx, FG_ERR_BACKEND, "oneDNN matmul failed (M=%lld N=%lld K=%lld)",
                        (long long)s->M, (long long)s->N, (long long)s->K);

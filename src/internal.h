@@ -75,6 +75,24 @@ int fg_threads(const fg_context *ctx);
 /* Monotonic wall clock in seconds. */
 double fg_now(void);
 
+/* Test-only fault injection, compiled in with -DFG_FAULT_INJECTION (never in
+ * a release build). Every allocation the library makes itself (context, GEMM
+ * cache, arena, tracked blocks) and every oneDNN object it creates passes a
+ * fault point first: fg_fault_hit() returns 1 at the armed one and the
+ * allocation then fails as if memory were exhausted. The test drivers
+ * (tests/test_alloc_failure.c) declare fg_fault_arm / fg_fault_points
+ * themselves: they are not part of the public API.
+ *   fg_fault_arm(k): the k-th fault point from now (0-based) fails, the others
+ *                    succeed; k < 0 disarms. Resets the counter.
+ *   fg_fault_points(): fault points passed since the last fg_fault_arm. */
+#ifdef FG_FAULT_INJECTION
+int fg_fault_hit(void);
+void fg_fault_arm(long k);
+long fg_fault_points(void);
+#else
+static inline int fg_fault_hit(void) { return 0; }
+#endif
+
 /* Checked size arithmetic: returns 0 on overflow. */
 int fg_mul_size(size_t a, size_t b, size_t *out);
 int fg_add_size(size_t a, size_t b, size_t *out);

@@ -185,9 +185,9 @@ static fg_status validate_linear(fg_context *ctx, const fg_linear_options *o,
     if (sharded) {
         if (in->vocab_start < 0 || in->vocab_total <= 0 || in->vocab_start > in->vocab_total - V)
             return fg_fail(ctx, FG_ERR_SHAPE_MISMATCH,
-                           "vocab shard [%lld, %lld) does not lie in [0, vocab_total = %lld)",
-                           (long long)in->vocab_start, (long long)(in->vocab_start + V),
-                           (long long)in->vocab_total);
+                           "vocab shard of %lld rows at vocab_start = %lld does not lie in "
+                           "[0, vocab_total = %lld)",
+                           (long long)V, (long long)in->vocab_start, (long long)in->vocab_total);
         if (!ctx->opts.comm.allreduce)
             return fg_fail(ctx, FG_ERR_NULL_ARGUMENT,
                            "a vocab-sharded weight needs a communicator (fg_context_options.comm)");

@@ -113,42 +113,43 @@ fg_row_stats fg_row_stats_merge(fg_row_stats a, fg_row_stats b)
 }
 
 static ALWAYS_INLINE void backward_impl(const void *x, int xbf, void *out, int obf, int64_t n,
-                                        float s, float lse, float ent, float g, float e,
-                                        int64_t tok)
+                                        float s, float zmax, float lsum, float ent, float g,
+                                        float e, int64_t tok)
 {
     /* Read the chosen logit before an in-place pass overwrites it. */
     const float z_tok = tok >= 0 ? load(x, xbf, tok) * s : 0.0f;
     if (e == 0.0f) {
         const float c = -g * s;
         for (int64_t i = 0; i < n; i++) {
-            const float p = fg_expf(load(x, xbf, i) * s - lse);
+            const float p = fg_expf((load(x, xbf, i) * s - zmax) - lsum);
             store(out, obf, i, c * p);
         }
     } else {
         for (int64_t i = 0; i < n; i++) {
-            const float lp = load(x, xbf, i) * s - lse;
+            const float lp = (load(x, xbf, i) * s - zmax) - lsum;
             const float p = fg_expf(lp);
             store(out, obf, i, (-g * p - e * p * (lp + ent)) * s);
         }
     }
     if (tok >= 0) {
-        const float lp = z_tok - lse, p = fg_expf(lp);
+        const float lp = (z_tok - zmax) - lsum, p = fg_expf(lp);
         store(out, obf, tok, (g * (1.0f - p) - e * p * (lp + ent)) * s);
     }
 }
 
 void fg_row_backward(const void *x, fg_dtype xtype, void *out, fg_dtype otype, int64_t n,
-                     float inv_temp, float lse, float entropy, float g, float e, int64_t tok)
+                     float inv_temp, float zmax, float lsum, float entropy, float g, float e,
+                     int64_t tok)
 {
     const int xb = xtype == FG_DTYPE_BF16, ob = otype == FG_DTYPE_BF16;
     if (xb && ob)
-        backward_impl(x, 1, out, 1, n, inv_temp, lse, entropy, g, e, tok);
+        backward_impl(x, 1, out, 1, n, inv_temp, zmax, lsum, entropy, g, e, tok);
     else if (xb)
-        backward_impl(x, 1, out, 0, n, inv_temp, lse, entropy, g, e, tok);
+        backward_impl(x, 1, out, 0, n, inv_temp, zmax, lsum, entropy, g, e, tok);
     else if (ob)
-        backward_impl(x, 0, out, 1, n, inv_temp, lse, entropy, g, e, tok);
+        backward_impl(x, 0, out, 1, n, inv_temp, zmax, lsum, entropy, g, e, tok);
     else
-        backward_impl(x, 0, out, 0, n, inv_temp, lse, entropy, g, e, tok);
+        backward_impl(x, 0, out, 0, n, inv_temp, zmax, lsum, entropy, g, e, tok);
 }
 
 void fg_col_sums_add(const void *d, fg_dtype dtype, int64_t rows, int64_t ld, int64_t c0,

@@ -25,11 +25,13 @@ static inline float fg_row_lse(fg_row_stats s) { return s.max + logf(s.sum); }
 static inline float fg_row_entropy(fg_row_stats s) { return logf(s.sum) - s.dot / s.sum; }
 
 /* out_v = ∂loss/∂x_v = inv_temp · [ g (δ_v,tok − p_v) − e p_v (log p_v + entropy) ],
- * p_v = exp(z_v − lse). tok is the row-local index of the chosen token, or −1
- * when it lies outside this row (another vocab shard). out may alias x when
- * the dtypes match (in place). */
+ * p_v = exp((z_v − zmax) − lsum), lse = zmax + lsum (see fg_token_arrays).
+ * tok is the row-local index of the chosen token, or −1 when it lies outside
+ * this row (another vocab shard). out may alias x when the dtypes match (in
+ * place). */
 void fg_row_backward(const void *x, fg_dtype xtype, void *out, fg_dtype otype, int64_t n,
-                     float inv_temp, float lse, float entropy, float g, float e, int64_t tok);
+                     float inv_temp, float zmax, float lsum, float entropy, float g, float e,
+                     int64_t tok);
 
 /* acc[c] += Σ_r d[r, c] for c in [c0, c1): the bias gradient's column sums,
  * rows summed in order (deterministic whatever the column partition). */

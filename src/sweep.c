@@ -37,11 +37,13 @@ static fg_row_stats row_stats(const fg_loss_plan *plan, const fg_rows *rows, int
 /* lse, logp, entropy of token n from its (merged) statistics; 1 when not finite. */
 static int finalize_row(int64_t n, fg_row_stats s, float z_tok, const fg_token_arrays *ta)
 {
-    const float lse = fg_row_lse(s);
-    ta->lse[n] = lse;
-    ta->logp[n] = z_tok - lse;
+    const float lsum = logf(s.sum);
+    ta->zmax[n] = s.max;
+    ta->lsum[n] = lsum;
+    ta->logp[n] = (z_tok - s.max) - lsum;
     ta->entropy[n] = fg_row_entropy(s);
-    return !(isfinite(lse) && isfinite(ta->entropy[n]) && isfinite(ta->logp[n]));
+    return !(isfinite(s.max) && isfinite(lsum) && isfinite(ta->entropy[n]) &&
+             isfinite(ta->logp[n]));
 }
 
 /* Forward of row i: returns 1 when not finite. */
@@ -61,7 +63,7 @@ static void backward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t 
     const int64_t r = row_index(rows, i);
     fg_row_backward(row_ptr(rows->x, rows->xtype, rows->x_ld, r), rows->xtype,
                     (void *)row_ptr(rows->dx, rows->dxtype, rows->dx_ld, r), rows->dxtype, rows->V,
-                    inv_temp, ta->lse[n], ta->entropy[n], g, fg_loss_dentropy(plan),
+                    inv_temp, ta->zmax[n], ta->lsum[n], ta->entropy[n], g, fg_loss_dentropy(plan),
                     local_token(plan, rows, n));
 }
 

@@ -28,7 +28,11 @@ typedef struct fg_rows {
 } fg_rows;
 
 typedef struct fg_token_arrays {
-    float *logp, *entropy, *lse; /* [B*T], written at the block's tokens */
+    /* [B*T], written at the block's tokens. The row's lse is zmax + lsum
+     * (max of z, log Σ exp(z − zmax)) kept as two floats: z − lse computed as
+     * (z − zmax) − lsum stays exact to float rounding of the small terms even
+     * when |z| is ~1e4, where one float lse would be off by ~ulp(1e4) = 1e-3. */
+    float *logp, *entropy, *zmax, *lsum;
 } fg_token_arrays;
 
 /* Row statistics -> lse, logp, entropy of each row's token.

@@ -19,8 +19,12 @@ fg_status fg_validate_config(fg_context *ctx, const fg_loss_config *cfg)
         return fg_fail(ctx, FG_ERR_UNKNOWN_LEVEL,
                        "importance_sampling_level %d is not token or sequence",
                        (int)cfg->importance_sampling_level);
-    if (!(cfg->temperature > 0) || !finite_d(cfg->temperature))
-        return fg_fail(ctx, FG_ERR_BAD_TEMPERATURE, "temperature must be finite and > 0, got %g",
+    /* The kernels scale by (float)(1 / temperature): it must be finite too
+     * (a temperature below ~2.9e-39 would turn every logit into Inf/NaN). */
+    if (!(cfg->temperature > 0) || !finite_d(cfg->temperature) ||
+        !isfinite((float)(1.0 / cfg->temperature)))
+        return fg_fail(ctx, FG_ERR_BAD_TEMPERATURE,
+                       "temperature must be finite and > 0 with a finite float reciprocal, got %g",
                        cfg->temperature);
     struct {
         const char *name;
@@ -35,8 +39,9 @@ fg_status fg_validate_config(fg_context *ctx, const fg_loss_config *cfg)
         if (!finite_d(finite[i].v))
             return fg_fail(ctx, FG_ERR_BAD_HYPERPARAMETER, "%s must be finite, got %g",
                            finite[i].name, finite[i].v);
-    if (!(cfg->sapo_temperature_pos > 0) || !finite_d(cfg->sapo_temperature_pos) ||
-        !(cfg->sapo_temperature_neg > 0) || !finite_d(cfg->sapo_temperature_neg))
+    if (!(cfg->sapo_temperature_pos > 0) || !finite_d(4.0 / cfg->sapo_temperature_pos) ||
+        !finite_d(cfg->sapo_temperature_pos) || !(cfg->sapo_temperature_neg > 0) ||
+        !finite_d(4.0 / cfg->sapo_temperature_neg) || !finite_d(cfg->sapo_temperature_neg))
         return fg_fail(ctx, FG_ERR_BAD_HYPERPARAMETER,
                        "sapo_temperature_pos/neg must be finite and > 0, got %g / %g",
                        cfg->sapo_temperature_pos, cfg->sapo_temperature_neg);

@@ -21,6 +21,23 @@ int fg_add_size(size_t a, size_t b, size_t *out)
     return 1;
 }
 
+#ifdef FG_FAULT_INJECTION
+#include <stdatomic.h>
+/* One process-wide count of fault points (atomic: contexts may run on
+ * several threads, e.g. one per vocab shard). */
+static _Atomic long fault_target = -1, fault_count;
+
+void fg_fault_arm(long k)
+{
+    atomic_store(&fault_target, k);
+    atomic_store(&fault_count, 0);
+}
+
+long fg_fault_points(void) { return atomic_load(&fault_count); }
+
+int fg_fault_hit(void) { return atomic_fetch_add(&fault_count, 1) == atomic_load(&fault_target); }
+#endif
+
 static void count_alloc(fg_context *ctx, size_t bytes)
 {
     ctx->bytes_current += bytes;
@@ -31,7 +48,7 @@ static void count_alloc(fg_context *ctx, size_t bytes)
 void *fg_tracked_alloc(fg_context *ctx, size_t bytes)
 {
     void *p = NULL;
-    if (bytes == 0 || posix_memalign(&p, FG_ALIGN, bytes) != 0)
+    if (bytes == 0 || fg_fault_hit() || posix_memalign(&p, FG_ALIGN, bytes) != 0)
         return NULL;
     count_alloc(ctx, bytes);
     return p;
@@ -76,8 +93,9 @@ fg_status fg_ws_reserve(fg_context *ctx, size_t bytes)
     /* Free first so the peak is the larger arena, not old + new. */
     fg_ws_release(ctx);
     /* MAP_POPULATE: first-touch faults cost ~3 s/GiB here, pre-faulting 20x less. */
-    void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    void *p = fg_fault_hit() ? MAP_FAILED
+                             : mmap(NULL, cap, PROT_READ | PROT_WRITE,
+                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED)
         return FG_ERR_OUT_OF_MEMORY;
     ctx->ws.base = p;

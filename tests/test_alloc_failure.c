@@ -1,0 +1,259 @@
+/*
+ * test_alloc_failure: every allocation the library makes can fail, one at a
+ * time, and each failure is clean.
+ *
+ * Needs the library's test-only fault hook (-DFG_FAULT_INJECTION, see
+ * src/internal.h): each fault point (context and GEMM-cache calloc, the mmap
+ * of the workspace arena, tracked blocks, every oneDNN engine / stream /
+ * primitive descriptor / primitive / memory object the library creates)
+ * counts itself, and the armed one fails as if out of memory. Built without
+ * the hook this test prints SKIP and exits 77 (ctest: skipped).
+ *
+ * For each scenario (fused f32 token level in several chunks, materialized
+ * f32 sequence level, logits f32, fused bf16 sequence level through the
+ * weight-tile GEMM path in several chunks, materialized bf16 with logits
+ * rounded to bf16, and the logits path in place), a clean run counts P fault
+ * points from fg_context_create to fg_context_destroy. Then for every k in
+ * [0, P): arm the k-th point, create a context and call:
+ *   - the failure surfaces as FG_ERR_OUT_OF_MEMORY (library allocations) or
+ *     FG_ERR_BACKEND (a oneDNN object), from fg_context_create (with *out
+ *     NULL) or from the call, with a message in fg_last_error;
+ *   - a failed call writes no output byte (all buffers, with slack, and the
+ *     logits of an in-place call are compared with sentinels / a copy);
+ *   - the same context is still usable: the call repeated with no fault
+ *     succeeds with results bitwise equal to the clean run and the same
+ *     library-counted memory (nothing tracked leaked);
+ *   - only the bf16 capability probe in fg_context_create may absorb a fault
+ *     (it then takes the portable path; results stay equal).
+ * Leaks of untracked memory are found by LeakSanitizer / valgrind, which
+ * scripts/robustness.sh runs this test under.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#ifndef FG_FAULT_INJECTION
+
+int main(void)
+{
+    printf("SKIP: the library was built without -DFG_FAULT_INJECTION (no fault hook)\n");
+    return 77;
+}
+
+#else
+
+void fg_fault_arm(long k);
+long fg_fault_points(void);
+
+enum { B = 3, T = 7, H = 19, V = 211, N = B * T, SLACK = 64 };
+#define SENT 0xA5
+
+enum { P_FUSED, P_MAT, P_LOGITS };
+
+typedef struct scenario {
+    const char *name;
+    int path;
+    fg_dtype dt;
+    fg_is_level level;
+    size_t budget; /* 0: default */
+    int round_logits, in_place;
+} scenario;
+
+static const scenario SCEN[] = {
+    {"fused f32 token, 3+ chunks", P_FUSED, FG_DTYPE_F32, FG_LEVEL_TOKEN, 12 * 1024, 0, 0},
+    {"materialized f32 sequence", P_MAT, FG_DTYPE_F32, FG_LEVEL_SEQUENCE, 0, 0, 0},
+    {"logits f32 token", P_LOGITS, FG_DTYPE_F32, FG_LEVEL_TOKEN, 0, 0, 0},
+    {"fused bf16 sequence, tiles, 3+ chunks", P_FUSED, FG_DTYPE_BF16, FG_LEVEL_SEQUENCE, 12 * 1024, 0, 0},
+    {"materialized bf16 round_logits", P_MAT, FG_DTYPE_BF16, FG_LEVEL_TOKEN, 0, 1, 0},
+    {"logits bf16 sequence in place", P_LOGITS, FG_DTYPE_BF16, FG_LEVEL_SEQUENCE, 0, 0, 1},
+};
+#define NSCEN (sizeof SCEN / sizeof SCEN[0])
+
+typedef struct res {
+    double loss;
+    fg_metrics metrics;
+    float logp[N + SLACK], ent[N + SLACK];
+    float gh[N * H + SLACK], gw[V * H + SLACK], gb[V + SLACK];
+    float gl[N * V + SLACK];
+    uint16_t logits_io[N * V]; /* the in-place bf16 logits (input and output) */
+    size_t mem_after;          /* library-counted bytes after the call */
+} res;
+
+static tu_batch tb;
+static float hid32[N * H], wt32[V * H], bias32[V], log32[N * V];
+static uint16_t hid16[N * H], wt16[V * H], bias16[V], log16[N * V];
+static res ref, cur, again;
+
+static void make_inputs(void)
+{
+    tu_rng rng;
+    tu_rng_seed(&rng, 777);
+    tu_batch_make(&tb, B, T, V, 2, &rng);
+    tb.have_old = tb.have_ref = 1;
+    tb.is_mode = 1;
+    double lp[N];
+    for (int n = 0; n < N; n++) lp[n] = -5.0 + tu_uniform(&rng);
+    tu_batch_fill_logp(&tb, lp, 0.3, 0.3, &rng);
+    for (int i = 0; i < N * H; i++) hid16[i] = fg_f32_to_bf16(hid32[i] = (float)tu_normal(&rng));
+    for (int i = 0; i < V * H; i++) wt16[i] = fg_f32_to_bf16(wt32[i] = (float)(0.3 * tu_normal(&rng)));
+    for (int i = 0; i < V; i++) bias16[i] = fg_f32_to_bf16(bias32[i] = (float)(0.1 * tu_normal(&rng)));
+    for (int i = 0; i < N * V; i++) log16[i] = fg_f32_to_bf16(log32[i] = (float)(2.0 * tu_normal(&rng)));
+}
+
+static void fill(res *r)
+{
+    tu_fill_bytes(r, offsetof(res, logits_io), SENT);
+    memcpy(r->logits_io, log16, sizeof r->logits_io);
+}
+
+/* All output bytes still hold the sentinel (and the in-place logits the input). */
+static int untouched(const res *r)
+{
+    return tu_bytes_are(r, offsetof(res, logits_io), SENT) &&
+           memcmp(r->logits_io, log16, sizeof r->logits_io) == 0;
+}
+
+static int same(const res *a, const res *b)
+{
+    return memcmp(a, b, offsetof(res, mem_after)) == 0 && a->mem_after == b->mem_after;
+}
+
+static fg_status call(fg_context *ctx, const scenario *s, res *r)
+{
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    cfg.loss_type = FG_LOSS_GRPO;
+    cfg.importance_sampling_level = s->level;
+    cfg.beta = 0.04;
+    cfg.entropy_coef = 0.01;
+    cfg.temperature = 0.8;
+    fg_outputs out;
+    memset(&out, 0, sizeof out);
+    out.loss = r->loss; /* the sentinels: a failing call must leave them */
+    out.metrics = r->metrics;
+    out.logp = r->logp;
+    out.entropy = r->ent;
+    const fg_batch *batch = tu_batch_view(&tb);
+    fg_status st;
+    if (s->path == P_LOGITS) {
+        fg_matrix lm = s->dt == FG_DTYPE_BF16 ? fg_matrix_make(r->logits_io, FG_DTYPE_BF16, N, V)
+                                              : fg_matrix_make(log32, FG_DTYPE_F32, N, V);
+        out.grad_logits = s->in_place ? lm : fg_matrix_make(r->gl, FG_DTYPE_F32, N, V);
+        st = fg_logits_grpo(ctx, &cfg, &lm, batch, &out);
+    } else {
+        const int bf = s->dt == FG_DTYPE_BF16;
+        fg_linear_inputs in;
+        memset(&in, 0, sizeof in);
+        in.hidden = fg_matrix_make(bf ? (void *)hid16 : (void *)hid32, s->dt, N, H);
+        in.weight = fg_matrix_make(bf ? (void *)wt16 : (void *)wt32, s->dt, V, H);
+        in.bias = fg_vector_make(bf ? (void *)bias16 : (void *)bias32, s->dt, V);
+        out.grad_hidden = fg_matrix_make(r->gh, FG_DTYPE_F32, N, H);
+        out.grad_weight = fg_matrix_make(r->gw, FG_DTYPE_F32, V, H);
+        out.grad_bias = fg_vector_make(r->gb, FG_DTYPE_F32, V);
+        const fg_linear_options lo = {s->path == P_FUSED ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED,
+                                      s->round_logits};
+        st = fg_linear_grpo(ctx, &lo, &cfg, &in, batch, &out);
+    }
+    r->loss = out.loss;
+    r->metrics = out.metrics;
+    fg_memory_stats ms;
+    fg_get_memory_stats(ctx, &ms);
+    r->mem_after = ms.current_bytes;
+    return st;
+}
+
+static fg_status create(const scenario *s, fg_context **ctx)
+{
+    fg_context_options o;
+    fg_context_options_init(&o);
+    o.threads = 2;
+    o.memory_budget = s->budget;
+    return fg_context_create(&o, ctx);
+}
+
+static void run_scenario(const scenario *s)
+{
+    /* Clean run: the reference, and the number of fault points. */
+    fg_fault_arm(-1);
+    fg_context *ctx = NULL;
+    fill(&ref);
+    fg_status st = create(s, &ctx);
+    CHECK(st == FG_OK, "%s: clean create: %s", s->name, fg_status_name(st));
+    if (st != FG_OK) return;
+    const long p_create = fg_fault_points();
+    st = call(ctx, s, &ref);
+    CHECK(st == FG_OK, "%s: clean call: %s (%s)", s->name, fg_status_name(st), fg_last_error(ctx));
+    fg_context_destroy(ctx);
+    const long points = fg_fault_points();
+    CHECK(points > p_create, "%s: no fault point inside the call", s->name);
+
+    long n_create = 0, n_call = 0, n_oom = 0, n_backend = 0, n_absorbed = 0;
+    for (long k = 0; k < points; k++) {
+        fill(&cur);
+        fg_fault_arm(k);
+        ctx = NULL;
+        fg_context *sentinel = (fg_context *)&ref; /* create must overwrite *out */
+        ctx = sentinel;
+        st = create(s, &ctx);
+        if (st != FG_OK) {
+            n_create++;
+            CHECK(ctx == NULL, "%s k=%ld: failed create left *out = %p", s->name, k, (void *)ctx);
+            CHECK(st == FG_ERR_OUT_OF_MEMORY || st == FG_ERR_BACKEND, "%s k=%ld: create gave %s",
+                  s->name, k, fg_status_name(st));
+            n_oom += st == FG_ERR_OUT_OF_MEMORY;
+            n_backend += st == FG_ERR_BACKEND;
+            continue;
+        }
+        st = call(ctx, s, &cur);
+        const long reached = fg_fault_points();
+        CHECK(reached > k, "%s k=%ld: the armed point was not reached (%ld points)", s->name, k,
+              reached);
+        if (st == FG_OK) {
+            /* Only the bf16 capability probe (in create) may absorb a fault. */
+            n_absorbed++;
+            CHECK(k < p_create, "%s k=%ld: a fault inside the call was ignored", s->name, k);
+            CHECK(same(&cur, &ref), "%s k=%ld: absorbed fault changed the results", s->name, k);
+        } else {
+            n_call++;
+            n_oom += st == FG_ERR_OUT_OF_MEMORY;
+            n_backend += st == FG_ERR_BACKEND;
+            CHECK(st == FG_ERR_OUT_OF_MEMORY || st == FG_ERR_BACKEND, "%s k=%ld: call gave %s (%s)",
+                  s->name, k, fg_status_name(st), fg_last_error(ctx));
+            CHECK(fg_last_error(ctx)[0] != '\0', "%s k=%ld: empty fg_last_error", s->name, k);
+            CHECK(untouched(&cur), "%s k=%ld: %s wrote outputs (%s)", s->name, k,
+                  fg_status_name(st), fg_last_error(ctx));
+            /* The context survives: the same call with no fault gives the clean results. */
+            fg_fault_arm(-1);
+            fill(&again);
+            fg_status st2 = call(ctx, s, &again);
+            CHECK(st2 == FG_OK, "%s k=%ld: retry after the fault: %s (%s)", s->name, k,
+                  fg_status_name(st2), fg_last_error(ctx));
+            CHECK(st2 != FG_OK || same(&again, &ref),
+                  "%s k=%ld: retry differs from the clean run (memory %zu vs %zu bytes)", s->name,
+                  k, again.mem_after, ref.mem_after);
+        }
+        fg_context_destroy(ctx);
+    }
+    fg_fault_arm(-1);
+    CHECK(n_absorbed <= 2, "%s: %ld faults absorbed (only the 2 probe points may be)", s->name,
+          n_absorbed);
+    printf("%-40s %3ld fault points: %3ld in create, %3ld in the call (%ld OOM, %ld backend), "
+           "%ld absorbed by the bf16 probe\n",
+           s->name, points, n_create, n_call, n_oom, n_backend, n_absorbed);
+}
+
+int main(void)
+{
+    make_inputs();
+    for (size_t i = 0; i < NSCEN; i++)
+        run_scenario(&SCEN[i]);
+    /* fg_context_create with no fault hook armed after all that still works. */
+    fg_context *ctx = NULL;
+    CHECK(fg_context_create(NULL, &ctx) == FG_OK, "%s", "final create");
+    fg_context_destroy(ctx);
+    tu_batch_free(&tb);
+    return tu_finish();
+}
+
+#endif

@@ -1,0 +1,220 @@
+/*
+ * test_threads: are results independent of the thread count?
+ *
+ * Fixed inputs, contexts with 1, 2 and 4 threads (4 oversubscribes a 2-core
+ * machine on purpose: the split of the work changes, the results must not).
+ * Paths: fused in several chunks, fused in one chunk, materialized, logits
+ * (separate grad_logits) and logits in place; f32 and bf16; token and
+ * sequence level. Every output (loss, metrics, logp, entropy, grad_hidden,
+ * grad_weight, grad_bias, grad_logits) is compared bitwise with the 1-thread
+ * run.
+ *
+ * Asserted:
+ *   - fg_logits_grpo: bitwise identical for every thread count (no GEMM; rows
+ *     are computed whole by one thread, reductions in a fixed order);
+ *   - fg_linear_grpo: bitwise identical as well when the library pins the
+ *     GEMMs' thread split (the proposed patch in docs/ROBUSTNESS.md); without
+ *     it, oneDNN's GEMM blocking depends on the thread count, so the test
+ *     requires only that the differences stay at rounding level
+ *     (max |a-b| / max|b| <= 1e-5 per output) and prints them. Set
+ *     FG_TEST_THREADS_STRICT=1 to require bitwise equality for every path.
+ * Every run is also repeated on the same context: same thread count, same
+ * bits (the header's promise).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+enum { B = 4, T = 40, H = 96, V = 2053, N = B * T };
+enum { O_LOSS, O_METRICS, O_LOGP, O_ENT, O_GH, O_GW, O_GB, O_GL, O_COUNT };
+static const char *O_NAME[O_COUNT] = {"loss", "metrics", "logp", "entropy", "grad_hidden",
+                                      "grad_weight", "grad_bias", "grad_logits"};
+
+typedef struct res {
+    double loss;
+    fg_metrics metrics;
+    float logp[N], ent[N];
+    float gh[N * H], gw[V * H], gb[V];
+    float gl[N * V];
+    uint16_t lio[N * V]; /* in-place bf16 logits / grad */
+} res;
+
+enum { P_FUSED_CHUNKS, P_FUSED_ONE, P_MAT, P_LOGITS, P_LOGITS_INPLACE, P_COUNT };
+static const char *P_NAME[P_COUNT] = {"fused (chunks)", "fused (1 chunk)", "materialized", "logits",
+                                      "logits in place"};
+
+static tu_batch tb;
+static float hid32[N * H], wt32[V * H], bias32[V], log32[N * V];
+static uint16_t hid16[N * H], wt16[V * H], bias16[V], log16[N * V];
+static res R[3], again;
+
+static fg_status run(fg_context *ctx, int path, fg_dtype dt, fg_is_level level, res *r)
+{
+    memset(r, 0, sizeof *r);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    cfg.loss_type = FG_LOSS_DAPO;
+    cfg.importance_sampling_level = level;
+    cfg.beta = 0.04;
+    cfg.entropy_coef = 0.01;
+    cfg.temperature = 0.7;
+    fg_outputs out;
+    memset(&out, 0, sizeof out);
+    out.logp = r->logp;
+    out.entropy = r->ent;
+    const int bf = dt == FG_DTYPE_BF16;
+    fg_status st;
+    if (path >= P_LOGITS) {
+        fg_matrix lm;
+        if (path == P_LOGITS_INPLACE) {
+            memcpy(r->lio, log16, sizeof r->lio);
+            lm = fg_matrix_make(r->lio, FG_DTYPE_BF16, N, V);
+            out.grad_logits = lm;
+        } else {
+            lm = fg_matrix_make(bf ? (void *)log16 : (void *)log32, dt, N, V);
+            out.grad_logits = fg_matrix_make(r->gl, FG_DTYPE_F32, N, V);
+        }
+        st = fg_logits_grpo(ctx, &cfg, &lm, tu_batch_view(&tb), &out);
+    } else {
+        fg_linear_inputs in;
+        memset(&in, 0, sizeof in);
+        in.hidden = fg_matrix_make(bf ? (void *)hid16 : (void *)hid32, dt, N, H);
+        in.weight = fg_matrix_make(bf ? (void *)wt16 : (void *)wt32, dt, V, H);
+        in.bias = fg_vector_make(bf ? (void *)bias16 : (void *)bias32, dt, V);
+        out.grad_hidden = fg_matrix_make(r->gh, FG_DTYPE_F32, N, H);
+        out.grad_weight = fg_matrix_make(r->gw, FG_DTYPE_F32, V, H);
+        out.grad_bias = fg_vector_make(r->gb, FG_DTYPE_F32, V);
+        fg_context_set_memory_budget(ctx, path == P_FUSED_CHUNKS ? (size_t)1 << 20 : 0);
+        const fg_linear_options lo = {path == P_MAT ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0};
+        st = fg_linear_grpo(ctx, &lo, &cfg, &in, tu_batch_view(&tb), &out);
+    }
+    r->loss = out.loss;
+    r->metrics = out.metrics;
+    return st;
+}
+
+/* max |a-b| / max |b| over n floats (0 when bitwise equal). */
+static double diff_f(const float *a, const float *b, size_t n, int *bitwise)
+{
+    *bitwise = memcmp(a, b, n * sizeof(float)) == 0;
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        m = fmax(m, fabs((double)b[i]));
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
+    }
+    return m > 0 ? d / m : d;
+}
+
+static double diff_bf16(const uint16_t *a, const uint16_t *b, size_t n, int *bitwise)
+{
+    *bitwise = memcmp(a, b, n * sizeof(uint16_t)) == 0;
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = fg_bf16_to_f32(a[i]), y = fg_bf16_to_f32(b[i]);
+        m = fmax(m, fabs(y));
+        d = fmax(d, fabs(x - y));
+    }
+    return m > 0 ? d / m : d;
+}
+
+/* Per-output relative difference of a against b; bits[o] = bitwise equal. */
+static void diff(const res *a, const res *b, int path, double *d, int *bits)
+{
+    d[O_LOSS] = fabs(a->loss - b->loss) / fmax(fabs(b->loss), 1e-300);
+    bits[O_LOSS] = memcmp(&a->loss, &b->loss, sizeof a->loss) == 0;
+    bits[O_METRICS] = memcmp(&a->metrics, &b->metrics, sizeof a->metrics) == 0;
+    d[O_METRICS] = fmax(fabs(a->metrics.kl - b->metrics.kl) / fmax(fabs(b->metrics.kl), 1e-300),
+                        fabs(a->metrics.entropy - b->metrics.entropy) /
+                            fmax(fabs(b->metrics.entropy), 1e-300));
+    d[O_LOGP] = diff_f(a->logp, b->logp, N, &bits[O_LOGP]);
+    d[O_ENT] = diff_f(a->ent, b->ent, N, &bits[O_ENT]);
+    d[O_GH] = diff_f(a->gh, b->gh, (size_t)N * H, &bits[O_GH]);
+    d[O_GW] = diff_f(a->gw, b->gw, (size_t)V * H, &bits[O_GW]);
+    d[O_GB] = diff_f(a->gb, b->gb, V, &bits[O_GB]);
+    if (path == P_LOGITS_INPLACE)
+        d[O_GL] = diff_bf16(a->lio, b->lio, (size_t)N * V, &bits[O_GL]);
+    else
+        d[O_GL] = diff_f(a->gl, b->gl, (size_t)N * V, &bits[O_GL]);
+}
+
+int main(void)
+{
+    tu_rng rng;
+    tu_rng_seed(&rng, 2024);
+    tu_batch_make(&tb, B, T, V, 1, &rng);
+    tb.have_old = tb.have_ref = 1;
+    tb.is_mode = 1;
+    double lp[N];
+    for (int n = 0; n < N; n++) lp[n] = -6.0 + tu_uniform(&rng);
+    tu_batch_fill_logp(&tb, lp, 0.3, 0.3, &rng);
+    for (int i = 0; i < N * H; i++) hid16[i] = fg_f32_to_bf16(hid32[i] = (float)tu_normal(&rng));
+    for (int i = 0; i < V * H; i++) wt16[i] = fg_f32_to_bf16(wt32[i] = (float)(0.2 * tu_normal(&rng)));
+    for (int i = 0; i < V; i++) bias16[i] = fg_f32_to_bf16(bias32[i] = (float)(0.1 * tu_normal(&rng)));
+    for (int i = 0; i < N * V; i++) log16[i] = fg_f32_to_bf16(log32[i] = (float)(2.0 * tu_normal(&rng)));
+
+    const char *strict_env = getenv("FG_TEST_THREADS_STRICT");
+    const int strict = strict_env && strict_env[0] == '1';
+    const int threads[3] = {1, 2, 4};
+    fg_context *ctx[3];
+    for (int k = 0; k < 3; k++) {
+        fg_context_options o;
+        fg_context_options_init(&o);
+        o.threads = threads[k];
+        if (fg_context_create(&o, &ctx[k]) != FG_OK) {
+            CHECK(0, "context with %d threads", threads[k]);
+            return tu_finish();
+        }
+    }
+    int linear_all_bitwise = 1;
+    printf("%-16s %-5s %-8s %-8s  %s\n", "path", "dtype", "level", "threads",
+           "outputs that differ from 1 thread (max |a-b|/max|b|)");
+    for (int path = 0; path < P_COUNT; path++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int level = 0; level < 2; level++) {
+                if (path == P_LOGITS_INPLACE && dt == 0)
+                    continue; /* in place is the bf16 case */
+                for (int k = 0; k < 3; k++) {
+                    fg_status st = run(ctx[k], path, (fg_dtype)dt, (fg_is_level)level, &R[k]);
+                    CHECK(st == FG_OK, "%s %d threads: %s (%s)", P_NAME[path], threads[k],
+                          fg_status_name(st), fg_last_error(ctx[k]));
+                    /* same context, same thread count: same bits */
+                    st = run(ctx[k], path, (fg_dtype)dt, (fg_is_level)level, &again);
+                    CHECK(st == FG_OK && memcmp(&again, &R[k], sizeof again) == 0,
+                          "%s %s %s: %d threads, a second call differs", P_NAME[path],
+                          dt ? "bf16" : "f32", level ? "sequence" : "token", threads[k]);
+                }
+                for (int k = 1; k < 3; k++) {
+                    double d[O_COUNT];
+                    int bits[O_COUNT];
+                    diff(&R[k], &R[0], path, d, bits);
+                    char line[600];
+                    int used = 0, all = 1;
+                    for (int o = 0; o < O_COUNT; o++)
+                        if (!bits[o]) {
+                            all = 0;
+                            used += snprintf(line + used, sizeof line - (size_t)used, " %s %.2g",
+                                             O_NAME[o], d[o]);
+                        }
+                    printf("%-16s %-5s %-8s 1 vs %d   %s\n", P_NAME[path], dt ? "bf16" : "f32",
+                           level ? "sequence" : "token", threads[k], all ? "bitwise identical" : line);
+                    if (path >= P_LOGITS || strict) {
+                        CHECK(all, "%s %s %s: %d threads differ from 1 thread:%s", P_NAME[path],
+                              dt ? "bf16" : "f32", level ? "sequence" : "token", threads[k], line);
+                    } else {
+                        linear_all_bitwise &= all;
+                        for (int o = 0; o < O_COUNT; o++)
+                            CHECK(d[o] <= 1e-5, "%s %s %s: %s differs by %.3g with %d threads",
+                                  P_NAME[path], dt ? "bf16" : "f32", level ? "sequence" : "token",
+                                  O_NAME[o], d[o], threads[k]);
+                    }
+                }
+            }
+    printf("fg_linear_grpo across thread counts: %s\n",
+           linear_all_bitwise ? "bitwise identical" : "differs at rounding level (see above)");
+    for (int k = 0; k < 3; k++)
+        fg_context_destroy(ctx[k]);
+    tu_batch_free(&tb);
+    return tu_finish();
+}
