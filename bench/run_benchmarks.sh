@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The measurements behind docs/BENCHMARKS.md, in the order they appear there.
+# Long: about an hour on the 2-core reference machine. Results go to
+# bench/results/ (JSON lines, text tables, the SVG plot). Run on an idle
+# machine: every figure is a ratio of runs made back to back.
+#   bash bench/run_benchmarks.sh [scaled|sweep|headline|budget|peers]...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh >/dev/null
+FG=./build/tools/fusedgrpo
+out=bench/results
+mkdir -p "$out"
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(scaled sweep headline budget peers)
+for part in "${parts[@]}"; do
+  case "$part" in
+    scaled)   # T=2048, H=2048, V=151936: all three impls, f32, one run
+      $FG bench --config configs/scaled_t2048.yaml --set steps=2 --set roofline_reps=1 \
+          --json "$out/scaled_f32.jsonl" | tee "$out/scaled_f32.txt" ;;
+    sweep)    # fused vs baseline over seq_len, with the plot
+      $FG bench --config configs/scaled_t2048.yaml --impls fused,baseline --set steps=1 \
+          --set roofline_reps=0 --sweep seq_len=512,1024,2048 \
+          --json "$out/sweep_f32.jsonl" --plot "$out/sweep_f32.svg" | tee "$out/sweep_f32.txt" ;;
+    headline) # the seeds' shape: B=1, T=8192, H=4096, V=151936, bf16 weights
+      $FG bench --config configs/seeds_t8192_bf16.yaml --impls fused,baseline --set warmup=1 \
+          --set steps=1 --set roofline_reps=0 \
+          --json "$out/headline_bf16.jsonl" | tee "$out/headline_bf16.txt" ;;
+    budget)   # what the budget buys: fused at 512 MiB on the scaled shape
+      $FG bench --config configs/scaled_t2048.yaml --impls fused --set steps=2 \
+          --set roofline_reps=1 --set memory_budget=512MiB \
+          --json "$out/scaled_f32_budget512.jsonl" | tee "$out/scaled_f32_budget512.txt" ;;
+    peers)    # PyTorch eager, Liger, pure JAX and fusedgrpo's front ends
+      python3 bench/peers/run_peers.py --seq-len 1024 --hidden 2048 --vocab 151936 \
+          --dtype float32 | tee "$out/peers_f32.md" ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+done
