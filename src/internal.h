@@ -50,12 +50,9 @@ fg_status fg_fail(fg_context *ctx, fg_status status, const char *fmt, ...)
     ;
 void fg_clear_error(fg_context *ctx);
 
-/* Tracked raw allocations (for objects outside the arena). */
-void *fg_tracked_alloc(fg_context *ctx, size_t bytes);
-void fg_tracked_free(fg_context *ctx, void *p, size_t bytes);
-
 /* Arena: make sure it holds `bytes` (reallocating if smaller), then reset the
- * bump pointer. Fails with FG_ERR_OUT_OF_MEMORY leaving ctx unchanged. */
+ * bump pointer. Fails with FG_ERR_OUT_OF_MEMORY (a smaller old arena is
+ * released first, so none is held then). */
 fg_status fg_ws_reserve(fg_context *ctx, size_t bytes);
 /* Carve an aligned block from the reserved arena (never fails if the caller
  * reserved fg_ws_bytes() of its plan). */

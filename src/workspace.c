@@ -1,4 +1,4 @@
-#define _GNU_SOURCE /* MAP_POPULATE, MAP_ANONYMOUS, posix_memalign */
+#define _GNU_SOURCE /* MAP_POPULATE, MAP_ANONYMOUS */
 /* The tracked allocator and the reusable arena (see internal.h). */
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -43,23 +43,6 @@ static void count_alloc(fg_context *ctx, size_t bytes)
     ctx->bytes_current += bytes;
     if (ctx->bytes_current > ctx->bytes_peak)
         ctx->bytes_peak = ctx->bytes_current;
-}
-
-void *fg_tracked_alloc(fg_context *ctx, size_t bytes)
-{
-    void *p = NULL;
-    if (bytes == 0 || fg_fault_hit() || posix_memalign(&p, FG_ALIGN, bytes) != 0)
-        return NULL;
-    count_alloc(ctx, bytes);
-    return p;
-}
-
-void fg_tracked_free(fg_context *ctx, void *p, size_t bytes)
-{
-    if (!p)
-        return;
-    free(p);
-    ctx->bytes_current -= bytes;
 }
 
 size_t fg_ws_round(size_t bytes) { return (bytes + FG_ALIGN - 1) & ~(size_t)(FG_ALIGN - 1); }
