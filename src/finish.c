@@ -31,7 +31,7 @@ void fg_common_init(fg_context *ctx, fg_common *c, const fg_loss_config *cfg,
 void fg_common_finish(fg_common *c, const fg_batch *batch, fg_outputs *out)
 {
     const int64_t N = batch->batch * batch->seq_len;
-    fg_loss_prepare_sequences(&c->plan, c->ta.logp); /* no-op at token level */
+    fg_loss_prepare_sequences(&c->plan, c->ta.logp); /* no-op if the backward ran it */
     fg_loss_evaluate(&c->plan, c->ta.logp, c->ta.entropy, &out->loss, &out->metrics);
     if (out->logp)
         memcpy(out->logp, c->ta.logp, (size_t)N * sizeof(float));

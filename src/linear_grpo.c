@@ -156,6 +156,12 @@ static fg_status plan_chunks(fg_context *ctx, linear_plan *p, int64_t n_active, 
                    ctx->budget);
 }
 
+/* The weight holds a slice of a larger vocabulary. */
+static int is_sharded(const fg_linear_inputs *in)
+{
+    return in->vocab_start != 0 || (in->vocab_total > 0 && in->vocab_total != in->weight.rows);
+}
+
 static fg_status validate_linear(fg_context *ctx, const fg_linear_options *o,
                                  const fg_loss_config *cfg, const fg_linear_inputs *in,
                                  const fg_batch *batch, const fg_outputs *out)
@@ -181,7 +187,7 @@ static fg_status validate_linear(fg_context *ctx, const fg_linear_options *o,
         if (in->bias.dtype != in->weight.dtype)
             return fg_fail(ctx, FG_ERR_SHAPE_MISMATCH, "bias dtype differs from weight dtype");
     }
-    const int sharded = in->vocab_start != 0 || (in->vocab_total > 0 && in->vocab_total != V);
+    const int sharded = is_sharded(in);
     if (sharded) {
         if (in->vocab_start < 0 || in->vocab_total <= 0 || in->vocab_start > in->vocab_total - V)
             return fg_fail(ctx, FG_ERR_SHAPE_MISMATCH,
@@ -393,7 +399,7 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
     p->w_ld = in->weight.ld;
     p->gw_ld = out->grad_weight.data ? out->grad_weight.ld : p->H;
     p->has_bias = in->bias.data != NULL;
-    p->sharded = in->vocab_start != 0 || (in->vocab_total > 0 && in->vocab_total != in->weight.rows);
+    p->sharded = is_sharded(in);
     p->vocab_start = in->vocab_start;
     p->want_gh = out->grad_hidden.data != NULL;
     p->want_gw = out->grad_weight.data != NULL;

@@ -156,8 +156,9 @@ static double policy_ratio(const fg_loss_plan *p, int64_t b, int64_t n, double l
 
 void fg_loss_prepare_sequences(fg_loss_plan *p, const float *logp)
 {
-    if (p->level != FG_LEVEL_SEQUENCE)
+    if (p->level != FG_LEVEL_SEQUENCE || p->sequences_ready)
         return;
+    p->sequences_ready = 1;
     const int64_t T = p->T;
     for (int64_t b = 0; b < p->B; b++) {
         double s = 0;

@@ -32,6 +32,7 @@ typedef struct fg_loss_plan {
     double *seq_count;     /* [B] max(Σ_t m, 1)                                */
     double *seq_log_ratio; /* [B] sequence level: Σ_t m (logp − old) / count   */
     double *seq_dratio;    /* [B] sequence level: Σ_t m ∂L_t/∂ratio_b          */
+    int sequences_ready;   /* fg_loss_prepare_sequences has run                 */
 } fg_loss_plan;
 
 /* Doubles of scratch the plan needs (caller-provided, from the workspace). */
@@ -42,7 +43,8 @@ void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batc
                        double *scratch);
 
 /* Sequence level only (no-op otherwise): sequence ratios and the per-sequence
- * sum of ∂L/∂ratio, from every token's logp ([B*T], masked entries ignored). */
+ * sum of ∂L/∂ratio, from every token's logp ([B*T], masked entries ignored).
+ * Runs once per plan: the backward sweep and the final evaluation share it. */
 void fg_loss_prepare_sequences(fg_loss_plan *p, const float *logp);
 
 /* d loss / d logp for unmasked token n (row n = b*T + t). Token level: needs
