@@ -310,6 +310,14 @@ fg_status fg_time_bare_gemms(fg_context *ctx, fg_dtype dtype, int64_t n_tokens,
                              int64_t hidden, int64_t vocab, int64_t rows_per_gemm,
                              int reps, double *seconds);
 
+/* ------------------------------------------------------------- bindings */
+
+/* sizeof the public struct named `type_name` ("fg_outputs", "fg_memory_stats",
+ * ...), 0 for an unknown name. Foreign-function bindings (ctypes, cffi) that
+ * restate these structs check their layouts against it when they load, so a
+ * struct that grows here cannot be written past a binding's smaller copy. */
+size_t fg_abi_sizeof(const char *type_name);
+
 #if defined(FG_BUILDING_LIBRARY) && defined(__GNUC__)
 #pragma GCC visibility pop
 #endif

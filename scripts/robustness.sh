@@ -5,6 +5,9 @@
 #             the C tests (ctest -R '^test_') and the fuzz corpus replays
 #             (fuzz_replay_*); with the library's fault hook compiled in when
 #             src/internal.h has it (test_alloc_failure is skipped otherwise)
+#   pyasan    the NumPy front end's tests (tests/python/test_numpy.py) on the
+#             ASan library, CPython allocating through malloc (catches the
+#             library writing past a ctypes or NumPy buffer)
 #   valgrind  gcc build, memcheck (definite leaks and every error fatal) on
 #             test_api, test_bad_input, test_alloc_failure, test_edges and the
 #             API corpus replay
@@ -16,14 +19,14 @@
 #             directory, crashes to <dir>/fuzz-artifacts/
 #
 # Environment: FUZZ_SECONDS (30), FG_ROBUSTNESS_DIR (build-robustness),
-# FG_ROBUSTNESS_STEPS (asan,valgrind,tsan,fuzz), JOBS (2).
+# FG_ROBUSTNESS_STEPS (asan,pyasan,valgrind,tsan,fuzz), JOBS (2).
 # The whole run takes about 6-8 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${FG_ROBUSTNESS_DIR:-$ROOT/build-robustness}
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
-STEPS=${FG_ROBUSTNESS_STEPS:-asan,valgrind,tsan,fuzz}
+STEPS=${FG_ROBUSTNESS_STEPS:-asan,pyasan,valgrind,tsan,fuzz}
 JOBS=${JOBS:-2}
 export OMP_WAIT_POLICY=PASSIVE # many tiny calls: no spinning at barriers
 mkdir -p "$OUT"
@@ -104,6 +107,43 @@ if has_step asan; then
   [ "$res" = ok ] && tail -n 4 "$log" || tail -n 60 "$log"
   skipped=$(grep -o '[a-z_]* \.*\*\*\*Skipped' "$log" | cut -d' ' -f1 | tr '\n' ' ' || true)
   note asan "$res" $((SECONDS - t0)) "$(grep -E 'tests passed' "$log" | head -1); skipped: ${skipped:-none}"
+fi
+
+# ----------------------------------------------------------------- pyasan
+# The ctypes bindings restate the C structs by hand; a binding struct smaller
+# than the C one lets the library write past a Python buffer (it happened:
+# fg_memory_stats grew, the Python copy did not, and CPython crashed later in
+# its garbage collector). The NumPy front end's tests run here against the
+# ASan library, with CPython allocating through malloc so that every ctypes
+# buffer and NumPy array has redzones.
+if has_step pyasan; then
+  t0=$SECONDS
+  dir=$OUT/asan
+  if [ ! -f "$dir/libfusedgrpo.so" ]; then
+    configure "$dir" clang address,undefined -DFG_BUILD_FUZZ=ON
+    build "$dir"
+  fi
+  log=$OUT/pyasan.log
+  py="${PYTHON:-python3}"
+  set +e
+  if "$py" -c "import numpy, pytest" 2>/dev/null; then
+    FUSEDGRPO_LIBRARY="$dir/libfusedgrpo.so" PYTHONPATH="$ROOT/python" PYTHONMALLOC=malloc \
+      LD_PRELOAD="$(clang -print-file-name=libclang_rt.asan-x86_64.so)" \
+      ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      "$py" -m pytest -q -p no:cacheprovider "$ROOT/tests/python/test_numpy.py" >"$log" 2>&1
+    rc=$?
+  else
+    echo "numpy or pytest missing: run scripts/python_test.sh first" >"$log"
+    rc=1
+  fi
+  set -e
+  if [ $rc -eq 0 ]; then
+    note pyasan ok $((SECONDS - t0)) "$(tail -n 1 "$log")"
+  else
+    failed=1
+    grep -B2 -A30 "ERROR: AddressSanitizer\|runtime error" "$log" | head -n 60 || tail -n 40 "$log"
+    note pyasan FAIL $((SECONDS - t0)) "rc $rc (log: $log)"
+  fi
 fi
 
 # --------------------------------------------------------------- valgrind

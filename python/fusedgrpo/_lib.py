@@ -84,7 +84,8 @@ class fg_context_options(Structure):
 
 class fg_memory_stats(Structure):
     _fields_ = [("current_bytes", c_size_t), ("peak_bytes", c_size_t), ("budget_bytes", c_size_t),
-                ("chunk_rows", c_int64), ("chunks", c_int64), ("gemm_flops", c_int64)]
+                ("chunk_rows", c_int64), ("chunks", c_int64), ("gemm_flops", c_int64),
+                ("gemm_seconds", c_double), ("call_seconds", c_double)]
 
 
 class fg_linear_inputs(Structure):
@@ -156,12 +157,34 @@ def _load():
                                    P(fg_outputs)]),
         "fg_f32_to_bf16": (c_uint16, [c_float]),
         "fg_bf16_to_f32": (c_float, [c_uint16]),
+        "fg_abi_sizeof": (c_size_t, [c_char_p]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
         f.restype = res
         f.argtypes = args
+    _check_abi(lib)
     return lib
+
+
+# Every struct the library reads or writes through a pointer from here. A
+# ctypes copy smaller than the C struct lets the library write past a Python
+# buffer (heap corruption that surfaces later, in the garbage collector), so a
+# mismatch refuses to load.
+ABI_STRUCTS = (fg_matrix, fg_vector, fg_loss_config, fg_batch, fg_metrics, fg_outputs,
+               fg_communicator, fg_context_options, fg_memory_stats, fg_linear_inputs,
+               fg_linear_options)
+
+
+def _check_abi(lib):
+    bad = []
+    for st in ABI_STRUCTS:
+        c_size = lib.fg_abi_sizeof(st.__name__.encode())
+        if c_size != ctypes.sizeof(st):
+            bad.append(f"{st.__name__}: library {c_size} bytes, binding {ctypes.sizeof(st)}")
+    if bad:
+        raise ImportError("fusedgrpo: the ctypes structs do not match libfusedgrpo at "
+                          f"{library_path()} ({'; '.join(bad)}); rebuild or reinstall both")
 
 
 lib = _load()

@@ -111,6 +111,7 @@ def test_chunked_small_budget_matches_one_chunk():
     stats = fg.memory_stats(memory_budget=1 << 18)
     assert stats["chunks"] > 1, stats
     assert stats["peak_bytes"] <= 1 << 18
+    assert stats["gemm_flops"] > 0 and 0 < stats["gemm_seconds"] <= stats["call_seconds"], stats
     big = fg.fused_linear_grpo(**inp, **cfg)
     np.testing.assert_allclose(small.grad_weight, big.grad_weight, rtol=1e-4, atol=1e-6)
 
@@ -266,3 +267,25 @@ def test_per_call_python_overhead_is_small():
     for _ in range(200):
         fg.fused_linear_grpo(**inp, threads=1)
     assert (time.perf_counter() - t) / 200 < 2e-3
+
+
+def test_ctypes_structs_match_the_library():
+    """Every ctypes struct has the C size (a smaller copy once let
+    fg_get_memory_stats write past its buffer), and a mismatch refuses to load."""
+    import ctypes
+    from fusedgrpo import _lib
+
+    for st in _lib.ABI_STRUCTS:
+        assert _lib.lib.fg_abi_sizeof(st.__name__.encode()) == ctypes.sizeof(st), st.__name__
+    assert _lib.lib.fg_abi_sizeof(b"no_such_struct") == 0
+
+    class shrunk(ctypes.Structure):
+        _fields_ = [("current_bytes", ctypes.c_size_t)]
+    shrunk.__name__ = "fg_memory_stats"
+    saved = _lib.ABI_STRUCTS
+    try:
+        _lib.ABI_STRUCTS = (shrunk,)
+        with pytest.raises(ImportError, match="fg_memory_stats: library 64 bytes, binding 8"):
+            _lib._check_abi(_lib.lib)
+    finally:
+        _lib.ABI_STRUCTS = saved
