@@ -3,7 +3,7 @@
 # Long: about an hour on the 2-core reference machine. Results go to
 # bench/results/ (JSON lines, text tables, the SVG plot). Run on an idle
 # machine: every figure is a ratio of runs made back to back.
-#   bash bench/run_benchmarks.sh [scaled|sweep|headline|budget|peers]...
+#   bash bench/run_benchmarks.sh [scaled|sweep|headline|budget|gemms|peers]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
@@ -11,7 +11,7 @@ FG=./build/tools/fusedgrpo
 out=bench/results
 mkdir -p "$out"
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(scaled sweep headline budget peers)
+[ ${#parts[@]} -eq 0 ] && parts=(scaled sweep headline budget gemms peers)
 for part in "${parts[@]}"; do
   case "$part" in
     scaled)   # T=2048, H=2048, V=151936: all three impls, f32, one run
@@ -25,10 +25,13 @@ for part in "${parts[@]}"; do
       $FG bench --config configs/seeds_t8192_bf16.yaml --impls fused,baseline --set warmup=1 \
           --set steps=1 --set roofline_reps=0 \
           --json "$out/headline_bf16.jsonl" | tee "$out/headline_bf16.txt" ;;
-    budget)   # what the budget buys: fused at 512 MiB on the scaled shape
-      $FG bench --config configs/scaled_t2048.yaml --impls fused --set steps=2 \
-          --set roofline_reps=1 --set memory_budget=512MiB \
-          --json "$out/scaled_f32_budget512.jsonl" | tee "$out/scaled_f32_budget512.txt" ;;
+    budget)   # what the budget buys: fused at 128 and 256 MiB vs the baseline, scaled shape
+      $FG bench --config configs/scaled_t2048.yaml --impls fused,baseline --set steps=1 \
+          --set roofline_reps=1 --sweep memory_budget=128MiB,256MiB \
+          --json "$out/budget_f32.jsonl" | tee "$out/budget_f32.txt" ;;
+    gemms)    # each chunk GEMM alone at the 128 and 256 MiB chunk sizes (205, 410 rows)
+      cc -O2 -o build/gemm_probe bench/gemm_probe.c -ldnnl
+      OMP_NUM_THREADS=2 ./build/gemm_probe 2048 151936 205 410 | tee "$out/gemm_probe_f32.txt" ;;
     peers)    # PyTorch eager, Liger, pure JAX and fusedgrpo's front ends
       python3 bench/peers/run_peers.py --seq-len 1024 --hidden 2048 --vocab 151936 \
           --dtype float32 | tee "$out/peers_f32.md" ;;

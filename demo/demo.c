@@ -113,7 +113,7 @@ int main(int argc, char **argv)
 {
     int64_t B = 2, T = 512, H = 1024, V = 151936;
     int steps = 2, threads = 0;
-    double budget_mib = 128;
+    double budget_mib = (double)(FG_DEFAULT_MEMORY_BUDGET >> 20);
     fg_dtype dtype = FG_DTYPE_F32;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];

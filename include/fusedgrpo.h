@@ -205,10 +205,16 @@ typedef struct fg_communicator {
     void *user;
 } fg_communicator;
 
+/* The fused path's working-memory cap when none is set. 256 MiB holds ~400
+ * token rows of V = 151936 logits: GEMMs of fewer rows lose up to half their
+ * speed in oneDNN's sgemm on AVX2 (docs/BENCHMARKS.md, "What the budget
+ * buys"). Any smaller budget works; it trades speed for memory. */
+#define FG_DEFAULT_MEMORY_BUDGET ((size_t)256 << 20)
+
 typedef struct fg_context_options {
     fg_backend backend;   /* FG_BACKEND_CPU                                          */
     int threads;          /* <= 0: the OpenMP default                                */
-    size_t memory_budget; /* working-memory cap of the fused path; 0: 128 MiB        */
+    size_t memory_budget; /* working-memory cap of the fused path; 0: the default    */
     int check_finite;     /* 1 (default): scan read inputs for NaN/Inf up front      */
     void *stream;         /* backend stream (CUDA); NULL on the CPU                  */
     fg_communicator comm; /* vocab-sharding hook; zeroed = single shard              */

@@ -11,7 +11,7 @@
 
 #include "fusedgrpo.h"
 
-#define FG_DEFAULT_BUDGET ((size_t)128 << 20)
+#define FG_DEFAULT_BUDGET FG_DEFAULT_MEMORY_BUDGET
 #define FG_ALIGN 64
 #define FG_GEMM_CACHE_SLOTS 48
 

@@ -100,7 +100,7 @@ static void test_config_defaults(void) {
     CHECK(o.check_finite == 1, "check_finite %d", o.check_finite);
     CHECK(o.stream == NULL, "%s", "stream not NULL");
     CHECK(o.comm.allreduce == NULL && o.comm.user == NULL, "%s", "comm not zeroed");
-    CHECK(o.memory_budget == 0 || o.memory_budget == (size_t)128 << 20, "memory_budget %zu",
+    CHECK(o.memory_budget == 0 || o.memory_budget == FG_DEFAULT_MEMORY_BUDGET, "memory_budget %zu",
           o.memory_budget);
 }
 
@@ -163,7 +163,7 @@ static void test_context(void) {
         fg_memory_stats st;
         memset(&st, 0, sizeof st);
         s = fg_get_memory_stats(ctx, &st);
-        CHECK(s == FG_OK && st.budget_bytes == (size_t)128 << 20, "default budget %zu (%s)",
+        CHECK(s == FG_OK && st.budget_bytes == FG_DEFAULT_MEMORY_BUDGET, "default budget %zu (%s)",
               st.budget_bytes, fg_status_name(s));
         s = fg_context_set_memory_budget(ctx, (size_t)3 << 20);
         CHECK(s == FG_OK, "set budget: %s", fg_status_name(s));

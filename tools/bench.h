@@ -21,6 +21,8 @@ typedef struct ft_bench_result {
     double cold_s;                          /* the first step, reported apart */
     double step_mean, step_p50, step_p90, step_min, step_max;
     double kernel_mean;                     /* logits impl: fg_logits_grpo alone */
+    double gemm_mean, call_mean;            /* baseline/fused: the library's own timing of
+                                               its GEMMs and of the whole call, per step */
     double lib_peak_bytes;                  /* fg_get_memory_stats().peak_bytes */
     double tool_bytes;                      /* logits impl: logits buffer + GEMM scratch */
     double peak_work_bytes;                 /* lib_peak + tool */

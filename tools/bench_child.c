@@ -77,12 +77,18 @@ static int measure(ft_cli *cli, ft_bench_result *res)
             res->cold_s = dt;
         ft_progress_update(&bar, i + 1, dt);
     }
+    double gemm_sum = 0, call_sum = 0;
     for (int64_t i = 0; i < cfg->steps; i++) {
         double t0 = ft_now();
         if (ft_runner_step(&r) != 0)
             goto step_failed;
         times[i] = ft_now() - t0;
         ktimes[i] = r.kernel_s;
+        fg_memory_stats step_ms;
+        if (fg_get_memory_stats(r.ctx, &step_ms) == FG_OK) {
+            gemm_sum += step_ms.gemm_seconds;
+            call_sum += step_ms.call_seconds;
+        }
         ft_progress_update(&bar, warm + i + 1, times[i]);
     }
     ft_progress_finish(&bar);
@@ -108,6 +114,8 @@ static int measure(ft_cli *cli, ft_bench_result *res)
     res->step_min = s.min;
     res->step_max = s.max;
     res->kernel_mean = res->impl == FT_IMPL_LOGITS ? ft_summarize(ktimes, cfg->steps).mean : 0.0;
+    res->gemm_mean = res->impl == FT_IMPL_LOGITS ? 0.0 : gemm_sum / (double)cfg->steps;
+    res->call_mean = res->impl == FT_IMPL_LOGITS ? 0.0 : call_sum / (double)cfg->steps;
     res->loss = r.loss_value;
     res->flops = 6.0 * (double)res->unmasked * (double)H * (double)V;
     res->gflops = res->step_p50 > 0 ? res->flops / res->step_p50 / 1e9 : 0.0;

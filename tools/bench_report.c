@@ -33,6 +33,10 @@ void ft_bench_print_row(const ft_config *cfg, const char *val, const ft_bench_re
     if (r->impl == FT_IMPL_LOGITS)
         printf("          (logits: fg_logits_grpo alone %.4g s of the step; the rest is the tool's GEMMs)\n",
                r->kernel_mean);
+    else if (r->call_mean > 0)
+        printf("          (%s: the library's GEMMs %.4g s of its %.4g s call, %lld-row chunks x %lld)\n",
+               ft_impl_name(r->impl), r->gemm_mean, r->call_mean, (long long)r->chunk_rows,
+               (long long)r->chunks);
     if (r->error[0]) /* a measured run with a non-fatal note (e.g. the roofline failed) */
         printf("          note: %s\n", r->error);
 }
@@ -64,8 +68,12 @@ void ft_bench_json_line(FILE *f, const ft_config *cfg, const char *sweep_key, co
     ft_json_num(&j, "step_s_p90", r->step_p90);
     ft_json_num(&j, "step_s_min", r->step_min);
     ft_json_num(&j, "step_s_max", r->step_max);
-    if (r->impl == FT_IMPL_LOGITS)
+    if (r->impl == FT_IMPL_LOGITS) {
         ft_json_num(&j, "kernel_s_mean", r->kernel_mean);
+    } else {
+        ft_json_num(&j, "gemm_s_mean", r->gemm_mean);
+        ft_json_num(&j, "call_s_mean", r->call_mean);
+    }
     ft_json_num(&j, "peak_work_bytes", r->peak_work_bytes);
     ft_json_num(&j, "lib_peak_bytes", r->lib_peak_bytes);
     ft_json_num(&j, "tool_bytes", r->tool_bytes);

@@ -286,7 +286,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None, help="threads for every peer")
     ap.add_argument("--memory-budget", type=int, default=None,
-                    help="fusedgrpo working-memory budget in bytes (default 128 MiB)")
+                    help="fusedgrpo working-memory budget in bytes (default 256 MiB)")
     ap.add_argument("--liger-compiled", action="store_true",
                     help="Liger with compiled=True (torch.compile of its loss math)")
     ap.add_argument("--liger-chunk-size", type=int, default=1)

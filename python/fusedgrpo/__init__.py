@@ -195,7 +195,7 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
     hidden [B, T, H], weight [V, H], bias [V] (optional), token_ids / mask [B, T],
     advantages [B], old_logp / ref_logp [B, T], is_ratio [B, T] or [B].
     ``impl`` is "fused" (bounded working memory, ``memory_budget`` bytes, default
-    128 MiB) or "materialized" (the plain baseline). ``compute_grad=False`` skips
+    256 MiB) or "materialized" (the plain baseline). ``compute_grad=False`` skips
     the two gradient GEMMs (loss, logp, entropy and metrics only).
     Returns a GRPOResult (grads in float32; grad_bias None without a bias).
     """
