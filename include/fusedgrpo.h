@@ -205,10 +205,11 @@ typedef struct fg_communicator {
     void *user;
 } fg_communicator;
 
-/* The fused path's working-memory cap when none is set. 256 MiB holds ~400
- * token rows of V = 151936 logits: GEMMs of fewer rows lose up to half their
- * speed in oneDNN's sgemm on AVX2 (docs/BENCHMARKS.md, "What the budget
- * buys"). Any smaller budget works; it trades speed for memory. */
+/* The fused path's working-memory cap when none is set. 256 MiB holds
+ * 350-410 token rows of V = 151936 logits (H 2048-4096): GEMMs of under ~300
+ * rows lose up to half their speed in oneDNN's sgemm on AVX2
+ * (docs/BENCHMARKS.md, "What the budget buys"). Any smaller budget works; it
+ * trades speed for memory. */
 #define FG_DEFAULT_MEMORY_BUDGET ((size_t)256 << 20)
 
 typedef struct fg_context_options {

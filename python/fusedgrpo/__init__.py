@@ -199,6 +199,7 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
     the two gradient GEMMs (loss, logp, entropy and metrics only).
     Returns a GRPOResult (grads in float32; grad_bias None without a bias).
     """
+    loss_opts = _lib.loss_options(locals())
     dt = _dtype_id(dtype, hidden, weight, bias)
     h = _storage(hidden, dt, "hidden")
     w = _storage(weight, dt, "weight")
@@ -223,15 +224,7 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
                                  f"{(V,)}", 4)
     tok, m, adv, old, ref, isr, per_seq = _batch_arrays(token_ids, mask, advantages, old_logp,
                                                         ref_logp, is_ratio, B, T)
-    cfg = _lib.make_config(loss_type=loss_type,
-                           importance_sampling_level=importance_sampling_level, beta=beta,
-                           epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
-                           temperature=temperature, max_completion_length=max_completion_length,
-                           num_items_in_batch=num_items_in_batch,
-                           sapo_temperature_pos=sapo_temperature_pos,
-                           sapo_temperature_neg=sapo_temperature_neg,
-                           use_bias_correction_kl=use_bias_correction_kl,
-                           entropy_coef=entropy_coef)
+    cfg = _lib.make_config(**loss_opts)
     logp = np.empty((B, T), np.float32)
     ent = np.empty((B, T), np.float32)
     gh = np.empty((B, T, H), np.float32) if compute_grad else None
@@ -261,6 +254,7 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
     writable float32 / uint16-bf16 array whose last axis is contiguous) and
     returned as that same array.
     """
+    loss_opts = _lib.loss_options(locals())
     dt = _dtype_id(dtype, logits)
     lg = _storage(logits, dt, "logits")
     if lg.ndim != 3:
@@ -274,15 +268,7 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
     lg, ldl = _rows_view(lg, 2)
     tok, m, adv, old, ref, isr, per_seq = _batch_arrays(token_ids, mask, advantages, old_logp,
                                                         ref_logp, is_ratio, B, T)
-    cfg = _lib.make_config(loss_type=loss_type,
-                           importance_sampling_level=importance_sampling_level, beta=beta,
-                           epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
-                           temperature=temperature, max_completion_length=max_completion_length,
-                           num_items_in_batch=num_items_in_batch,
-                           sapo_temperature_pos=sapo_temperature_pos,
-                           sapo_temperature_neg=sapo_temperature_neg,
-                           use_bias_correction_kl=use_bias_correction_kl,
-                           entropy_coef=entropy_coef)
+    cfg = _lib.make_config(**loss_opts)
     logp = np.empty((B, T), np.float32)
     ent = np.empty((B, T), np.float32)
     if not compute_grad:

@@ -5,6 +5,7 @@ raw pointers plus row strides; see ``linear_call`` and ``logits_call``.
 from __future__ import annotations
 
 import ctypes
+import inspect
 import os
 import threading
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint16,
@@ -282,6 +283,16 @@ def make_config(*, loss_type="dapo", importance_sampling_level="token", beta=0.0
     cfg.use_bias_correction_kl = 1 if use_bias_correction_kl else 0
     cfg.entropy_coef = float(entropy_coef)
     return cfg
+
+
+# The keyword arguments of make_config: the front ends pick these out of their
+# own arguments, so a new loss option is forwarded without touching them.
+LOSS_OPTIONS = tuple(inspect.signature(make_config).parameters)
+
+
+def loss_options(arguments: dict) -> dict:
+    """The make_config keywords among a front end's arguments (its locals())."""
+    return {k: arguments[k] for k in LOSS_OPTIONS if k in arguments}
 
 
 # ------------------------------------------------------------------ calls
