@@ -11,7 +11,10 @@ head) on the same inputs, each peer in its own subprocess:
 
 Every child regenerates the same inputs from --seed (so no big file is passed
 around), runs --warmup untimed steps, then --reps timed steps, and reports the
-median step time. Peak RSS is the child's ru_maxrss (os.wait4); "setup RSS" is
+median step time. For the fusedgrpo peers, "outside C" is the step's time
+outside the C library's call over the call's own time (fg_memory_stats'
+call_seconds; fusedgrpo.jax.call_totals() for the FFI handler): the cost of the
+front end, measured in the same step so the machine's drift cancels. Peak RSS is the child's ru_maxrss (os.wait4); "setup RSS" is
 the child's RSS after imports and inputs, before its first step. Prints a
 markdown table on stdout.
 
@@ -130,6 +133,7 @@ def peer_torch(a, inp, kind):
                           old_per_token_logps=old)
             loss.backward()
             return loss.item()
+        step.c_seconds = lambda: _fg_call_seconds(a)
     return step
 
 
@@ -174,6 +178,14 @@ def peer_jax(a, inp, kind):
         loss, g = f(h, w)
         jax.block_until_ready(g)
         return float(loss)
+    if kind == "fusedgrpo_jax":
+        last = [fgj.call_totals()["call_seconds"]]
+
+        def c_seconds():
+            now = fgj.call_totals()["call_seconds"]
+            dt, last[0] = now - last[0], now
+            return dt
+        step.c_seconds = c_seconds
     return step
 
 
@@ -189,7 +201,15 @@ def peer_numpy(a, inp):
                                  inp["old_logp"], inp["ref_logp"], threads=a.threads,
                                  memory_budget=a.memory_budget, **c)
         return r.loss
+    step.c_seconds = lambda: _fg_call_seconds(a)
     return step
+
+
+def _fg_call_seconds(a):
+    """Seconds the last fusedgrpo call spent inside the C library (its context's
+    fg_memory_stats.call_seconds): the step minus this is the front end's cost."""
+    import fusedgrpo as fg
+    return fg.memory_stats(a.threads, a.memory_budget)["call_seconds"]
 
 
 def child(a):
@@ -210,19 +230,27 @@ def child(a):
         return 0
     setup_s = time.perf_counter() - t0
     rss_setup = rss_mib()
-    times = []
+    times, overheads = [], []
+    c_seconds = getattr(step, "c_seconds", None)
     loss = None
     for i in range(a.warmup + a.reps):
         t = time.perf_counter()
         loss = step()
         dt = time.perf_counter() - t
+        c = c_seconds() if c_seconds else None
         if i == 0:
             first = dt
         if i >= a.warmup:
             times.append(dt)
+            if c:
+                # the front end's share: the step's time outside the C call,
+                # over the C call's time (immune to the machine's drift)
+                overheads.append((dt - c) / c)
     print(json.dumps({"status": "ok", "median_s": statistics.median(times), "min_s": min(times),
                       "first_s": first, "setup_s": setup_s, "rss_setup_mib": rss_setup,
-                      "loss": loss}))
+                      "loss": loss,
+                      "front_end_overhead": statistics.median(overheads) if overheads
+                      else None}))
     return 0
 
 
@@ -312,15 +340,17 @@ def main():
           f"V={a.vocab} (N={N} tokens), {a.dtype}, loss_type={a.loss_type}, beta={a.beta}, "
           f"median of {a.reps} after {a.warmup} warm-up\n")
     print("| peer | step (ms) | min (ms) | first step (ms) | peak RSS (MiB) | setup RSS (MiB) "
-          "| loss | status |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+          "| loss | outside C | status |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for name, r in rows:
         if r.get("status") == "ok":
+            ov = r.get("front_end_overhead")
+            ov = "" if ov is None else f"{100 * ov:+.1f}%"
             print(f"| {name} | {r['median_s'] * 1e3:.1f} | {r['min_s'] * 1e3:.1f} | "
                   f"{r['first_s'] * 1e3:.1f} | {r['peak_rss_mib']:.0f} | "
-                  f"{r['rss_setup_mib']:.0f} | {r['loss']:.6g} | ok |")
+                  f"{r['rss_setup_mib']:.0f} | {r['loss']:.6g} | {ov} | ok |")
         else:
-            print(f"| {name} | | | | | | | {r.get('status')} |")
+            print(f"| {name} | | | | | | | | {r.get('status')} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "rows": rows}, f, indent=1)

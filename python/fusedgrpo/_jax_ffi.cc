@@ -138,6 +138,18 @@ int InProcessAllreduce(void *user, float *buf, int64_t count, fg_reduce_op op) {
     return bad;
 }
 
+// ------------------------------------------------------------ call totals
+
+std::mutex g_totals_mutex;
+double g_totals[3];
+
+void AddCallTotals(double call_seconds, double gemm_seconds) {
+    std::lock_guard<std::mutex> lock(g_totals_mutex);
+    g_totals[0] += 1;
+    g_totals[1] += call_seconds;
+    g_totals[2] += gemm_seconds;
+}
+
 // ------------------------------------------------------------ context pool
 
 // A pool of contexts per (threads, budget, sharded): XLA may run the custom call
@@ -345,10 +357,23 @@ ffi::Error LinearGrpoImpl(ffi::AnyBuffer hidden, ffi::AnyBuffer weight, ffi::Any
     m[3] = (float)out.metrics.clip_ratio_high;
     m[4] = (float)out.metrics.clip_ratio_region;
     m[5] = (float)out.metrics.cispo_clip_ratio;
+    fg_memory_stats ms;
+    if (fg_get_memory_stats(pc.e.ctx, &ms) == FG_OK)
+        AddCallTotals(ms.call_seconds, ms.gemm_seconds);
     return ffi::Error::Success();
 }
 
 }  // namespace
+
+// Time spent inside the C library by every call of this handler so far:
+// out[0] calls, out[1] seconds in fg_linear_grpo, out[2] of those in GEMMs.
+// jax.py reads it (call_totals()) to tell front-end overhead from C time.
+extern "C" void FgJaxCallTotals(double *out) {
+    std::lock_guard<std::mutex> lock(g_totals_mutex);
+    out[0] = g_totals[0];
+    out[1] = g_totals[1];
+    out[2] = g_totals[2];
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLinearGrpo, LinearGrpoImpl,
                               ffi::Ffi::Bind()

@@ -39,7 +39,7 @@ from . import _lib
 from ._lib import METRIC_NAMES, FusedGRPOError
 
 __all__ = ["fused_linear_grpo_loss", "fused_linear_grpo_loss_sharded", "backend",
-           "METRIC_NAMES", "FusedGRPOError"]
+           "call_totals", "METRIC_NAMES", "FusedGRPOError"]
 
 _TARGET = "fusedgrpo_linear_grpo"
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -97,6 +97,8 @@ def backend() -> str:
                 try:
                     so = _build_handler()
                     lib = ctypes.CDLL(so)
+                    lib.FgJaxCallTotals.argtypes = [ctypes.POINTER(ctypes.c_double)]
+                    lib.FgJaxCallTotals.restype = None
                     jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.FgLinearGrpo),
                                                 platform="cpu")
                     _state["so"], _state["lib"] = so, lib
@@ -109,6 +111,17 @@ def backend() -> str:
                     warnings.warn(f"fusedgrpo.jax: using jax.pure_callback, the FFI handler is "
                                   f"unavailable: {e}", RuntimeWarning, stacklevel=3)
         return _state["backend"]
+
+
+def call_totals() -> dict:
+    """Time spent inside the C library by the FFI handler since the process
+    started: {"calls", "call_seconds", "gemm_seconds"} (zeros under the
+    pure_callback fallback, whose calls fusedgrpo.memory_stats() reports).
+    A step's wall time minus its call_seconds is the front end's overhead."""
+    out = (ctypes.c_double * 3)()
+    if backend() == "ffi":
+        _state["lib"].FgJaxCallTotals(out)
+    return {"calls": int(out[0]), "call_seconds": out[1], "gemm_seconds": out[2]}
 
 
 # ------------------------------------------------------------------ primitive call

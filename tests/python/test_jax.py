@@ -98,6 +98,20 @@ def test_backend_is_the_ffi_handler():
     assert fgj.backend() == "ffi", fgj._state.get("error")
 
 
+def test_call_totals_count_the_handler_calls():
+    rng = np.random.default_rng(11)
+    inp = make_inputs(rng, B=2, T=3, H=8, V=11, bad_masked_ids=False)
+    before = fgj.call_totals()
+    f = jax.jit(jax.grad(lambda h, w: fgj.fused_linear_grpo_loss(
+        h, w, inp["token_ids"], inp["mask"], inp["advantages"]), argnums=(0, 1)))
+    jax.block_until_ready(f(jnp.asarray(inp["hidden"]), jnp.asarray(inp["weight"])))
+    after = fgj.call_totals()
+    assert after["calls"] == before["calls"] + 1  # one C call gives the loss and all grads
+    assert after["call_seconds"] > before["call_seconds"]
+    assert 0 <= after["gemm_seconds"] - before["gemm_seconds"] <= (
+        after["call_seconds"] - before["call_seconds"])
+
+
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_matches_pure_jax_baseline(loss_type, level):
