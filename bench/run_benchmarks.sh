@@ -32,9 +32,15 @@ for part in "${parts[@]}"; do
     gemms)    # each chunk GEMM alone at the 128 and 256 MiB chunk sizes (205, 410 rows)
       cc -O2 -o build/gemm_probe bench/gemm_probe.c -ldnnl
       OMP_NUM_THREADS=2 ./build/gemm_probe 2048 151936 205 410 | tee "$out/gemm_probe_f32.txt" ;;
-    peers)    # PyTorch eager, Liger, pure JAX and fusedgrpo's front ends
-      python3 bench/peers/run_peers.py --seq-len 1024 --hidden 2048 --vocab 151936 \
-          --dtype float32 | tee "$out/peers_f32.md" ;;
+    peers)    # PyTorch eager, Liger, pure JAX and fusedgrpo's front ends at the scaled shape
+      python3 bench/peers/run_peers.py --batch 1 --seq-len 2048 --hidden 2048 --vocab 151936 \
+          --dtype float32 --reps 2 --warmup 1 --threads 2 --timeout 1500 \
+          --json "$out/peers_t2048_f32.json" | tee "$out/peers_t2048_f32.md"
+      # torch eager in bf16 takes hours here (no bf16 GEMM on AVX2: see BENCHMARKS.md)
+      python3 bench/peers/run_peers.py --batch 1 --seq-len 2048 --hidden 2048 --vocab 151936 \
+          --dtype bfloat16 --reps 1 --warmup 1 --threads 2 --timeout 1500 \
+          --peers liger,jax_pure,fusedgrpo_numpy,fusedgrpo_torch,fusedgrpo_jax \
+          --json "$out/peers_t2048_bf16.json" | tee "$out/peers_t2048_bf16.md" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

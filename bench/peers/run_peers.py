@@ -11,12 +11,16 @@ head) on the same inputs, each peer in its own subprocess:
 
 Every child regenerates the same inputs from --seed (so no big file is passed
 around), runs --warmup untimed steps, then --reps timed steps, and reports the
-median step time. For the fusedgrpo peers, "outside C" is the step's time
+median step time. "peak RSS" is the child's VmHWM over its timed steps,
+restarted after the warm-up (/proc/self/clear_refs): the steady state of a
+training loop, without set-up transients (a framework's copy of the inputs) or
+the first step's one-time costs (jit compilation); "process peak" is its
+ru_maxrss (os.wait4), everything included. For the fusedgrpo peers, "outside C" is the step's time
 outside the C library's call over the call's own time (fg_memory_stats'
 call_seconds; fusedgrpo.jax.call_totals() for the FFI handler): the cost of the
-front end, measured in the same step so the machine's drift cancels. Peak RSS is the child's ru_maxrss (os.wait4); "setup RSS" is
-the child's RSS after imports and inputs, before its first step. Prints a
-markdown table on stdout.
+front end, measured in the same step so the machine's drift cancels. "setup
+RSS" is the child's RSS after imports and inputs, before its first step.
+Prints a markdown table on stdout.
 
   python bench/peers/run_peers.py                       # small default shape
   python bench/peers/run_peers.py --seq-len 2048 --hidden 2048 --vocab 151936 --dtype bfloat16
@@ -61,12 +65,24 @@ def cfg_of(a):
                 temperature=a.temperature)
 
 
-def rss_mib():
+def rss_mib(field="VmRSS"):
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024.0
     return float("nan")
+
+
+def reset_peak_rss():
+    """Restart VmHWM at the current RSS (Linux clear_refs 5), so the step peak
+    leaves out set-up transients such as a framework's copy of the inputs.
+    This also restarts the ru_maxrss that os.wait4 reports."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 # ------------------------------------------------------------------ peers (children)
@@ -228,8 +244,13 @@ def child(a):
     except ImportError as e:
         print(json.dumps({"status": f"unavailable ({e.name or e})"}))
         return 0
+    del inp  # the peers hold what they need
+    import gc
+    gc.collect()
     setup_s = time.perf_counter() - t0
     rss_setup = rss_mib()
+    pre_reset_peak = rss_mib("VmHWM")  # clear_refs below restarts ru_maxrss too
+    hwm_reset = reset_peak_rss() if a.warmup == 0 else False
     times, overheads = [], []
     c_seconds = getattr(step, "c_seconds", None)
     loss = None
@@ -240,6 +261,11 @@ def child(a):
         c = c_seconds() if c_seconds else None
         if i == 0:
             first = dt
+        if i == a.warmup - 1:
+            # steady state: the timed steps' peak, without the first step's
+            # one-time costs (jit compilation, the workspace's first mapping)
+            pre_reset_peak = rss_mib("VmHWM")
+            hwm_reset = reset_peak_rss()
         if i >= a.warmup:
             times.append(dt)
             if c:
@@ -249,6 +275,8 @@ def child(a):
     print(json.dumps({"status": "ok", "median_s": statistics.median(times), "min_s": min(times),
                       "first_s": first, "setup_s": setup_s, "rss_setup_mib": rss_setup,
                       "loss": loss,
+                      "step_peak_rss_mib": rss_mib("VmHWM") if hwm_reset else None,
+                      "pre_reset_peak_rss_mib": pre_reset_peak,
                       "front_end_overhead": statistics.median(overheads) if overheads
                       else None}))
     return 0
@@ -295,7 +323,10 @@ def run_child(a, name):
         tail = [ln for ln in (err or out).strip().splitlines() if ln.strip()][-3:]
         res = {"status": f"failed (exit {p.returncode}): " + " | ".join(tail)[-300:]}
     res["wall_s"] = time.perf_counter() - t0
-    res["peak_rss_mib"] = ru.ru_maxrss / 1024.0
+    # ru_maxrss restarts with the child's clear_refs: the process peak is the
+    # larger of it and the peak the child read just before restarting it
+    res["peak_rss_mib"] = max(ru.ru_maxrss / 1024.0, res.get("pre_reset_peak_rss_mib") or 0.0,
+                              res.get("step_peak_rss_mib") or 0.0)
     return res
 
 
@@ -340,17 +371,19 @@ def main():
           f"V={a.vocab} (N={N} tokens), {a.dtype}, loss_type={a.loss_type}, beta={a.beta}, "
           f"median of {a.reps} after {a.warmup} warm-up\n")
     print("| peer | step (ms) | min (ms) | first step (ms) | peak RSS (MiB) | setup RSS (MiB) "
-          "| loss | outside C | status |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+          "| process peak (MiB) | loss | outside C | status |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for name, r in rows:
         if r.get("status") == "ok":
             ov = r.get("front_end_overhead")
             ov = "" if ov is None else f"{100 * ov:+.1f}%"
+            step_peak = r.get("step_peak_rss_mib")
+            step_peak = "" if step_peak is None else f"{step_peak:.0f}"
             print(f"| {name} | {r['median_s'] * 1e3:.1f} | {r['min_s'] * 1e3:.1f} | "
-                  f"{r['first_s'] * 1e3:.1f} | {r['peak_rss_mib']:.0f} | "
-                  f"{r['rss_setup_mib']:.0f} | {r['loss']:.6g} | {ov} | ok |")
+                  f"{r['first_s'] * 1e3:.1f} | {step_peak} | {r['rss_setup_mib']:.0f} | "
+                  f"{r['peak_rss_mib']:.0f} | {r['loss']:.6g} | {ov} | ok |")
         else:
-            print(f"| {name} | | | | | | | | {r.get('status')} |")
+            print(f"| {name} | | | | | | | | | {r.get('status')} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "rows": rows}, f, indent=1)
