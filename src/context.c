@@ -16,7 +16,7 @@ void fg_context_options_init(fg_context_options *opts)
     memset(opts, 0, sizeof *opts);
     opts->backend = FG_BACKEND_CPU;
     opts->threads = 0;
-    opts->memory_budget = FG_DEFAULT_BUDGET;
+    opts->memory_budget = FG_DEFAULT_MEMORY_BUDGET;
     opts->check_finite = 1;
 }
 
@@ -36,7 +36,7 @@ fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
     if (!ctx)
         return FG_ERR_OUT_OF_MEMORY;
     ctx->opts = o;
-    ctx->budget = o.memory_budget ? o.memory_budget : FG_DEFAULT_BUDGET;
+    ctx->budget = o.memory_budget ? o.memory_budget : FG_DEFAULT_MEMORY_BUDGET;
     fg_status st = fg_gemm_cache_create(ctx);
     if (st != FG_OK) {
         free(ctx);
@@ -82,7 +82,7 @@ fg_status fg_context_set_memory_budget(fg_context *ctx, size_t bytes)
 {
     if (!ctx)
         return FG_ERR_NULL_ARGUMENT;
-    ctx->budget = bytes ? bytes : FG_DEFAULT_BUDGET;
+    ctx->budget = bytes ? bytes : FG_DEFAULT_MEMORY_BUDGET;
     return FG_OK;
 }
 

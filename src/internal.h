@@ -11,7 +11,6 @@
 
 #include "fusedgrpo.h"
 
-#define FG_DEFAULT_BUDGET FG_DEFAULT_MEMORY_BUDGET
 #define FG_ALIGN 64
 #define FG_GEMM_CACHE_SLOTS 48
 

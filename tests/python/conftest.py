@@ -7,4 +7,3 @@ import os
 _flag = "--xla_force_host_platform_device_count=4"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
-
