@@ -294,6 +294,36 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
                          const fg_batch *batch, fg_outputs *out);
 
 /*
+ * The planner: what fg_linear_grpo would hold for these exact arguments under
+ * ctx's budget and thread count, and the least it can run with. Validates the
+ * arguments as the call does (without the NaN/Inf scan), reads shapes and the
+ * mask only, writes no output, and prepares the call's GEMMs (so the call
+ * that follows finds them made). Tests, tools and front ends size budgets
+ * with it instead of restating the formula.
+ *   working_bytes = pages(fixed_bytes + chunk_bytes + gemm_scratch_bytes):
+ *   the workspace the call holds, which the counted peak of fg_memory_stats
+ *   reports. The fused path keeps it <= the budget.
+ * min_budget_bytes (fused): the smallest budget this call runs with (one
+ * token row a chunk); 0 for the materialized path, which has no budget.
+ * With a budget below it the query returns FG_ERR_BUDGET_TOO_SMALL, with the
+ * message the call would give, and still writes info (chunk_rows = 0).
+ */
+typedef struct fg_linear_plan_info {
+    int64_t chunk_rows;        /* token rows per chunk                                  */
+    int64_t chunks;            /* chunks the call walks (per sweep)                     */
+    size_t working_bytes;      /* the arena the call holds, whole pages                 */
+    size_t fixed_bytes;        /* per-call [B, T] arrays and loss scratch               */
+    size_t chunk_bytes;        /* one chunk's logits, dlogits, hidden and grad rows     */
+    size_t gemm_scratch_bytes; /* oneDNN scratchpads (and converted bf16 weight tiles)  */
+    size_t min_budget_bytes;   /* fused: smallest budget that runs; materialized: 0     */
+} fg_linear_plan_info;
+
+fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
+                              const fg_loss_config *cfg, const fg_linear_inputs *in,
+                              const fg_batch *batch, const fg_outputs *out,
+                              fg_linear_plan_info *info);
+
+/*
  * logits_grpo_forward_backward: for callers that already hold the logits.
  *   z = logits / temperature
  *   in : logits [B*T, V] (f32 or bf16), batch [B, T]

@@ -16,7 +16,7 @@ static const struct {
     FG_ABI_ENTRY(fg_metrics),         FG_ABI_ENTRY(fg_outputs),
     FG_ABI_ENTRY(fg_communicator),    FG_ABI_ENTRY(fg_context_options),
     FG_ABI_ENTRY(fg_memory_stats),    FG_ABI_ENTRY(fg_linear_inputs),
-    FG_ABI_ENTRY(fg_linear_options),
+    FG_ABI_ENTRY(fg_linear_options),  FG_ABI_ENTRY(fg_linear_plan_info),
 };
 
 size_t fg_abi_sizeof(const char *type_name)

@@ -68,9 +68,9 @@ fg_status fg_time_bare_gemms(fg_context *ctx, fg_dtype dtype, int64_t n_tokens, 
      * token-side operands in the compute dtype (see gemm_onednn.h). */
     const fg_dtype ct = (dtype == FG_DTYPE_BF16 && fg_gemm_native_bf16(ctx)) ? FG_DTYPE_BF16 : FG_DTYPE_F32;
     const size_t cs = fg_dtype_size(ct);
-    fg_gemm_shape g1 = {m, vocab, hidden, ct, dtype, FG_DTYPE_F32, hidden, 1, 1, hidden, vocab, 0, 0};
-    fg_gemm_shape g2 = {m, hidden, vocab, ct, dtype, FG_DTYPE_F32, vocab, 1, hidden, 1, hidden, 0, 0};
-    fg_gemm_shape g3 = {vocab, hidden, m, ct, ct, FG_DTYPE_F32, 1, vocab, hidden, 1, hidden, 1, 0};
+    fg_gemm_shape g1 = {m, vocab, hidden, ct, dtype, FG_DTYPE_F32, hidden, 1, 1, hidden, vocab, 0, 0, (size_t)32 << 20};
+    fg_gemm_shape g2 = {m, hidden, vocab, ct, dtype, FG_DTYPE_F32, vocab, 1, hidden, 1, hidden, 0, 0, (size_t)32 << 20};
+    fg_gemm_shape g3 = {vocab, hidden, m, ct, ct, FG_DTYPE_F32, 1, vocab, hidden, 1, hidden, 1, 0, (size_t)32 << 20};
     const int saved = fg_threads_enter(ctx);
     size_t sp = 0, s;
     fg_status st = FG_OK;

@@ -6,10 +6,11 @@
 
 #include "bf16.h"
 #include "gemm_onednn.h"
+#include "row_kernels.h"
 
-/* Converted weight tile: large enough that the per-tile GEMMs stay efficient
- * (>= 1024 weight rows at H = 4096), capped at an eighth of the budget. */
-#define TILE_BYTES ((size_t)32 << 20)
+/* A converted weight tile holds at least this many weight rows, whatever the
+ * caller's tile_bytes (the driver sizes tiles from its chunk, see
+ * linear_grpo.c). */
 #define TILE_MIN_ROWS 4
 
 enum { MEM_A, MEM_B, MEM_C, MEM_BIAS, MEM_SCRATCH, MEM_COUNT };
@@ -127,7 +128,7 @@ fg_status fg_gemm_cache_create(fg_context *ctx)
     }
     /* Probe once: does this CPU have oneDNN bf16 matmul kernels? */
     fg_gemm_shape probe = {16, 16, 16, FG_DTYPE_BF16, FG_DTYPE_BF16, FG_DTYPE_F32,
-                           16, 1, 16, 1, 16, 0, 0};
+                           16, 1, 16, 1, 16, 0, 0, 0};
     gemm_slot tmp;
     memset(&tmp, 0, sizeof tmp);
     c->native_bf16 = create_primitive(c, &probe, &tmp) == 0;
@@ -273,9 +274,7 @@ static fg_status tile_plan(fg_context *ctx, const fg_gemm_shape *s, tiling *t)
         return fg_fail(ctx, FG_ERR_BACKEND, "internal: bf16 C needs an N-tiled product");
     const int64_t other = t->along_n ? s->K : s->N;
     t->len = t->along_n ? s->N : s->K;
-    /* A tile takes at most an eighth of the budget, so small budgets stay met. */
-    const size_t tile_bytes = ctx->budget / 8 < TILE_BYTES ? ctx->budget / 8 : TILE_BYTES;
-    int64_t rows = (int64_t)(tile_bytes / ((size_t)other * sizeof(float)));
+    int64_t rows = (int64_t)(s->tile_bytes / ((size_t)other * sizeof(float)));
     rows = rows < TILE_MIN_ROWS ? TILE_MIN_ROWS : rows;
     t->rows = rows < t->len ? rows : t->len;
     t->tiles = (t->len + t->rows - 1) / t->rows;
@@ -299,11 +298,6 @@ static fg_status tile_plan(fg_context *ctx, const fg_gemm_shape *s, tiling *t)
     return FG_OK;
 }
 
-static float load_any(const void *p, fg_dtype t, size_t i)
-{
-    return t == FG_DTYPE_BF16 ? fg_bf16_load(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
 /* dst[j][i] = src row r0 + j, element i, for `rows` rows of `len` elements:
  * weight row (r0 + j) is element (i * stride_in + (r0 + j) * stride_out). */
 static void convert_rows(float *dst, const void *src, fg_dtype t, int64_t r0, int64_t rows,
@@ -313,13 +307,12 @@ static void convert_rows(float *dst, const void *src, fg_dtype t, int64_t r0, in
     for (int64_t j = 0; j < rows; j++) {
         const size_t base = (size_t)(r0 + j) * (size_t)row_stride;
         float *d = dst + (size_t)j * (size_t)len;
-        if (t == FG_DTYPE_BF16 && elem_stride == 1) {
-            const uint16_t *sp = (const uint16_t *)src + base;
-            for (int64_t i = 0; i < len; i++)
-                d[i] = fg_bf16_load(sp[i]);
+        if (t == FG_DTYPE_BF16) {
+            fg_bf16_to_f32_strided(d, (const uint16_t *)src + base, len, elem_stride);
         } else {
+            const float *sp = (const float *)src + base;
             for (int64_t i = 0; i < len; i++)
-                d[i] = load_any(src, t, base + (size_t)i * (size_t)elem_stride);
+                d[i] = sp[(size_t)i * (size_t)elem_stride];
         }
     }
 }

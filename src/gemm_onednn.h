@@ -26,6 +26,8 @@ typedef struct fg_gemm_shape {
     int64_t c_ld;
     int accumulate;     /* C += A·B instead of C = A·B */
     int has_bias;       /* bias[N], in b_type, added to every row */
+    size_t tile_bytes;  /* bf16 tile path: cap of one converted weight tile (the
+                           caller's plan decides it; not part of a primitive's key) */
 } fg_gemm_shape;
 
 /* 1 when bf16·bf16 products run natively on this CPU. */

@@ -25,6 +25,7 @@
 
 #include "finish.h"
 #include "gemm_onednn.h"
+#include "row_kernels.h"
 #include "validate.h"
 
 typedef struct linear_plan {
@@ -40,27 +41,41 @@ typedef struct linear_plan {
     int sharded; /* weight holds vocab rows [vocab_start, vocab_start + V) */
     int64_t vocab_start;
     int64_t w_ld, gw_ld;
-    size_t scratch_bytes;
+    int64_t n_active;     /* unmasked tokens: the rows the chunks cover            */
+    size_t fixed_bytes;   /* per-call [B, T] arrays (fg_common_workspace_bytes)    */
+    size_t tile_bytes;    /* bf16 tile path: one converted weight tile (tile_cap)  */
+    size_t scratch_bytes; /* the largest GEMM scratch of the chosen chunk sizes    */
 } linear_plan;
+
+/* Converted weight tiles (CPUs without native bf16 GEMMs) scale with the
+ * chunk: half its logits, at most 32 MiB (>= 1024 weight rows at H = 4096,
+ * enough for the per-tile GEMMs to run at full speed). Everything the call
+ * holds is then a function of the chunk rows alone, so the smallest budget is
+ * the need of a one-row chunk. */
+static size_t tile_cap(const linear_plan *p, int64_t m)
+{
+    const size_t half_logits = (size_t)m * (size_t)p->V * sizeof(float) / 2, cap = (size_t)32 << 20;
+    return half_logits < cap ? half_logits : cap;
+}
 
 static fg_gemm_shape shape_logits(const linear_plan *p, int64_t m)
 {
     fg_gemm_shape s = {m, p->V, p->H, p->cmp_t, p->in_t, p->logit_t, p->H, 1, 1, p->w_ld, p->V, 0,
-                       p->has_bias};
+                       p->has_bias, tile_cap(p, m)};
     return s;
 }
 
 static fg_gemm_shape shape_dhidden(const linear_plan *p, int64_t m)
 {
     fg_gemm_shape s = {m, p->H, p->V, p->cmp_t, p->in_t, FG_DTYPE_F32, p->V, 1, p->w_ld, 1, p->H,
-                       0, 0};
+                       0, 0, tile_cap(p, m)};
     return s;
 }
 
 static fg_gemm_shape shape_dweight(const linear_plan *p, int64_t m, int accumulate)
 {
     fg_gemm_shape s = {p->V, p->H, m, p->cmp_t, p->cmp_t, FG_DTYPE_F32, 1, p->V, p->H, 1, p->gw_ld,
-                       accumulate, 0};
+                       accumulate, 0, tile_cap(p, m)};
     return s;
 }
 
@@ -100,44 +115,60 @@ static size_t chunk_bytes(const linear_plan *p, int64_t m)
     return b;
 }
 
-/* Chooses Nc under the budget (fused) and prepares the GEMMs of both chunk
- * sizes, so that backend failures surface before any output is written. */
-static fg_status plan_chunks(fg_context *ctx, linear_plan *p, int64_t n_active, size_t fixed,
-                             size_t *total)
+/* What a call with chunks of m rows (the last one `last` rows) holds: the
+ * fixed arrays, one chunk's buffers and the largest GEMM scratch, in whole
+ * pages since the arena is mapped in pages. Prepares the GEMMs of both sizes,
+ * so backend failures surface before any output is written. */
+static fg_status need_bytes(fg_context *ctx, const linear_plan *p, int64_t m, int64_t last,
+                            size_t *need, size_t *scratch)
 {
-    int64_t nc = n_active;
+    *scratch = 0;
+    fg_status st = prepare_gemms(ctx, p, m, scratch);
+    if (st == FG_OK && last != m)
+        st = prepare_gemms(ctx, p, last, scratch);
+    *need = fg_ws_page_round(p->fixed_bytes + chunk_bytes(p, m) + fg_ws_round(*scratch));
+    return st;
+}
+
+/* Chooses Nc: all active rows (materialized), or the largest equal-chunk size
+ * whose need fits the budget (fused). `agree`: sharded callers take the
+ * smallest Nc of all shards so that every shard walks the same chunks. */
+static fg_status plan_chunks(fg_context *ctx, linear_plan *p, int agree)
+{
+    const int64_t n = p->n_active;
+    int64_t nc = n;
     if (p->fused) {
-        size_t row = chunk_bytes(p, 1), avail = ctx->budget > fixed ? ctx->budget - fixed : 0;
-        int64_t fit = (int64_t)(avail / row);
-        nc = fit < nc ? fit : nc;
+        const size_t row = chunk_bytes(p, 1);
+        const size_t avail = ctx->budget > p->fixed_bytes ? ctx->budget - p->fixed_bytes : 0;
+        nc = (int64_t)(avail / row) < nc ? (int64_t)(avail / row) : nc;
     }
-    int agreed = 0;
-    for (int attempt = 0; attempt < 16; attempt++) {
-        if (nc < 1)
+    for (;;) {
+        if (nc < 1) {
+            size_t need1, scratch1;
+            fg_status st = need_bytes(ctx, p, 1, 1, &need1, &scratch1);
+            if (st != FG_OK)
+                return st;
             return fg_fail(ctx, FG_ERR_BUDGET_TOO_SMALL,
-                           "a memory budget of %zu bytes cannot hold one token row "
-                           "(V = %lld, H = %lld needs about %zu bytes beyond %zu fixed)",
-                           ctx->budget, (long long)p->V, (long long)p->H, chunk_bytes(p, 1),
-                           fixed);
+                           "a memory budget of %zu bytes is too small: one token row a chunk "
+                           "needs %zu bytes (per-call arrays %zu + one row's logits, dlogits "
+                           "and hidden rows %zu + GEMM scratch %zu, in whole pages; V = %lld, "
+                           "H = %lld)",
+                           ctx->budget, need1, p->fixed_bytes, chunk_bytes(p, 1),
+                           fg_ws_round(scratch1), (long long)p->V, (long long)p->H);
+        }
         /* Equal chunks: the last one is not a sliver. */
-        int64_t chunks = (n_active + nc - 1) / nc;
-        nc = (n_active + chunks - 1) / chunks;
-        const int64_t last = n_active - (chunks - 1) * nc;
-        size_t scratch = 0;
-        fg_status st = prepare_gemms(ctx, p, nc, &scratch);
-        if (st == FG_OK && last != nc)
-            st = prepare_gemms(ctx, p, last, &scratch);
+        const int64_t chunks = (n + nc - 1) / nc;
+        nc = (n + chunks - 1) / chunks;
+        size_t need, scratch;
+        fg_status st = need_bytes(ctx, p, nc, n - (chunks - 1) * nc, &need, &scratch);
         if (st != FG_OK)
             return st;
-        /* The arena is mapped in whole pages: count what is really held. */
-        size_t need = fg_ws_page_round(fixed + chunk_bytes(p, nc) + fg_ws_round(scratch));
         if (!p->fused || need <= ctx->budget) {
-            if (p->sharded && !agreed) {
-                /* Every shard must walk the same chunks: take the smallest Nc. */
+            if (agree) {
                 float neg = -(float)nc;
                 if (ctx->opts.comm.allreduce(ctx->opts.comm.user, &neg, 1, FG_REDUCE_MAX) != 0)
                     return fg_fail(ctx, FG_ERR_BACKEND, "the communicator's allreduce failed");
-                agreed = 1;
+                agree = 0;
                 if ((int64_t)-neg != nc) {
                     nc = (int64_t)-neg;
                     continue;
@@ -146,14 +177,14 @@ static fg_status plan_chunks(fg_context *ctx, linear_plan *p, int64_t n_active, 
             p->Nc = nc;
             p->chunks = chunks;
             p->scratch_bytes = scratch;
-            *total = need;
             return FG_OK;
         }
-        int64_t cut = (int64_t)((need - ctx->budget + chunk_bytes(p, 1) - 1) / chunk_bytes(p, 1));
-        nc -= cut > 1 ? cut : 1;
+        /* Over by need - budget: drop that many rows' worth (at least one),
+         * trying one row before giving up (GEMM scratch is not linear in m). */
+        const size_t row = chunk_bytes(p, 1);
+        const int64_t cut = (int64_t)((need - ctx->budget + row - 1) / row);
+        nc = nc == 1 ? 0 : (nc - cut > 1 ? nc - cut : 1);
     }
-    return fg_fail(ctx, FG_ERR_BUDGET_TOO_SMALL, "no chunk size fits a budget of %zu bytes",
-                   ctx->budget);
 }
 
 /* The weight holds a slice of a larger vocabulary. */
@@ -162,9 +193,11 @@ static int is_sharded(const fg_linear_inputs *in)
     return in->vocab_start != 0 || (in->vocab_total > 0 && in->vocab_total != in->weight.rows);
 }
 
+/* Every check of the call; the NaN/Inf scan of the inputs only when `scan`
+ * (the plan query reads shapes, not values). */
 static fg_status validate_linear(fg_context *ctx, const fg_linear_options *o,
                                  const fg_loss_config *cfg, const fg_linear_inputs *in,
-                                 const fg_batch *batch, const fg_outputs *out)
+                                 const fg_batch *batch, const fg_outputs *out, int scan)
 {
     fg_status st;
     if (!in)
@@ -222,7 +255,7 @@ static fg_status validate_linear(fg_context *ctx, const fg_linear_options *o,
     if (o->round_logits_to_input_dtype && o->impl == FG_IMPL_FUSED)
         return fg_fail(ctx, FG_ERR_UNSUPPORTED,
                        "round_logits_to_input_dtype is a materialized-baseline option");
-    if (ctx->opts.check_finite) {
+    if (scan && ctx->opts.check_finite) {
         if ((st = fg_check_finite_matrix(ctx, "hidden", &in->hidden, batch->mask)) != FG_OK ||
             (st = fg_check_finite_matrix(ctx, "weight", &in->weight, NULL)) != FG_OK)
             return st;
@@ -248,10 +281,7 @@ static void gather_rows(const linear_plan *p, const fg_matrix *hidden, const int
         if (p->cmp_t == p->in_t) {
             memcpy(dst, src, hrow);
         } else { /* bf16 storage, f32 compute */
-            const uint16_t *h = src;
-            float *d = dst;
-            for (int64_t k = 0; k < p->H; k++)
-                d[k] = fg_bf16_to_f32(h[k]);
+            fg_bf16_to_f32_strided(dst, src, p->H, 1);
         }
     }
 }
@@ -372,22 +402,13 @@ static fg_status run_sweeps(fg_context *ctx, linear_call *L)
     return st;
 }
 
-fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
-                         const fg_loss_config *cfg, const fg_linear_inputs *in,
-                         const fg_batch *batch, fg_outputs *out)
+/* The plan of a validated call: dtypes, which products run, and the chunks.
+ * Runs inside fg_threads_enter (GEMM primitives are made for the call's
+ * thread count). `agree`: sharded calls agree on the chunk size. */
+static fg_status plan_call(fg_context *ctx, const fg_linear_options *o, const fg_linear_inputs *in,
+                           const fg_batch *batch, const fg_outputs *out, int agree, linear_plan *p)
 {
-    if (!ctx)
-        return FG_ERR_NULL_ARGUMENT;
-    fg_clear_error(ctx);
-    const fg_linear_options fused = {FG_IMPL_FUSED, 0};
-    const fg_linear_options *o = opts ? opts : &fused;
-    fg_status st = validate_linear(ctx, o, cfg, in, batch, out);
-    if (st != FG_OK)
-        return st;
-
-    linear_call L;
-    memset(&L, 0, sizeof L);
-    linear_plan *p = &L.p;
+    memset(p, 0, sizeof *p);
     p->fused = o->impl == FG_IMPL_FUSED;
     p->in_t = in->hidden.dtype;
     p->cmp_t = (p->in_t == FG_DTYPE_BF16 && fg_gemm_native_bf16(ctx)) ? FG_DTYPE_BF16 : FG_DTYPE_F32;
@@ -406,21 +427,89 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
     p->want_gb = out->grad_bias.data != NULL;
     p->any_grad = p->want_gh || p->want_gw || p->want_gb;
     const int64_t N = batch->batch * batch->seq_len;
-
-    int64_t n_active = 0;
     for (int64_t n = 0; n < N; n++)
-        n_active += batch->mask[n] != 0;
-    const size_t fixed = fg_common_workspace_bytes(batch->batch, N);
-    size_t total = fixed;
+        p->n_active += batch->mask[n] != 0;
+    p->fixed_bytes = fg_common_workspace_bytes(batch->batch, N);
+    return p->n_active > 0 ? plan_chunks(ctx, p, agree && p->sharded) : FG_OK;
+}
+
+/* The arena a planned call reserves. */
+static size_t plan_total(const linear_plan *p)
+{
+    if (p->n_active == 0)
+        return fg_ws_page_round(p->fixed_bytes);
+    return fg_ws_page_round(p->fixed_bytes + chunk_bytes(p, p->Nc) + fg_ws_round(p->scratch_bytes));
+}
+
+fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
+                              const fg_loss_config *cfg, const fg_linear_inputs *in,
+                              const fg_batch *batch, const fg_outputs *out,
+                              fg_linear_plan_info *info)
+{
+    if (!ctx)
+        return FG_ERR_NULL_ARGUMENT;
+    fg_clear_error(ctx);
+    if (!info)
+        return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "info is NULL");
+    const fg_linear_options fused = {FG_IMPL_FUSED, 0};
+    const fg_linear_options *o = opts ? opts : &fused;
+    fg_status st = validate_linear(ctx, o, cfg, in, batch, out, 0);
+    if (st != FG_OK)
+        return st;
+    linear_plan p;
     const int saved = fg_threads_enter(ctx);
-    if (n_active > 0 && (st = plan_chunks(ctx, p, n_active, fixed, &total)) != FG_OK) {
+    const fg_status plan_st = plan_call(ctx, o, in, batch, out, 0, &p);
+    fg_linear_plan_info r;
+    memset(&r, 0, sizeof r);
+    st = plan_st;
+    if ((st == FG_OK || st == FG_ERR_BUDGET_TOO_SMALL) && p.fused && p.n_active > 0) {
+        size_t scratch1;
+        st = need_bytes(ctx, &p, 1, 1, &r.min_budget_bytes, &scratch1);
+    }
+    fg_threads_leave(saved);
+    if (st != FG_OK)
+        return st;
+    r.fixed_bytes = p.fixed_bytes;
+    if (plan_st == FG_OK) {
+        r.chunk_rows = p.Nc;
+        r.chunks = p.chunks;
+        r.chunk_bytes = p.n_active > 0 ? chunk_bytes(&p, p.Nc) : 0;
+        r.gemm_scratch_bytes = p.scratch_bytes;
+        r.working_bytes = plan_total(&p);
+    }
+    if (p.fused && p.n_active == 0)
+        r.min_budget_bytes = fg_ws_page_round(p.fixed_bytes);
+    *info = r;
+    return plan_st; /* FG_ERR_BUDGET_TOO_SMALL keeps its message; info is written */
+}
+
+fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
+                         const fg_loss_config *cfg, const fg_linear_inputs *in,
+                         const fg_batch *batch, fg_outputs *out)
+{
+    if (!ctx)
+        return FG_ERR_NULL_ARGUMENT;
+    fg_clear_error(ctx);
+    const fg_linear_options fused = {FG_IMPL_FUSED, 0};
+    const fg_linear_options *o = opts ? opts : &fused;
+    fg_status st = validate_linear(ctx, o, cfg, in, batch, out, 1);
+    if (st != FG_OK)
+        return st;
+
+    linear_call L;
+    memset(&L, 0, sizeof L);
+    linear_plan *p = &L.p;
+    const int saved = fg_threads_enter(ctx);
+    if ((st = plan_call(ctx, o, in, batch, out, 1, p)) != FG_OK) {
         fg_threads_leave(saved);
         return st;
     }
+    const size_t total = plan_total(p);
     if ((st = fg_ws_reserve(ctx, total)) != FG_OK) {
         fg_threads_leave(saved);
         return fg_fail(ctx, st, "cannot allocate %zu bytes of workspace", total);
     }
+    const int64_t n_active = p->n_active;
     /* All checks passed and all resources are in hand: outputs are written
      * from here on. */
     ctx->last_gemm_flops = 0;

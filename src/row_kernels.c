@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "cpu_dispatch.h"
 #include "fast_exp.h"
 #include "row_kernels.h"
 
@@ -90,7 +91,10 @@ static ALWAYS_INLINE fg_row_stats stats_impl(const void *x, int bf, int64_t n, f
     return r;
 }
 
-fg_row_stats fg_row_stats_compute(const void *x, fg_dtype dtype, int64_t n, float inv_temp)
+/* The cloned functions are static: GCC exports the ifunc of an extern clone
+ * whatever its visibility, and the library exports only its public API. */
+FG_CPU_CLONES
+static fg_row_stats row_stats_isa(const void *x, fg_dtype dtype, int64_t n, float inv_temp)
 {
     return dtype == FG_DTYPE_BF16 ? stats_impl(x, 1, n, inv_temp) : stats_impl(x, 0, n, inv_temp);
 }
@@ -137,9 +141,10 @@ static ALWAYS_INLINE void backward_impl(const void *x, int xbf, void *out, int o
     }
 }
 
-void fg_row_backward(const void *x, fg_dtype xtype, void *out, fg_dtype otype, int64_t n,
-                     float inv_temp, float zmax, float lsum, float entropy, float g, float e,
-                     int64_t tok)
+FG_CPU_CLONES
+static void row_backward_isa(const void *x, fg_dtype xtype, void *out, fg_dtype otype, int64_t n,
+                             float inv_temp, float zmax, float lsum, float entropy, float g,
+                             float e, int64_t tok)
 {
     const int xb = xtype == FG_DTYPE_BF16, ob = otype == FG_DTYPE_BF16;
     if (xb && ob)
@@ -152,8 +157,9 @@ void fg_row_backward(const void *x, fg_dtype xtype, void *out, fg_dtype otype, i
         backward_impl(x, 0, out, 0, n, inv_temp, zmax, lsum, entropy, g, e, tok);
 }
 
-void fg_col_sums_add(const void *d, fg_dtype dtype, int64_t rows, int64_t ld, int64_t c0,
-                     int64_t c1, float *acc)
+FG_CPU_CLONES
+static void col_sums_add_isa(const void *d, fg_dtype dtype, int64_t rows, int64_t ld, int64_t c0,
+                             int64_t c1, float *acc)
 {
     for (int64_t r = 0; r < rows; r++) {
         if (dtype == FG_DTYPE_BF16) {
@@ -166,4 +172,39 @@ void fg_col_sums_add(const void *d, fg_dtype dtype, int64_t rows, int64_t ld, in
                 acc[c] += row[c];
         }
     }
+}
+
+FG_CPU_CLONES
+static void bf16_to_f32_isa(float *dst, const uint16_t *src, int64_t n, int64_t stride)
+{
+    if (stride == 1) {
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = fg_bf16_load(src[i]);
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = fg_bf16_load(src[i * stride]);
+    }
+}
+
+fg_row_stats fg_row_stats_compute(const void *x, fg_dtype dtype, int64_t n, float inv_temp)
+{
+    return row_stats_isa(x, dtype, n, inv_temp);
+}
+
+void fg_row_backward(const void *x, fg_dtype xtype, void *out, fg_dtype otype, int64_t n,
+                     float inv_temp, float zmax, float lsum, float entropy, float g, float e,
+                     int64_t tok)
+{
+    row_backward_isa(x, xtype, out, otype, n, inv_temp, zmax, lsum, entropy, g, e, tok);
+}
+
+void fg_col_sums_add(const void *d, fg_dtype dtype, int64_t rows, int64_t ld, int64_t c0,
+                     int64_t c1, float *acc)
+{
+    col_sums_add_isa(d, dtype, rows, ld, c0, c1, acc);
+}
+
+void fg_bf16_to_f32_strided(float *dst, const uint16_t *src, int64_t n, int64_t stride)
+{
+    bf16_to_f32_isa(dst, src, n, stride);
 }

@@ -38,4 +38,8 @@ void fg_row_backward(const void *x, fg_dtype xtype, void *out, fg_dtype otype, i
 void fg_col_sums_add(const void *d, fg_dtype dtype, int64_t rows, int64_t ld, int64_t c0,
                      int64_t c1, float *acc);
 
+/* dst[i] = bf16 src[i * stride] widened to f32, i in [0, n): the weight tiles
+ * and gathered hidden rows of bf16 inputs on CPUs without native bf16 GEMMs. */
+void fg_bf16_to_f32_strided(float *dst, const uint16_t *src, int64_t n, int64_t stride);
+
 #endif

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <omp.h>
 
+#include "cpu_dispatch.h"
 #include "validate.h"
 
 static int finite_d(double x) { return isfinite(x); }
@@ -154,6 +155,7 @@ fg_status fg_validate_vector(fg_context *ctx, const char *name, const fg_vector 
 }
 
 /* Exponent-all-ones test on the raw bits: vectorizes, and catches NaN and Inf. */
+FG_CPU_CLONES
 static int64_t first_nonfinite(const void *p, fg_dtype dt, int64_t n)
 {
     int bad = 0;

@@ -138,6 +138,10 @@ static void compare(const char *tag, const fg_loss_config *cfg, const fg_batch *
 
 /* Runs fused, materialized and logits on hidden [N,H], weight [V,H], bias [V]
  * (doubles, rounded to f32 in place) and compares all with the oracle. */
+/* budget BUDGET_MIN: the planner's smallest budget for the call (one token
+ * row a chunk, the most chunks), whatever the CPU's GEMM scratch. */
+#define BUDGET_MIN ((size_t)1)
+
 static void run_case(const char *name, const fg_loss_config *cfg, tu_batch *tb, int64_t H,
                      int64_t V, double *hid, double *wt, double *bias, tol t, size_t budget)
 {
@@ -158,7 +162,15 @@ static void run_case(const char *name, const fg_loss_config *cfg, tu_batch *tb, 
         in.weight = fg_matrix_make(w32, FG_DTYPE_F32, V, H);
         in.bias = fg_vector_make(b32, FG_DTYPE_F32, V);
         const fg_linear_options lo = {impl ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0};
-        fg_context_set_memory_budget(ctx, impl ? 0 : budget);
+        size_t use = impl ? 0 : budget;
+        if (use == BUDGET_MIN) {
+            fg_linear_plan_info plan;
+            fg_context_set_memory_budget(ctx, 0);
+            CHECK(fg_linear_grpo_plan(ctx, &lo, cfg, &in, b, &w.o, &plan) == FG_OK, "%s: plan (%s)",
+                  name, fg_last_error(ctx));
+            use = plan.min_budget_bytes;
+        }
+        fg_context_set_memory_budget(ctx, use);
         snprintf(tag, sizeof tag, "%s [%s]", name, impl ? "materialized" : "fused");
         fg_status st = fg_linear_grpo(ctx, &lo, cfg, &in, b, &w.o);
         CHECK(st == FG_OK, "%s: %s (%s)", tag, fg_status_name(st), fg_last_error(ctx));
@@ -279,7 +291,7 @@ static void case_large_logits(void)
      * tolerances of 1e-3 (finding F3 in docs/ROBUSTNESS.md: keeping max and
      * log(sum) apart would bring the logits-path error back to ~1e-7). */
     const tol t = {1e-3, 1e-3, 1e-2, 1e-3};
-    run_case("logits ~1e4 (weight scale)", &cfg, &p.tb, p.H, p.V, p.hid, p.wt, p.bias, t, 8192);
+    run_case("logits ~1e4 (weight scale)", &cfg, &p.tb, p.H, p.V, p.hid, p.wt, p.bias, t, BUDGET_MIN);
     prob_free(&p);
 
     /* logits given directly, exactly representable, at +-1e4 */
@@ -327,7 +339,7 @@ static void case_temperature(double temp)
     snprintf(name, sizeof name, "temperature %g", temp);
     /* 1e-3: the scaled logits carry 1e3x the f32 rounding of the raw logits */
     const tol t = temp < 1 ? (tol){1e-4, 1e-5, 1e-3, 1e-3} : TOL_DEFAULT;
-    run_case(name, &cfg, &p.tb, p.H, p.V, p.hid, p.wt, p.bias, t, 8192);
+    run_case(name, &cfg, &p.tb, p.H, p.V, p.hid, p.wt, p.bias, t, BUDGET_MIN);
     prob_free(&p);
 }
 
@@ -344,7 +356,7 @@ static void case_zero_advantages(void)
         prob_make(&p, 3, 5, 10, 53, 1.0, 0.4, 0, 31, &cfg);
         for (int64_t b = 0; b < 3; b++) p.tb.advantages[b] = 0.0f;
         run_case(k ? "advantages 0 with KL and entropy" : "advantages 0", &cfg, &p.tb, p.H, p.V,
-                 p.hid, p.wt, p.bias, TOL_DEFAULT, 8192);
+                 p.hid, p.wt, p.bias, TOL_DEFAULT, BUDGET_MIN);
         if (k == 0) { /* the loss is exactly zero and so is every gradient */
             outs w;
             outs_alloc(&w, 15, 10, 53, 1);

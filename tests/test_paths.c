@@ -79,13 +79,6 @@ typedef struct shape {
 static const shape SHAPES[] = {{3, 7, 37, 1009}, {1, 1, 37, 503}, {4, 5, 61, 503}};
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 
-/* ------------------------------------------------------------ fused budgets */
-
-typedef struct budget_cache {
-    size_t b1, b4; /* smallest budget that works; smallest with chunk_rows >= 4 */
-} budget_cache;
-static budget_cache BUDGETS[NSHAPES][2][2]; /* shape, dtype, bias */
-
 static fg_context *ctx_mat, *ctx_fused;
 
 /* ---------------------------------------------------------------- outputs */
@@ -275,51 +268,27 @@ static fg_status fused_call(const fg_loss_config *cfg, const fg_linear_inputs *i
     return s;
 }
 
-/* Finds (once per shape/dtype/bias) the smallest budget that works and the
- * smallest giving chunk_rows >= 4, by bisection on probe calls. */
-static void find_budgets(budget_cache *bc, const fg_loss_config *cfg, const fg_linear_inputs *in,
-                         const fg_batch *batch, int64_t N, int64_t H, int64_t V, int bias) {
-    if (bc->b1) return;
-    fg_memory_stats st;
-    size_t lo = 256, hi = 4096;
-    for (;;) {
-        outbuf o;
-        outbuf_init(&o, N, H, V, bias, 0, 0, FG_DTYPE_F32, NULL, 0);
-        fg_status s = fused_call(cfg, in, batch, &o, hi, &st);
-        outbuf_free(&o);
-        if (s == FG_OK) break;
-        if (s != FG_ERR_BUDGET_TOO_SMALL || hi > ((size_t)1 << 32)) {
-            CHECK(0, "budget search: %s at %zu bytes (%s)", fg_status_name(s), hi,
-                  fg_last_error(ctx_fused));
-            bc->b1 = bc->b4 = (size_t)128 << 20;
-            return;
-        }
-        lo = hi;
-        hi *= 2;
+/* The budget for a fused call of these arguments from the library's planner
+ * (fg_linear_grpo_plan): its smallest budget (one row a chunk) when want_rows
+ * is 1, else the smallest budget (to 1/16) that gives chunks of >= want_rows
+ * rows. Asked per call: GEMM scratch differs by CPU, dtype and options. */
+static size_t planned_budget(const fg_loss_config *cfg, const fg_linear_inputs *in,
+                             const fg_batch *batch, const fg_outputs *out, int64_t want_rows) {
+    const fg_linear_options lo = {FG_IMPL_FUSED, 0};
+    fg_linear_plan_info info;
+    fg_context_set_memory_budget(ctx_fused, (size_t)1 << 40);
+    fg_status s = fg_linear_grpo_plan(ctx_fused, &lo, cfg, in, batch, out, &info);
+    CHECK(s == FG_OK && info.min_budget_bytes > 0, "plan: %s (%s)", fg_status_name(s),
+          fg_last_error(ctx_fused));
+    size_t b = info.min_budget_bytes;
+    for (int it = 0; it < 200 && want_rows > 1; it++) {
+        fg_context_set_memory_budget(ctx_fused, b);
+        s = fg_linear_grpo_plan(ctx_fused, &lo, cfg, in, batch, out, &info);
+        CHECK(s == FG_OK, "plan at %zu: %s (%s)", b, fg_status_name(s), fg_last_error(ctx_fused));
+        if (s != FG_OK || info.chunk_rows >= want_rows) break;
+        b += b / 16;
     }
-    while (hi - lo > 64) {
-        const size_t mid = lo + (hi - lo) / 2;
-        outbuf o;
-        outbuf_init(&o, N, H, V, bias, 0, 0, FG_DTYPE_F32, NULL, 0);
-        fg_status s = fused_call(cfg, in, batch, &o, mid, &st);
-        outbuf_free(&o);
-        if (s == FG_OK) hi = mid;
-        else lo = mid;
-    }
-    bc->b1 = hi;
-    /* chunk_rows >= 4 */
-    size_t b = hi;
-    for (int it = 0; it < 40 && N >= 8; it++) {
-        outbuf o;
-        outbuf_init(&o, N, H, V, bias, 0, 0, FG_DTYPE_F32, NULL, 0);
-        fg_status s = fused_call(cfg, in, batch, &o, b, &st);
-        outbuf_free(&o);
-        if (s == FG_OK && st.chunk_rows >= 4) break;
-        b += b / 8;
-    }
-    bc->b4 = b;
-    printf("fused budgets for N=%lld H=%lld V=%lld bias=%d: one row %zu bytes, 4 rows %zu bytes\n",
-           (long long)N, (long long)H, (long long)V, bias, bc->b1, bc->b4);
+    return b;
 }
 
 /* ---------------------------------------------------------------- one case */
@@ -434,11 +403,26 @@ static void run_case(int si, int lt, int lvl, int set, fg_dtype dt, int case_idx
     }
     /* fused, several chunks */
     {
-        budget_cache *bc = &BUDGETS[si][bf][op->bias];
-        find_budgets(bc, &cfg, &in, batch, N, H, V, op->bias);
-        const size_t budget = (case_idx & 1) ? bc->b4 : bc->b1;
         outbuf o;
         outbuf_init(&o, N, H, V, op->bias, op->pad, 0, FG_DTYPE_F32, NULL, 0);
+        const size_t budget = planned_budget(&cfg, &in, batch, &o.out, (case_idx & 1) ? 4 : 1);
+        fg_linear_plan_info plan;
+        const fg_linear_options flo = {FG_IMPL_FUSED, 0};
+        fg_context_set_memory_budget(ctx_fused, budget);
+        CHECK(fg_linear_grpo_plan(ctx_fused, &flo, &cfg, &in, batch, &o.out, &plan) == FG_OK,
+              "%s plan at %zu", tag, budget);
+        if (!(case_idx & 1) && budget > 4096) {
+            /* The planner's smallest budget is exact: a page less fails, with a
+             * message naming every term. */
+            outbuf o2;
+            outbuf_init(&o2, N, H, V, op->bias, op->pad, 0, FG_DTYPE_F32, NULL, 0);
+            fg_memory_stats st2;
+            fg_status s2 = fused_call(&cfg, &in, batch, &o2, budget - 4096, &st2);
+            CHECK(s2 == FG_ERR_BUDGET_TOO_SMALL && strstr(fg_last_error(ctx_fused), "GEMM scratch"),
+                  "%s budget %zu (a page under the planned minimum): %s (%s)", tag, budget - 4096,
+                  fg_status_name(s2), fg_last_error(ctx_fused));
+            outbuf_free(&o2);
+        }
         fg_memory_stats st;
         fg_status s = fused_call(&cfg, &in, batch, &o, budget, &st);
         snprintf(t2, sizeof t2, "%s fused budget %zu]", tag, budget);
@@ -453,6 +437,10 @@ static void run_case(int si, int lt, int lvl, int set, fg_dtype dt, int case_idx
             if (N >= 8) CHECK(st.chunk_rows < N, "%s budget %zu holds all %lld rows in one chunk",
                               t2, budget, (long long)N);
             CHECK(st.peak_bytes <= budget, "%s peak %zu > budget %zu", t2, st.peak_bytes, budget);
+            /* The planner told the truth: the counted peak and chunking are its own. */
+            CHECK(st.peak_bytes == plan.working_bytes && st.chunk_rows == plan.chunk_rows,
+                  "%s peak %zu / rows %lld, planned %zu / %lld", t2, st.peak_bytes,
+                  (long long)st.chunk_rows, plan.working_bytes, (long long)plan.chunk_rows);
         }
         outbuf_free(&o);
     }

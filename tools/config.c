@@ -51,7 +51,8 @@ static const key_def KEYS[] = {
     {"round_logits", K_BOOL, OFF(round_logits), "false", 0, 0, NULL, AUTO_NONE,
      "baseline only: store logits in the input dtype (bf16) before the softmax"},
     {"memory_budget", K_BYTES, OFF(memory_budget), "0", 0, BIG, NULL, AUTO_NONE,
-     "fused working-memory cap in bytes (suffixes KiB/MiB/GiB); 0: library default"},
+     "fused working-memory cap in bytes (suffixes KiB/MiB/GiB); 0: library default; "
+     "min: the planner's smallest (one token row a chunk)"},
     {"threads", K_INT, OFF(threads), "0", 0, 4096, NULL, AUTO_NONE, "threads; 0: OpenMP default"},
     {"check_finite", K_BOOL, OFF(check_finite), "true", 0, 0, NULL, AUTO_NONE,
      "library scans inputs for NaN/Inf"},
@@ -258,6 +259,10 @@ int ft_config_set(ft_config *cfg, const char *key, const char *value, const char
         return -1;
     case K_BYTES: {
         uint64_t v;
+        if (strcmp(value, "min") == 0) {
+            *(uint64_t *)field = FT_BUDGET_MIN;
+            return 0;
+        }
         if (ft_parse_bytes(value, &v) != 0) {
             set_err(err, errlen, origin, line,
                     "key '%s': expected a byte count such as 4096 or 128MiB, got '%s'", key, value);
@@ -350,7 +355,10 @@ int ft_config_format(const ft_config *cfg, const char *key, char *buf, size_t n)
         snprintf(buf, n, "%s", enum_name(k->names, *(const int *)field));
         return 0;
     case K_BYTES:
-        ft_format_bytes(*(const uint64_t *)field, buf, n);
+        if (*(const uint64_t *)field == FT_BUDGET_MIN)
+            snprintf(buf, n, "min");
+        else
+            ft_format_bytes(*(const uint64_t *)field, buf, n);
         return 0;
     case K_U64:
         snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)field);

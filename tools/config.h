@@ -23,6 +23,9 @@ enum { FT_DTYPE_F32 = 0, FT_DTYPE_BF16 = 1 };
 enum { FT_IMPL_BASELINE = 0, FT_IMPL_LOGITS = 1, FT_IMPL_FUSED = 2, FT_IMPL_COUNT = 3 };
 enum { FT_REF_AUTO = 0, FT_REF_ORACLE = 1, FT_REF_BASELINE = 2 };
 enum { FT_ISR_NONE = 0, FT_ISR_TOKEN = 1, FT_ISR_SEQUENCE = 2 };
+/* memory_budget "min": the smallest budget the library's planner
+ * (fg_linear_grpo_plan) gives for the run, one token row a chunk. */
+#define FT_BUDGET_MIN UINT64_MAX
 
 typedef struct ft_config {
     /* problem shape and storage */
@@ -30,7 +33,7 @@ typedef struct ft_config {
     int dtype;
     int impl;
     int round_logits;
-    uint64_t memory_budget; /* 0: the library default */
+    uint64_t memory_budget; /* 0: the library default; FT_BUDGET_MIN: the planner's smallest */
     int64_t threads;        /* 0: the OpenMP default */
     int check_finite;
 

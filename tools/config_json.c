@@ -14,11 +14,10 @@ void ft_config_json(ft_json *j, const char *key, const ft_config *cfg)
         double d;
         int b;
         ft_config_format(cfg, k, val, sizeof val);
-        if (strcmp(k, "memory_budget") == 0) {
-            uint64_t bytes = 0;
-            ft_parse_bytes(val, &bytes);
+        uint64_t bytes = 0;
+        if (strcmp(k, "memory_budget") == 0 && ft_parse_bytes(val, &bytes) == 0)
             ft_json_num(j, k, (double)bytes);
-        } else if (ft_config_key_is_numeric(k) && ft_parse_double(val, &d) == 0)
+        else if (ft_config_key_is_numeric(k) && ft_parse_double(val, &d) == 0)
             ft_json_num(j, k, d);
         else if ((strcmp(val, "true") == 0 || strcmp(val, "false") == 0) && ft_parse_bool(val, &b) == 0)
             ft_json_bool(j, k, b);

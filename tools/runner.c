@@ -66,6 +66,23 @@ void ft_batch_from(const ft_problem *p, fg_batch *out)
     out->is_ratio_per_sequence = p->s.is_ratio == FT_ISR_SEQUENCE;
 }
 
+static fg_outputs outputs(const ft_runner *r);
+static int lib_error(ft_runner *r, const char *what, fg_status st);
+
+/* memory_budget: min. The planner's smallest budget for this very call. */
+static int use_min_budget(ft_runner *r)
+{
+    fg_outputs o = outputs(r);
+    fg_linear_plan_info plan;
+    fg_status st = fg_linear_grpo_plan(r->ctx, &r->lopts, &r->loss, &r->lin, &r->batch, &o, &plan);
+    if (st != FG_OK)
+        return lib_error(r, "fg_linear_grpo_plan", st);
+    if (plan.min_budget_bytes > 0 &&
+        (st = fg_context_set_memory_budget(r->ctx, plan.min_budget_bytes)) != FG_OK)
+        return lib_error(r, "fg_context_set_memory_budget", st);
+    return 0;
+}
+
 static fg_dtype lib_dtype(int dtype) { return dtype == FT_DTYPE_BF16 ? FG_DTYPE_BF16 : FG_DTYPE_F32; }
 
 int ft_runner_init(ft_runner *r, const ft_config *cfg, const ft_problem *p, int impl, int full_step)
@@ -116,6 +133,8 @@ int ft_runner_init(ft_runner *r, const ft_config *cfg, const ft_problem *p, int 
         snprintf(r->err, sizeof r->err, "out of memory allocating the output buffers");
         return -1;
     }
+    if (cfg->memory_budget == FT_BUDGET_MIN && impl != FT_IMPL_LOGITS)
+        return use_min_budget(r);
     return 0;
 }
 
