@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The Python front ends: install the package (`pip install .`, which builds the C
-# library through CMake / scikit-build-core) with its test deps, then run
-# tests/python with pytest. Optional deps (jax, torch, liger-kernel) are tried
-# one by one with a time limit; a missing one only makes its tests skip.
+# The Python front ends: install the test deps and the optional deps, then the
+# package (`pip install --no-build-isolation .`, which builds the C library, and
+# the JAX FFI handler when jax is installed, through CMake / scikit-build-core),
+# then run tests/python with pytest. Optional deps (jax, torch, liger-kernel) are
+# tried one by one with a time limit; a missing one only makes its tests skip.
+# They come first so that the package build sees jax: with jax importable the
+# build must produce the FFI handler (FG_JAX_FFI=ON), or this script fails.
 #   FG_PY_OPTIONAL=skip   install no optional dep (use whatever is present)
 #   FG_PY_OPTIONAL_TIMEOUT=900   seconds allowed per optional install
 #   PYTHON=python3.11     the interpreter to use
@@ -20,8 +23,8 @@ fi
 export PIP_ROOT_USER_ACTION=ignore
 pipq() { "$py" -m pip install -q --disable-pip-version-check "$@"; }
 
-echo "python_test: pip install . pytest numpy"
-pipq . pytest numpy
+echo "python_test: pip install pytest numpy scikit-build-core"
+pipq pytest numpy "scikit-build-core>=0.10"
 
 if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ]; then
   limit="${FG_PY_OPTIONAL_TIMEOUT:-900}"
@@ -39,6 +42,15 @@ if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ]; then
     fi
   done
 fi
+
+# --no-build-isolation: the build runs in this environment, so it sees jax
+# (python/jax_ffi.cmake asks jax.ffi.include_dir()).
+jax_ffi=AUTO
+if "$py" -c "import jax.ffi" >/dev/null 2>&1; then
+  jax_ffi=ON
+fi
+echo "python_test: pip install --no-build-isolation . (JAX FFI handler: FG_JAX_FFI=$jax_ffi)"
+pipq --no-build-isolation -C cmake.define.FG_JAX_FFI="$jax_ffi" .
 
 # Run from the repo root: `fusedgrpo` resolves to the installed package (the
 # source lives under python/, which is not on sys.path).

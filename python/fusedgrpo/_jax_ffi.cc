@@ -1,9 +1,11 @@
 // XLA FFI handler (CPU) for fusedgrpo: a thin C++ shim over the C library.
 //
-// Built by fusedgrpo/jax.py at first use with the system C++ compiler against
-// the headers of jax.ffi.include_dir() and include/fusedgrpo.h, linked to the
-// package's libfusedgrpo.so.0. Registered as the custom-call target
-// "fusedgrpo_linear_grpo" (api_version 4 / typed FFI).
+// Built with the Python package (python/jax_ffi.cmake, when jax is present at
+// build time) against the headers of jax.ffi.include_dir() and
+// include/fusedgrpo.h into fusedgrpo/libfusedgrpo_jax_ffi.so, linked to the
+// package's libfusedgrpo.so.0 ($ORIGIN rpath). fusedgrpo/jax.py loads it and
+// registers it as the custom-call target "fusedgrpo_linear_grpo" (api_version 4
+// / typed FFI).
 //
 // Operands (optional ones are zero-sized when absent):
 //   hidden [B,T,H] f32|bf16, weight [V,H] (same dtype), bias [V] | [0],

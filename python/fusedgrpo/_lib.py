@@ -137,7 +137,7 @@ def include_dir() -> str:
 
 
 def _load():
-    # RTLD_GLOBAL: extensions built later (the JAX FFI handler) resolve fg_* here.
+    # RTLD_GLOBAL: extensions loaded later (the JAX FFI handler) resolve fg_* here.
     lib = ctypes.CDLL(library_path(), mode=ctypes.RTLD_GLOBAL)
     P = POINTER
     sig = {

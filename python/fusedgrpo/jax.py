@@ -1,14 +1,16 @@
 """JAX front end: the fused loss as an XLA FFI custom call on the CPU.
 
 The handler (``_jax_ffi.cc``, C++ over the C library, written against
-``jax.ffi.include_dir()``'s ``xla/ffi/api/ffi.h``) is compiled at first use
-with the system C++ compiler (``$CXX`` or ``c++``) into a cache directory
-(``$FUSEDGRPO_CACHE_DIR`` or ``~/.cache/fusedgrpo``), keyed by the source, the
-jaxlib version and the library path, then registered with
-``jax.ffi.register_ffi_target``. If that build fails (no compiler), the module
-falls back to ``jax.pure_callback`` over the NumPy front end and warns once;
-``FUSEDGRPO_JAX_BACKEND=callback`` forces the fallback, ``=ffi`` forbids it.
-``backend()`` says which one is in use.
+``jax.ffi.include_dir()``'s ``xla/ffi/api/ffi.h``) is built with the package
+(scikit-build-core / CMake, ``python/jax_ffi.cmake``) when jax is present at
+build time, and installed as ``fusedgrpo/libfusedgrpo_jax_ffi.so`` next to
+``libfusedgrpo.so.0``. Importing this module loads it and registers it with
+``jax.ffi.register_ffi_target``; if the package was built without it, the
+import fails with an ImportError that says how to reinstall (jax installed
+first, then ``pip install --no-build-isolation .``; see python/README.md).
+``FUSEDGRPO_JAX_BACKEND=callback`` (read at import) asks instead for the
+``jax.pure_callback`` over the NumPy front end (no handler needed, no vocab
+sharding); ``=ffi`` is the default. ``backend()`` says which one is in use.
 
 ``fused_linear_grpo_loss`` is a ``jax.custom_vjp``: the forward of a
 differentiated call computes the loss and all gradients in one C call (like
@@ -22,13 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import subprocess
-import sys
-import tempfile
-import threading
-import warnings
 
 import numpy as np
 import jax
@@ -39,87 +35,72 @@ from . import _lib
 from ._lib import METRIC_NAMES, FusedGRPOError
 
 __all__ = ["fused_linear_grpo_loss", "fused_linear_grpo_loss_sharded", "backend",
-           "call_totals", "METRIC_NAMES", "FusedGRPOError"]
+           "call_totals", "handler_path", "METRIC_NAMES", "FusedGRPOError"]
 
 _TARGET = "fusedgrpo_linear_grpo"
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_state = {"backend": None, "error": None, "so": None}
-_state_lock = threading.Lock()
+_HANDLER = "libfusedgrpo_jax_ffi.so"
+_BACKENDS = ("ffi", "callback")
+_state = {"backend": None, "so": None, "lib": None}
 
 
-def _cache_dir() -> str:
-    d = os.environ.get("FUSEDGRPO_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fusedgrpo")
-    os.makedirs(d, exist_ok=True)
-    return d
+def handler_path() -> str:
+    """The path of the FFI handler library this module loads (it may not exist:
+    a package built without jax has none)."""
+    return os.environ.get("FUSEDGRPO_JAX_FFI_LIBRARY") or os.path.join(_HERE, _HANDLER)
 
 
-def _build_handler() -> str:
-    import jaxlib
-    src = os.path.join(_HERE, "_jax_ffi.cc")
-    libpath = _lib.library_path()
-    inc = _lib.include_dir()
-    cxx = os.environ.get("CXX", "c++")
-    with open(src, "rb") as f:
-        text = f.read()
-    with open(os.path.join(inc, "fusedgrpo.h"), "rb") as f:
-        text += f.read()
-    key = hashlib.sha256(text + repr((jaxlib.__version__, libpath, cxx,
-                                      sys.version_info[:2])).encode()).hexdigest()[:16]
-    out = os.path.join(_cache_dir(), f"fusedgrpo_jax_ffi-{key}.so")
-    if os.path.isfile(out):
-        return out
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
-    os.close(fd)
-    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w",
-           "-isystem", jax.ffi.include_dir(), "-I", inc, src, "-o", tmp, libpath,
-           "-Wl,-rpath," + os.path.dirname(libpath)]
+def _load_handler():
+    so = handler_path()
+    if not os.path.isfile(so):
+        why = ("FUSEDGRPO_JAX_FFI_LIBRARY names a missing file"
+               if os.environ.get("FUSEDGRPO_JAX_FFI_LIBRARY") else
+               "this fusedgrpo package was built without jax")
+        raise ImportError(
+            f"fusedgrpo.jax: the JAX FFI handler is not installed ({so} is missing): {why}. "
+            "Install jax first, then reinstall fusedgrpo so that its build sees jax, e.g. "
+            "`pip install scikit-build-core && pip install --no-build-isolation .` from the "
+            "fusedgrpo source tree (see python/README.md). Or set "
+            "FUSEDGRPO_JAX_BACKEND=callback before importing fusedgrpo.jax to use the slower "
+            "jax.pure_callback backend instead.")
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError("building the JAX FFI handler failed:\n" + " ".join(cmd) + "\n"
-                               + r.stderr[-4000:])
-        os.replace(tmp, out)  # atomic: concurrent builders are fine
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+        lib = ctypes.CDLL(so)  # resolves fg_* in the libfusedgrpo that _lib loaded globally
+        lib.FgJaxCallTotals.argtypes = [ctypes.POINTER(ctypes.c_double)]
+        lib.FgJaxCallTotals.restype = None
+        jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.FgLinearGrpo),
+                                    platform="cpu")
+    except Exception as e:  # noqa: BLE001 - re-raised with the path and the remedy
+        raise ImportError(f"fusedgrpo.jax: cannot load the JAX FFI handler {so}: {e}; "
+                          "reinstall fusedgrpo with jax present (python/README.md), or set "
+                          "FUSEDGRPO_JAX_BACKEND=callback") from e
+    _state["so"], _state["lib"] = so, lib
+
+
+def _init_backend():
+    want = os.environ.get("FUSEDGRPO_JAX_BACKEND") or "ffi"
+    if want not in _BACKENDS:
+        raise ImportError(f"fusedgrpo.jax: FUSEDGRPO_JAX_BACKEND={want!r}; one of {_BACKENDS}")
+    if want == "ffi":
+        _load_handler()
+    _state["backend"] = want
+
+
+_init_backend()
 
 
 def backend() -> str:
-    """"ffi" (the compiled XLA custom call) or "callback" (jax.pure_callback)."""
-    with _state_lock:
-        if _state["backend"] is None:
-            want = os.environ.get("FUSEDGRPO_JAX_BACKEND", "auto")
-            if want == "callback":
-                _state["backend"] = "callback"
-            else:
-                try:
-                    so = _build_handler()
-                    lib = ctypes.CDLL(so)
-                    lib.FgJaxCallTotals.argtypes = [ctypes.POINTER(ctypes.c_double)]
-                    lib.FgJaxCallTotals.restype = None
-                    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.FgLinearGrpo),
-                                                platform="cpu")
-                    _state["so"], _state["lib"] = so, lib
-                    _state["backend"] = "ffi"
-                except Exception as e:  # no compiler, headers, ...
-                    if want == "ffi":
-                        raise
-                    _state["error"] = e
-                    _state["backend"] = "callback"
-                    warnings.warn(f"fusedgrpo.jax: using jax.pure_callback, the FFI handler is "
-                                  f"unavailable: {e}", RuntimeWarning, stacklevel=3)
-        return _state["backend"]
+    """"ffi" (the XLA custom call built with the package, the default) or
+    "callback" (jax.pure_callback, when FUSEDGRPO_JAX_BACKEND=callback)."""
+    return _state["backend"]
 
 
 def call_totals() -> dict:
     """Time spent inside the C library by the FFI handler since the process
     started: {"calls", "call_seconds", "gemm_seconds"} (zeros under the
-    pure_callback fallback, whose calls fusedgrpo.memory_stats() reports).
+    pure_callback backend, whose calls fusedgrpo.memory_stats() reports).
     A step's wall time minus its call_seconds is the front end's overhead."""
     out = (ctypes.c_double * 3)()
-    if backend() == "ffi":
+    if _state["lib"] is not None:
         _state["lib"].FgJaxCallTotals(out)
     return {"calls": int(out[0]), "call_seconds": out[1], "gemm_seconds": out[2]}
 
@@ -210,7 +191,7 @@ def _prim(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalar
                     vocab_shards=np.int64(vs), vocab_total=np.int64(vt))
     if cfg[14] > 1:
         raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler "
-                                  "(the pure_callback fallback cannot do it)")
+                                  "(the pure_callback backend cannot do it)")
     return jax.pure_callback(functools.partial(_callback_impl, cfg, need), types, *args,
                              vmap_method="sequential")
 

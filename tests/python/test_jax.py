@@ -1,5 +1,10 @@
 """The JAX front end (XLA FFI custom call) against a pure-JAX baseline with
 materialized logits (jax.nn.log_softmax), single device and under shard_map."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -95,7 +100,33 @@ def _close(a, b, name, rtol=1e-3, atol_frac=2e-4):
 
 
 def test_backend_is_the_ffi_handler():
-    assert fgj.backend() == "ffi", fgj._state.get("error")
+    assert fgj.backend() == "ffi"
+    # built with the package, next to the library it links ($ORIGIN)
+    assert os.path.dirname(fgj.handler_path()) == os.path.dirname(fusedgrpo.library_path())
+
+
+def test_without_the_handler_import_fails_clearly_unless_callback_asked():
+    """A package built without jax has no handler: `import fusedgrpo.jax` says how
+    to reinstall; FUSEDGRPO_JAX_BACKEND=callback still imports (pure_callback)."""
+    code = textwrap.dedent("""
+        import os
+        os.environ["FUSEDGRPO_JAX_FFI_LIBRARY"] = "/nonexistent/libfusedgrpo_jax_ffi.so"
+        try:
+            import fusedgrpo.jax
+        except ImportError as e:
+            msg = str(e)
+        else:
+            raise SystemExit("imported without a handler")
+        assert "--no-build-isolation" in msg and "FUSEDGRPO_JAX_BACKEND=callback" in msg, msg
+        os.environ["FUSEDGRPO_JAX_BACKEND"] = "callback"
+        import fusedgrpo.jax as fgj
+        assert fgj.backend() == "callback"
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSEDGRPO_JAX")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
 def test_call_totals_count_the_handler_calls():
