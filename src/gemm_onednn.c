@@ -56,7 +56,10 @@ static void slot_free(gemm_slot *slot)
     memset(slot, 0, sizeof *slot);
 }
 
-/* Builds the primitive for s; returns nonzero when oneDNN cannot. */
+enum { CREATE_OK = 0, CREATE_UNIMPLEMENTED, CREATE_FAILED };
+
+/* Builds the primitive for s: CREATE_OK, CREATE_UNIMPLEMENTED when oneDNN has
+ * no kernel for it on this CPU, CREATE_FAILED on any other failure (memory). */
 static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gemm_slot *slot)
 {
     dnnl_dims_t a_dims = {s->M, s->K}, a_str = {s->a_rs, s->a_cs};
@@ -67,7 +70,7 @@ static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gem
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_matmul_desc_t md;
-    int bad = 1;
+    int bad = CREATE_FAILED;
     if (dnnl_memory_desc_init_by_strides(&slot->a_md, 2, a_dims, dt(s->a_type), a_str) ||
         dnnl_memory_desc_init_by_strides(&slot->b_md, 2, b_dims, dt(s->b_type), b_str) ||
         dnnl_memory_desc_init_by_strides(&slot->c_md, 2, c_dims, dt(s->c_type), c_str) ||
@@ -82,8 +85,14 @@ static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gem
     if (s->accumulate && (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
                           dnnl_primitive_attr_set_post_ops(attr, po)))
         goto done;
-    if (fg_fault_hit() || dnnl_primitive_desc_create(&pd, &md, attr, c->engine, NULL))
+    if (fg_fault_hit())
         goto done;
+    const dnnl_status_t pd_st = dnnl_primitive_desc_create(&pd, &md, attr, c->engine, NULL);
+    if (pd_st != dnnl_success) {
+        pd = NULL;
+        bad = pd_st == dnnl_unimplemented ? CREATE_UNIMPLEMENTED : CREATE_FAILED;
+        goto done;
+    }
     const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     slot->scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
     if (sp)
@@ -98,7 +107,7 @@ static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gem
                        dnnl_memory_create(&slot->mem[i], mds[i], c->engine, DNNL_MEMORY_NONE)))
             goto done;
     slot->shape = *s;
-    bad = 0;
+    bad = CREATE_OK;
 done:
     if (pd)
         dnnl_primitive_desc_destroy(pd);
@@ -131,8 +140,15 @@ fg_status fg_gemm_cache_create(fg_context *ctx)
                            16, 1, 16, 1, 16, 0, 0, 0};
     gemm_slot tmp;
     memset(&tmp, 0, sizeof tmp);
-    c->native_bf16 = create_primitive(c, &probe, &tmp) == 0;
+    const int probed = create_primitive(c, &probe, &tmp);
     slot_free(&tmp);
+    if (probed == CREATE_FAILED) { /* not an answer: a CPU's path never hangs on an OOM */
+        dnnl_stream_destroy(c->stream);
+        dnnl_engine_destroy(c->engine);
+        free(c);
+        return FG_ERR_OUT_OF_MEMORY;
+    }
+    c->native_bf16 = probed == CREATE_OK;
     ctx->gemm = c;
     return FG_OK;
 }

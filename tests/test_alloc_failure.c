@@ -23,8 +23,11 @@
  *   - the same context is still usable: the call repeated with no fault
  *     succeeds with results bitwise equal to the clean run and the same
  *     library-counted memory (nothing tracked leaked);
- *   - only the bf16 capability probe in fg_context_create may absorb a fault
- *     (it then takes the portable path; results stay equal).
+ *   - no fault is absorbed: the bf16 capability probe in fg_context_create
+ *     tells "no bf16 kernel on this CPU" (portable path) from a failure
+ *     (create fails), so an OOM never silently changes the compute path.
+ * Small budgets come from the planner (fg_linear_grpo_plan), not constants:
+ * GEMM scratch differs by CPU.
  * Leaks of untracked memory are found by LeakSanitizer / valgrind, which
  * scripts/robustness.sh runs this test under.
  */
@@ -56,15 +59,15 @@ typedef struct scenario {
     int path;
     fg_dtype dt;
     fg_is_level level;
-    size_t budget; /* 0: default */
+    size_t budget; /* 0: default; 1: the planner's smallest (budget_of) */
     int round_logits, in_place;
 } scenario;
 
 static const scenario SCEN[] = {
-    {"fused f32 token, 3+ chunks", P_FUSED, FG_DTYPE_F32, FG_LEVEL_TOKEN, 12 * 1024, 0, 0},
+    {"fused f32 token, 3+ chunks", P_FUSED, FG_DTYPE_F32, FG_LEVEL_TOKEN, 1, 0, 0},
     {"materialized f32 sequence", P_MAT, FG_DTYPE_F32, FG_LEVEL_SEQUENCE, 0, 0, 0},
     {"logits f32 token", P_LOGITS, FG_DTYPE_F32, FG_LEVEL_TOKEN, 0, 0, 0},
-    {"fused bf16 sequence, tiles, 3+ chunks", P_FUSED, FG_DTYPE_BF16, FG_LEVEL_SEQUENCE, 12 * 1024, 0, 0},
+    {"fused bf16 sequence, 3+ chunks", P_FUSED, FG_DTYPE_BF16, FG_LEVEL_SEQUENCE, 1, 0, 0},
     {"materialized bf16 round_logits", P_MAT, FG_DTYPE_BF16, FG_LEVEL_TOKEN, 0, 1, 0},
     {"logits bf16 sequence in place", P_LOGITS, FG_DTYPE_BF16, FG_LEVEL_SEQUENCE, 0, 0, 1},
 };
@@ -119,7 +122,8 @@ static int same(const res *a, const res *b)
     return memcmp(a, b, offsetof(res, mem_after)) == 0 && a->mem_after == b->mem_after;
 }
 
-static fg_status call(fg_context *ctx, const scenario *s, res *r)
+/* plan: instead of the call, the planner's answer for it (fg_linear_grpo_plan). */
+static fg_status call_or_plan(fg_context *ctx, const scenario *s, res *r, fg_linear_plan_info *plan)
 {
     fg_loss_config cfg;
     fg_loss_config_init(&cfg);
@@ -153,6 +157,8 @@ static fg_status call(fg_context *ctx, const scenario *s, res *r)
         out.grad_bias = fg_vector_make(r->gb, FG_DTYPE_F32, V);
         const fg_linear_options lo = {s->path == P_FUSED ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED,
                                       s->round_logits};
+        if (plan)
+            return fg_linear_grpo_plan(ctx, &lo, &cfg, &in, batch, &out, plan);
         st = fg_linear_grpo(ctx, &lo, &cfg, &in, batch, &out);
     }
     r->loss = out.loss;
@@ -163,18 +169,45 @@ static fg_status call(fg_context *ctx, const scenario *s, res *r)
     return st;
 }
 
+static fg_status call(fg_context *ctx, const scenario *s, res *r)
+{
+    return call_or_plan(ctx, s, r, NULL);
+}
+
+/* The scenario's budget: BUDGET_MIN is the planner's smallest for this CPU
+ * (one token row a chunk: 21 chunks), found before any fault is armed. */
+#define BUDGET_MIN ((size_t)1)
+static size_t budget_of(const scenario *s)
+{
+    static size_t planned[16];
+    const size_t i = (size_t)(s - SCEN);
+    if (s->budget != BUDGET_MIN)
+        return s->budget;
+    if (!planned[i]) {
+        fg_context *ctx = NULL;
+        fg_linear_plan_info plan;
+        CHECK(fg_context_create(NULL, &ctx) == FG_OK, "%s: plan context", s->name);
+        CHECK(call_or_plan(ctx, s, &cur, &plan) == FG_OK, "%s: plan (%s)", s->name,
+              fg_last_error(ctx));
+        planned[i] = plan.min_budget_bytes;
+        fg_context_destroy(ctx);
+    }
+    return planned[i];
+}
+
 static fg_status create(const scenario *s, fg_context **ctx)
 {
     fg_context_options o;
     fg_context_options_init(&o);
     o.threads = 2;
-    o.memory_budget = s->budget;
+    o.memory_budget = budget_of(s);
     return fg_context_create(&o, ctx);
 }
 
 static void run_scenario(const scenario *s)
 {
     /* Clean run: the reference, and the number of fault points. */
+    budget_of(s);
     fg_fault_arm(-1);
     fg_context *ctx = NULL;
     fill(&ref);
@@ -210,10 +243,9 @@ static void run_scenario(const scenario *s)
         CHECK(reached > k, "%s k=%ld: the armed point was not reached (%ld points)", s->name, k,
               reached);
         if (st == FG_OK) {
-            /* Only the bf16 capability probe (in create) may absorb a fault. */
             n_absorbed++;
-            CHECK(k < p_create, "%s k=%ld: a fault inside the call was ignored", s->name, k);
-            CHECK(same(&cur, &ref), "%s k=%ld: absorbed fault changed the results", s->name, k);
+            CHECK(0, "%s k=%ld: a fault was ignored (%s)", s->name, k,
+                  k < p_create ? "in create" : "in the call");
         } else {
             n_call++;
             n_oom += st == FG_ERR_OUT_OF_MEMORY;
@@ -236,10 +268,8 @@ static void run_scenario(const scenario *s)
         fg_context_destroy(ctx);
     }
     fg_fault_arm(-1);
-    CHECK(n_absorbed <= 2, "%s: %ld faults absorbed (only the 2 probe points may be)", s->name,
-          n_absorbed);
     printf("%-40s %3ld fault points: %3ld in create, %3ld in the call (%ld OOM, %ld backend), "
-           "%ld absorbed by the bf16 probe\n",
+           "%ld absorbed\n",
            s->name, points, n_create, n_call, n_oom, n_backend, n_absorbed);
 }
 
