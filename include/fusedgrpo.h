@@ -17,8 +17,10 @@
  *   - Every call validates all of its arguments first and writes nothing to any
  *     output unless the checks pass. It returns an fg_status; on failure
  *     fg_last_error(ctx) holds a readable message. Nothing here exits or aborts.
- *   - A context is used by one thread at a time. Same inputs, same context
- *     options (thread count included) => bitwise identical results.
+ *   - A context is used by one thread at a time. Same inputs and same
+ *     budget => bitwise identical results, for any thread count (the GEMMs
+ *     run in fixed blocks, one thread each; on one CPU kind: oneDNN's
+ *     kernels, and so the bits, differ between AVX2 and AVX-512 CPUs).
  */
 #ifndef FUSEDGRPO_H
 #define FUSEDGRPO_H

@@ -68,20 +68,17 @@ fg_status fg_time_bare_gemms(fg_context *ctx, fg_dtype dtype, int64_t n_tokens, 
      * token-side operands in the compute dtype (see gemm_onednn.h). */
     const fg_dtype ct = (dtype == FG_DTYPE_BF16 && fg_gemm_native_bf16(ctx)) ? FG_DTYPE_BF16 : FG_DTYPE_F32;
     const size_t cs = fg_dtype_size(ct);
-    fg_gemm_shape g1 = {m, vocab, hidden, ct, dtype, FG_DTYPE_F32, hidden, 1, 1, hidden, vocab, 0, 0, (size_t)32 << 20};
-    fg_gemm_shape g2 = {m, hidden, vocab, ct, dtype, FG_DTYPE_F32, vocab, 1, hidden, 1, hidden, 0, 0, (size_t)32 << 20};
-    fg_gemm_shape g3 = {vocab, hidden, m, ct, ct, FG_DTYPE_F32, 1, vocab, hidden, 1, hidden, 1, 0, (size_t)32 << 20};
+    fg_gemm_shape g1 = {m, vocab, hidden, ct, dtype, FG_DTYPE_F32, hidden, 1, 1, hidden, vocab, 0, 0, (size_t)32 << 20, FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N};
+    fg_gemm_shape g2 = {m, hidden, vocab, ct, dtype, FG_DTYPE_F32, vocab, 1, hidden, 1, hidden, 0, 0, (size_t)32 << 20, FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N};
+    fg_gemm_shape g3 = {vocab, hidden, m, ct, ct, FG_DTYPE_F32, 1, vocab, hidden, 1, hidden, 1, 0, (size_t)32 << 20, FG_BLOCK_DWEIGHT_M, 0};
     const int saved = fg_threads_enter(ctx);
-    size_t sp = 0, s;
+    fg_gemm_scratch need = {0, 0};
     fg_status st = FG_OK;
-    if ((st = fg_gemm_prepare(ctx, &g1, &s)) == FG_OK) {
-        sp = s > sp ? s : sp;
-        if ((st = fg_gemm_prepare(ctx, &g2, &s)) == FG_OK) {
-            sp = s > sp ? s : sp;
-            if ((st = fg_gemm_prepare(ctx, &g3, &s)) == FG_OK)
-                sp = s > sp ? s : sp;
-        }
-    }
+    if ((st = fg_gemm_prepare(ctx, &g1, &need)) == FG_OK &&
+        (st = fg_gemm_prepare(ctx, &g2, &need)) == FG_OK)
+        st = fg_gemm_prepare(ctx, &g3, &need);
+    const int workers = fg_threads(ctx);
+    const size_t sp = fg_gemm_scratch_bytes(&need, workers);
     void *h = malloc((size_t)m * hidden * cs), *w = malloc((size_t)vocab * hidden * es);
     float *logits = malloc((size_t)m * vocab * 4), *gh = malloc((size_t)m * hidden * 4);
     void *dl = malloc((size_t)m * vocab * cs);
@@ -101,15 +98,15 @@ fg_status fg_time_bare_gemms(fg_context *ctx, fg_dtype dtype, int64_t n_tokens, 
         memset(gh, 0, (size_t)m * hidden * 4);
         if (scratch)
             memset(scratch, 0, sp);
-        if ((st = fg_gemm_run(ctx, &g1, h, w, logits, NULL, scratch)) == FG_OK &&
-            (st = fg_gemm_run(ctx, &g2, dl, w, gh, NULL, scratch)) == FG_OK)
-            st = fg_gemm_run(ctx, &g3, dl, h, gw, NULL, scratch);
+        if ((st = fg_gemm_run(ctx, &g1, h, w, logits, NULL, scratch, workers)) == FG_OK &&
+            (st = fg_gemm_run(ctx, &g2, dl, w, gh, NULL, scratch, workers)) == FG_OK)
+            st = fg_gemm_run(ctx, &g3, dl, h, gw, NULL, scratch, workers);
         for (int r = 0; r < reps && st == FG_OK; r++) {
             double t0 = now_s();
             for (int64_t b = 0; b < blocks && st == FG_OK; b++) {
-                if ((st = fg_gemm_run(ctx, &g1, h, w, logits, NULL, scratch)) == FG_OK &&
-                    (st = fg_gemm_run(ctx, &g2, dl, w, gh, NULL, scratch)) == FG_OK)
-                    st = fg_gemm_run(ctx, &g3, dl, h, gw, NULL, scratch);
+                if ((st = fg_gemm_run(ctx, &g1, h, w, logits, NULL, scratch, workers)) == FG_OK &&
+                    (st = fg_gemm_run(ctx, &g2, dl, w, gh, NULL, scratch, workers)) == FG_OK)
+                    st = fg_gemm_run(ctx, &g3, dl, h, gw, NULL, scratch, workers);
             }
             times[r] = now_s() - t0;
         }

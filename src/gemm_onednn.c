@@ -1,4 +1,6 @@
-/* oneDNN matmul wrapper: primitive cache and the bf16 tile path (see gemm_onednn.h). */
+/* oneDNN matmul wrapper: primitive cache, fixed blocks and the bf16 tile path
+ * (see gemm_onednn.h). */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,14 +17,15 @@
 
 enum { MEM_A, MEM_B, MEM_C, MEM_BIAS, MEM_SCRATCH, MEM_COUNT };
 
+/* One block shape's primitive, made for one thread. */
 typedef struct gemm_slot {
     fg_gemm_shape shape;
-    int threads;
     dnnl_primitive_t prim;
-    /* Memory objects without a buffer, created with the primitive; a run only
-     * sets their data handles, so nothing is allocated once outputs are being
-     * written (an allocation failure can only happen in fg_gemm_prepare). */
-    dnnl_memory_t mem[MEM_COUNT];
+    /* Memory objects without a buffer, one set per worker thread, made in
+     * fg_gemm_prepare; a run only sets their data handles, so nothing is
+     * allocated once outputs are being written. */
+    dnnl_memory_t (*mem)[MEM_COUNT];
+    int workers;
     dnnl_memory_desc_t a_md, b_md, c_md, bias_md, scratch_md;
     size_t scratch_bytes;
     uint64_t last_use;
@@ -30,7 +33,8 @@ typedef struct gemm_slot {
 
 struct fg_gemm_cache {
     dnnl_engine_t engine;
-    dnnl_stream_t stream;
+    dnnl_stream_t *streams; /* one per worker thread */
+    int workers;
     int native_bf16;
     gemm_slot slots[FG_GEMM_CACHE_SLOTS];
     uint64_t clock;
@@ -48,9 +52,11 @@ static int same_shape(const fg_gemm_shape *a, const fg_gemm_shape *b)
 
 static void slot_free(gemm_slot *slot)
 {
-    for (int i = 0; i < MEM_COUNT; i++)
-        if (slot->mem[i])
-            dnnl_memory_destroy(slot->mem[i]);
+    for (int w = 0; w < slot->workers; w++)
+        for (int i = 0; i < MEM_COUNT; i++)
+            if (slot->mem[w][i])
+                dnnl_memory_destroy(slot->mem[w][i]);
+    free(slot->mem);
     if (slot->prim)
         dnnl_primitive_destroy(slot->prim);
     memset(slot, 0, sizeof *slot);
@@ -58,8 +64,10 @@ static void slot_free(gemm_slot *slot)
 
 enum { CREATE_OK = 0, CREATE_UNIMPLEMENTED, CREATE_FAILED };
 
-/* Builds the primitive for s: CREATE_OK, CREATE_UNIMPLEMENTED when oneDNN has
- * no kernel for it on this CPU, CREATE_FAILED on any other failure (memory). */
+/* Builds the primitive for s, for one thread: blocks run side by side, each
+ * on one thread, so that a block's bits never depend on the thread count.
+ * CREATE_OK, CREATE_UNIMPLEMENTED when oneDNN has no kernel for it on this
+ * CPU, CREATE_FAILED on any other failure (memory). */
 static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gemm_slot *slot)
 {
     dnnl_dims_t a_dims = {s->M, s->K}, a_str = {s->a_rs, s->a_cs};
@@ -71,6 +79,7 @@ static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gem
     dnnl_primitive_desc_t pd = NULL;
     dnnl_matmul_desc_t md;
     int bad = CREATE_FAILED;
+    const int saved_threads = omp_get_max_threads();
     if (dnnl_memory_desc_init_by_strides(&slot->a_md, 2, a_dims, dt(s->a_type), a_str) ||
         dnnl_memory_desc_init_by_strides(&slot->b_md, 2, b_dims, dt(s->b_type), b_str) ||
         dnnl_memory_desc_init_by_strides(&slot->c_md, 2, c_dims, dt(s->c_type), c_str) ||
@@ -85,6 +94,10 @@ static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gem
     if (s->accumulate && (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
                           dnnl_primitive_attr_set_post_ops(attr, po)))
         goto done;
+    /* oneDNN sizes its thread split, its scratchpad and its kernels from the
+     * OpenMP thread count, read when the descriptor AND when the primitive
+     * are made: both must see one thread. */
+    omp_set_num_threads(1);
     if (fg_fault_hit())
         goto done;
     const dnnl_status_t pd_st = dnnl_primitive_desc_create(&pd, &md, attr, c->engine, NULL);
@@ -99,16 +112,10 @@ static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gem
         slot->scratch_md = *sp;
     if (fg_fault_hit() || dnnl_primitive_create(&slot->prim, pd))
         goto done;
-    const dnnl_memory_desc_t *mds[MEM_COUNT] = {&slot->a_md, &slot->b_md, &slot->c_md,
-                                                s->has_bias ? &slot->bias_md : NULL,
-                                                slot->scratch_bytes ? &slot->scratch_md : NULL};
-    for (int i = 0; i < MEM_COUNT; i++)
-        if (mds[i] && (fg_fault_hit() ||
-                       dnnl_memory_create(&slot->mem[i], mds[i], c->engine, DNNL_MEMORY_NONE)))
-            goto done;
     slot->shape = *s;
     bad = CREATE_OK;
 done:
+    omp_set_num_threads(saved_threads);
     if (pd)
         dnnl_primitive_desc_destroy(pd);
     if (po)
@@ -120,6 +127,42 @@ done:
     return bad;
 }
 
+/* Makes sure the slot and the cache have `workers` memory-object sets and
+ * streams. Returns nonzero on an allocation or oneDNN failure. */
+static int ensure_workers(struct fg_gemm_cache *c, gemm_slot *slot, int workers)
+{
+    if (c->workers < workers) {
+        dnnl_stream_t *st = fg_fault_hit() ? NULL : realloc(c->streams, (size_t)workers * sizeof *st);
+        if (!st)
+            return 1;
+        c->streams = st;
+        for (; c->workers < workers; c->workers++)
+            if (fg_fault_hit() || dnnl_stream_create(&c->streams[c->workers], c->engine,
+                                                     dnnl_stream_default_flags) != dnnl_success)
+                return 1;
+    }
+    if (slot->workers >= workers)
+        return 0;
+    dnnl_memory_t(*mem)[MEM_COUNT] =
+        fg_fault_hit() ? NULL : realloc(slot->mem, (size_t)workers * sizeof *mem);
+    if (!mem)
+        return 1;
+    slot->mem = mem;
+    const dnnl_memory_desc_t *mds[MEM_COUNT] = {&slot->a_md, &slot->b_md, &slot->c_md,
+                                                slot->shape.has_bias ? &slot->bias_md : NULL,
+                                                slot->scratch_bytes ? &slot->scratch_md : NULL};
+    for (; slot->workers < workers; slot->workers++) {
+        memset(mem[slot->workers], 0, sizeof mem[slot->workers]);
+        for (int i = 0; i < MEM_COUNT; i++)
+            if (mds[i] && (fg_fault_hit() || dnnl_memory_create(&mem[slot->workers][i], mds[i],
+                                                                c->engine, DNNL_MEMORY_NONE))) {
+                slot->workers++; /* freed by slot_free with the rest */
+                return 1;
+            }
+    }
+    return 0;
+}
+
 fg_status fg_gemm_cache_create(fg_context *ctx)
 {
     struct fg_gemm_cache *c = fg_fault_hit() ? NULL : calloc(1, sizeof *c);
@@ -129,21 +172,14 @@ fg_status fg_gemm_cache_create(fg_context *ctx)
         free(c);
         return FG_ERR_BACKEND;
     }
-    if (fg_fault_hit() ||
-        dnnl_stream_create(&c->stream, c->engine, dnnl_stream_default_flags) != dnnl_success) {
-        dnnl_engine_destroy(c->engine);
-        free(c);
-        return FG_ERR_BACKEND;
-    }
     /* Probe once: does this CPU have oneDNN bf16 matmul kernels? */
     fg_gemm_shape probe = {16, 16, 16, FG_DTYPE_BF16, FG_DTYPE_BF16, FG_DTYPE_F32,
-                           16, 1, 16, 1, 16, 0, 0, 0};
+                           16, 1, 16, 1, 16, 0, 0, 0, 0, 0};
     gemm_slot tmp;
     memset(&tmp, 0, sizeof tmp);
     const int probed = create_primitive(c, &probe, &tmp);
     slot_free(&tmp);
     if (probed == CREATE_FAILED) { /* not an answer: a CPU's path never hangs on an OOM */
-        dnnl_stream_destroy(c->stream);
         dnnl_engine_destroy(c->engine);
         free(c);
         return FG_ERR_OUT_OF_MEMORY;
@@ -160,7 +196,9 @@ void fg_gemm_cache_destroy(fg_context *ctx)
         return;
     for (int i = 0; i < FG_GEMM_CACHE_SLOTS; i++)
         slot_free(&c->slots[i]);
-    dnnl_stream_destroy(c->stream);
+    for (int w = 0; w < c->workers; w++)
+        dnnl_stream_destroy(c->streams[w]);
+    free(c->streams);
     dnnl_engine_destroy(c->engine);
     free(c);
     ctx->gemm = NULL;
@@ -179,13 +217,11 @@ static int is_native(const struct fg_gemm_cache *c, const fg_gemm_shape *s)
 
 /* ---------------------------------------------------------- native path */
 
-static gemm_slot *find_slot(fg_context *ctx, const fg_gemm_shape *s)
+static gemm_slot *find_slot(struct fg_gemm_cache *c, const fg_gemm_shape *s)
 {
-    struct fg_gemm_cache *c = ctx->gemm;
-    const int threads = fg_threads(ctx);
     for (int i = 0; i < FG_GEMM_CACHE_SLOTS; i++) {
         gemm_slot *slot = &c->slots[i];
-        if (slot->prim && slot->threads == threads && same_shape(&slot->shape, s)) {
+        if (slot->prim && same_shape(&slot->shape, s)) {
             slot->last_use = ++c->clock;
             return slot;
         }
@@ -193,10 +229,10 @@ static gemm_slot *find_slot(fg_context *ctx, const fg_gemm_shape *s)
     return NULL;
 }
 
-static fg_status native_prepare(fg_context *ctx, const fg_gemm_shape *s, gemm_slot **out)
+static fg_status slot_prepare(fg_context *ctx, const fg_gemm_shape *s, int workers, gemm_slot **out)
 {
     struct fg_gemm_cache *c = ctx->gemm;
-    gemm_slot *slot = find_slot(ctx, s);
+    gemm_slot *slot = find_slot(c, s);
     if (!slot) { /* evict the least recently used slot */
         slot = &c->slots[0];
         for (int i = 1; i < FG_GEMM_CACHE_SLOTS; i++)
@@ -207,45 +243,120 @@ static fg_status native_prepare(fg_context *ctx, const fg_gemm_shape *s, gemm_sl
             return fg_fail(ctx, FG_ERR_BACKEND,
                            "oneDNN could not create a matmul for M=%lld N=%lld K=%lld",
                            (long long)s->M, (long long)s->N, (long long)s->K);
-        slot->threads = fg_threads(ctx);
         slot->last_use = ++c->clock;
     }
+    if (ensure_workers(c, slot, workers))
+        return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "cannot make oneDNN memory objects and streams");
     *out = slot;
     return FG_OK;
 }
 
-static fg_status native_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
-                            void *C, const void *bias, void *scratch)
+/* A product cut into fixed blocks of bm x bn of C, as the shape asks: at
+ * most four block shapes (full and last in each dimension), each one
+ * primitive. The blocks do not depend on the thread count, and each runs on
+ * one thread with its whole K, so C's bits do not either (oneDNN's own thread
+ * split may cut K and sum partial products in an order set by the thread
+ * count). Every worker has its own scratchpad. */
+typedef struct blocking {
+    int64_t bm, bn, tm, tn;
+    gemm_slot *slot[2][2]; /* [last block row][last block column] */
+    size_t per_worker;     /* one worker's scratchpad, rounded           */
+    int workers;           /* memory-object sets prepared: min(threads, blocks) */
+} blocking;
+
+static fg_status blocked_prepare(fg_context *ctx, const fg_gemm_shape *s, blocking *b)
 {
-    struct fg_gemm_cache *c = ctx->gemm;
-    gemm_slot *slot;
-    fg_status st = native_prepare(ctx, s, &slot); /* a cache hit unless evicted */
-    if (st != FG_OK)
-        return st;
+    b->bm = s->block_m > 0 && s->block_m < s->M ? s->block_m : s->M;
+    b->bn = s->block_n > 0 && s->block_n < s->N ? s->block_n : s->N;
+    b->tm = (s->M + b->bm - 1) / b->bm;
+    b->tn = (s->N + b->bn - 1) / b->bn;
+    b->workers = fg_threads(ctx);
+    if ((int64_t)b->workers > b->tm * b->tn)
+        b->workers = (int)(b->tm * b->tn);
+    b->per_worker = 0;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            fg_gemm_shape u = *s;
+            u.M = i ? s->M - (b->tm - 1) * b->bm : b->bm;
+            u.N = j ? s->N - (b->tn - 1) * b->bn : b->bn;
+            fg_status st = slot_prepare(ctx, &u, b->workers, &b->slot[i][j]);
+            if (st != FG_OK)
+                return st;
+            const size_t sb = fg_ws_round(b->slot[i][j]->scratch_bytes);
+            b->per_worker = sb > b->per_worker ? sb : b->per_worker;
+        }
+    /* The four were found or made in turn: look them up again in case a later
+     * one evicted an earlier one (only with a cache smaller than four). */
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            fg_gemm_shape u = *s;
+            u.M = i ? s->M - (b->tm - 1) * b->bm : b->bm;
+            u.N = j ? s->N - (b->tn - 1) * b->bn : b->bn;
+            if (find_slot(ctx->gemm, &u) != b->slot[i][j])
+                return fg_fail(ctx, FG_ERR_BACKEND, "internal: GEMM cache too small");
+        }
+    return FG_OK;
+}
+
+static int run_block(struct fg_gemm_cache *c, const fg_gemm_shape *s, const blocking *b,
+                     int64_t t, int w, const void *A, const void *B, void *C, const void *bias,
+                     unsigned char *scratch)
+{
+    const int64_t i = t / b->tn, j = t % b->tn;
+    const gemm_slot *slot = b->slot[i == b->tm - 1][j == b->tn - 1];
+    const size_t ea = fg_dtype_size(s->a_type), eb = fg_dtype_size(s->b_type),
+                 ec = fg_dtype_size(s->c_type);
+    const int64_t r0 = i * b->bm, c0 = j * b->bn;
+    void *const handle[MEM_COUNT] = {
+        (unsigned char *)A + (size_t)(r0 * s->a_rs) * ea,
+        (unsigned char *)B + (size_t)(c0 * s->b_cs) * eb,
+        (unsigned char *)C + (size_t)(r0 * s->c_ld + c0) * ec,
+        bias ? (unsigned char *)bias + (size_t)c0 * eb : NULL,
+        scratch ? scratch + (size_t)w * b->per_worker : NULL};
     static const int arg_of[MEM_COUNT] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST,
                                           DNNL_ARG_BIAS, DNNL_ARG_SCRATCHPAD};
-    void *const handle[MEM_COUNT] = {(void *)A, (void *)B, C, (void *)bias, scratch};
     dnnl_exec_arg_t args[MEM_COUNT];
     int nargs = 0;
-    st = FG_OK;
-    for (int i = 0; i < MEM_COUNT && st == FG_OK; i++) {
-        if (!slot->mem[i])
+    for (int k = 0; k < MEM_COUNT; k++) {
+        dnnl_memory_t m = slot->mem[w][k];
+        if (!m)
             continue;
-        if (dnnl_memory_set_data_handle(slot->mem[i], handle[i]) != dnnl_success)
-            st = FG_ERR_BACKEND;
-        args[nargs++] = (dnnl_exec_arg_t){arg_of[i], slot->mem[i]};
+        if (dnnl_memory_set_data_handle(m, handle[k]) != dnnl_success)
+            return 1;
+        args[nargs++] = (dnnl_exec_arg_t){arg_of[k], m};
     }
-    const double t0 = fg_now();
-    if (st == FG_OK &&
-        (dnnl_primitive_execute(slot->prim, c->stream, nargs, args) || dnnl_stream_wait(c->stream)))
-        st = FG_ERR_BACKEND;
-    if (st == FG_OK) {
-        ctx->last_gemm_seconds += fg_now() - t0;
-        ctx->last_gemm_flops += 2 * s->M * s->N * s->K;
-    }
+    return dnnl_primitive_execute(slot->prim, c->streams[w], nargs, args) != dnnl_success ||
+           dnnl_stream_wait(c->streams[w]) != dnnl_success;
+}
+
+static fg_status native_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
+                            void *C, const void *bias, void *scratch, int workers)
+{
+    struct fg_gemm_cache *c = ctx->gemm;
+    blocking b;
+    fg_status st = blocked_prepare(ctx, s, &b); /* cache hits unless evicted */
     if (st != FG_OK)
+        return st;
+    const double t0 = fg_now();
+    int failed = 0;
+    const int64_t blocks = b.tm * b.tn;
+    workers = workers < b.workers ? workers : b.workers;
+    workers = workers < 1 ? 1 : workers;
+#pragma omp parallel num_threads(workers) reduction(| : failed)
+    {
+        /* Each block is one thread's work: oneDNN reads its thread count
+         * from this ICV when it runs, as when the primitive was made. */
+        omp_set_num_threads(1);
+        const int w = omp_get_thread_num();
+#pragma omp for schedule(dynamic)
+        for (int64_t t = 0; t < blocks; t++)
+            failed |= run_block(c, s, &b, t, w, A, B, C, bias, scratch);
+    }
+    if (failed)
         return fg_fail(ctx, FG_ERR_BACKEND, "oneDNN matmul failed (M=%lld N=%lld K=%lld)",
                        (long long)s->M, (long long)s->N, (long long)s->K);
+    ctx->last_gemm_seconds += fg_now() - t0;
+    ctx->last_gemm_flops += 2 * s->M * s->N * s->K;
     return FG_OK;
 }
 
@@ -257,7 +368,8 @@ static fg_status native_run(fg_context *ctx, const fg_gemm_shape *s, const void 
 typedef struct tiling {
     int along_n;
     int64_t len, rows, tiles; /* tiled dimension, rows per tile, tile count */
-    size_t btile_bytes, ctile_bytes, bias_bytes, native_scratch;
+    size_t btile_bytes, ctile_bytes, bias_bytes; /* shared by the workers */
+    size_t native_per_worker;                    /* each worker's scratchpad */
 } tiling;
 
 static fg_gemm_shape tile_shape(const fg_gemm_shape *s, const tiling *t, int64_t rows, int first)
@@ -302,15 +414,14 @@ static fg_status tile_plan(fg_context *ctx, const fg_gemm_shape *s, tiling *t)
     const int64_t last = t->len - (t->tiles - 1) * t->rows;
     for (int k = 0; k < 4; k++) { /* full and last tile, first and later */
         int64_t r = (k & 1) ? last : t->rows;
-        gemm_slot *slot;
+        blocking b;
         fg_gemm_shape u = tile_shape(s, t, r, k < 2);
-        fg_status st = native_prepare(ctx, &u, &slot);
+        fg_status st = blocked_prepare(ctx, &u, &b);
         if (st != FG_OK)
             return st;
-        if (slot->scratch_bytes > t->native_scratch)
-            t->native_scratch = slot->scratch_bytes;
+        if (b.per_worker > t->native_per_worker)
+            t->native_per_worker = b.per_worker;
     }
-    t->native_scratch = fg_ws_round(t->native_scratch);
     return FG_OK;
 }
 
@@ -334,17 +445,17 @@ static void convert_rows(float *dst, const void *src, fg_dtype t, int64_t r0, in
 }
 
 static fg_status tile_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
-                          void *C, const void *bias, void *scratch)
+                          void *C, const void *bias, void *scratch, int workers)
 {
     tiling t;
     fg_status st = tile_plan(ctx, s, &t);
     if (st != FG_OK)
         return st;
     unsigned char *sp = scratch;
-    void *native_scratch = sp;
-    float *btile = (float *)(sp + t.native_scratch);
-    float *ctile = (float *)(sp + t.native_scratch + t.btile_bytes);
-    float *btmp = (float *)(sp + t.native_scratch + t.btile_bytes + t.ctile_bytes);
+    float *btile = (float *)sp;
+    float *ctile = (float *)(sp + t.btile_bytes);
+    float *btmp = (float *)(sp + t.btile_bytes + t.ctile_bytes);
+    void *native_scratch = sp + t.btile_bytes + t.ctile_bytes + t.bias_bytes;
     const int nt = fg_threads(ctx);
     const size_t a_es = fg_dtype_size(s->a_type), c_es = fg_dtype_size(s->c_type);
     if (!t.along_n && s->has_bias)
@@ -360,7 +471,7 @@ static fg_status tile_run(fg_context *ctx, const fg_gemm_shape *s, const void *A
                              s->b_type, 0, 1, rows, 0, 1, 1);
             void *cdst = s->c_type == FG_DTYPE_BF16 ? (void *)ctile
                                                     : (unsigned char *)C + (size_t)r0 * c_es;
-            st = native_run(ctx, &u, A, btile, cdst, btmp, native_scratch);
+            st = native_run(ctx, &u, A, btile, cdst, btmp, native_scratch, workers);
             if (st == FG_OK && s->c_type == FG_DTYPE_BF16) {
 #pragma omp parallel for schedule(static) num_threads(nt)
                 for (int64_t m = 0; m < s->M; m++) {
@@ -373,7 +484,7 @@ static fg_status tile_run(fg_context *ctx, const fg_gemm_shape *s, const void *A
             /* B row kk = weight row kk: element (kk, n) at kk*b_rs + n*b_cs. */
             convert_rows(btile, B, s->b_type, r0, rows, s->N, s->b_rs, s->b_cs, nt);
             const void *a_tile = (const unsigned char *)A + (size_t)r0 * (size_t)s->a_cs * a_es;
-            st = native_run(ctx, &u, a_tile, btile, C, btmp, native_scratch);
+            st = native_run(ctx, &u, a_tile, btile, C, btmp, native_scratch, workers);
         }
     }
     return st;
@@ -381,31 +492,39 @@ static fg_status tile_run(fg_context *ctx, const fg_gemm_shape *s, const void *A
 
 /* ---------------------------------------------------------- public */
 
-fg_status fg_gemm_prepare(fg_context *ctx, const fg_gemm_shape *s, size_t *scratch_bytes)
+fg_status fg_gemm_prepare(fg_context *ctx, const fg_gemm_shape *s, fg_gemm_scratch *need)
 {
-    size_t bytes;
+    fg_gemm_scratch n = {0, 0};
     if (is_native(ctx->gemm, s)) {
-        gemm_slot *slot;
-        fg_status st = native_prepare(ctx, s, &slot);
+        blocking b;
+        fg_status st = blocked_prepare(ctx, s, &b);
         if (st != FG_OK)
             return st;
-        bytes = slot->scratch_bytes;
+        n.per_worker = b.per_worker;
     } else {
         tiling t;
         fg_status st = tile_plan(ctx, s, &t);
         if (st != FG_OK)
             return st;
-        bytes = t.native_scratch + t.btile_bytes + t.ctile_bytes + t.bias_bytes;
+        n.shared = t.btile_bytes + t.ctile_bytes + t.bias_bytes;
+        n.per_worker = t.native_per_worker;
     }
-    if (scratch_bytes)
-        *scratch_bytes = bytes;
+    if (need) {
+        need->shared = n.shared > need->shared ? n.shared : need->shared;
+        need->per_worker = n.per_worker > need->per_worker ? n.per_worker : need->per_worker;
+    }
     return FG_OK;
 }
 
+size_t fg_gemm_scratch_bytes(const fg_gemm_scratch *need, int workers)
+{
+    return fg_ws_round(need->shared) + (size_t)(workers < 1 ? 1 : workers) * need->per_worker;
+}
+
 fg_status fg_gemm_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
-                      void *C, const void *bias, void *scratch)
+                      void *C, const void *bias, void *scratch, int workers)
 {
     if (is_native(ctx->gemm, s))
-        return native_run(ctx, s, A, B, C, bias, scratch);
-    return tile_run(ctx, s, A, B, C, bias, scratch);
+        return native_run(ctx, s, A, B, C, bias, scratch, workers);
+    return tile_run(ctx, s, A, B, C, bias, scratch, workers);
 }

@@ -1,9 +1,11 @@
 /*
  * The GEMM layer: C[M,N] (+)= A[M,K] · B[K,N] (+ bias[N]) through oneDNN's
  * matmul primitive, with explicit strides so that transposed views (Wᵀ,
- * dlogitsᵀ) cost nothing. Primitives are cached per shape in the context;
- * oneDNN's scratchpad is user-managed so it comes out of the tracked
- * workspace and counts toward the budget.
+ * dlogitsᵀ) cost nothing. C is cut into fixed blocks run side by side, one
+ * single-threaded primitive call each (results independent of the thread
+ * count). Primitives are cached per block shape in the context; oneDNN's
+ * scratchpad is user-managed (one per worker thread) so it comes out of the
+ * tracked workspace and counts toward the budget.
  *
  * bf16: where oneDNN has bf16 kernels for this CPU (AVX-512 BF16 / AMX) the
  * product runs natively. Elsewhere (oneDNN 2.x needs AVX-512 for bf16) a bf16
@@ -28,7 +30,22 @@ typedef struct fg_gemm_shape {
     int has_bias;       /* bias[N], in b_type, added to every row */
     size_t tile_bytes;  /* bf16 tile path: cap of one converted weight tile (the
                            caller's plan decides it; not part of a primitive's key) */
+    int64_t block_m, block_n; /* C is computed in fixed blocks of this size (<= 0:
+                                 whole), each by one thread with its whole K */
 } fg_gemm_shape;
+
+/* The blocks of the LM head's three products, [rows x cols] of C. They
+ * depend only on the shape, never on the thread count, which makes every
+ * path bitwise identical for any thread count. Sized so that each block is
+ * a full-speed single-thread GEMM and there are enough blocks to share:
+ *   logits      [tokens, V]  = hidden · Wᵀ     K = H: 512 x 1024
+ *   grad_hidden [tokens, H]  = dlogits · W     K = V: 512 x 256
+ *   grad_weight [V, H]      += dlogitsᵀ · h    K = tokens: 1024 x whole H */
+#define FG_BLOCK_LOGITS_M 512
+#define FG_BLOCK_LOGITS_N 1024
+#define FG_BLOCK_DHIDDEN_M 512
+#define FG_BLOCK_DHIDDEN_N 256
+#define FG_BLOCK_DWEIGHT_M 1024
 
 /* 1 when bf16·bf16 products run natively on this CPU. */
 int fg_gemm_native_bf16(const fg_context *ctx);
@@ -36,13 +53,26 @@ int fg_gemm_native_bf16(const fg_context *ctx);
 fg_status fg_gemm_cache_create(fg_context *ctx);
 void fg_gemm_cache_destroy(fg_context *ctx);
 
-/* Creates (or finds) the primitive for shape; *scratch_bytes receives the
- * scratchpad it needs. Call before writing any output, so backend failures
- * surface while outputs are untouched. */
-fg_status fg_gemm_prepare(fg_context *ctx, const fg_gemm_shape *shape, size_t *scratch_bytes);
+/* What a product's scratch needs: a part shared by all workers (converted
+ * bf16 weight tiles) and one scratchpad per worker thread. */
+typedef struct fg_gemm_scratch {
+    size_t shared, per_worker;
+} fg_gemm_scratch;
 
-/* Runs it. scratch must hold the prepared scratch_bytes. */
+/* Creates (or finds) the primitives of shape's blocks, with memory objects
+ * for up to the context's thread count of workers, and raises *need to
+ * cover this product. Call before writing any output, so backend failures
+ * surface while outputs are untouched. */
+fg_status fg_gemm_prepare(fg_context *ctx, const fg_gemm_shape *shape, fg_gemm_scratch *need);
+
+/* Bytes of scratch for `workers` concurrent workers. */
+size_t fg_gemm_scratch_bytes(const fg_gemm_scratch *need, int workers);
+
+/* Runs it with at most `workers` threads (at most the context's thread
+ * count; fewer when the budget holds fewer scratchpads). The blocks, and so
+ * the result's bits, are the same for any worker count. scratch must hold
+ * fg_gemm_scratch_bytes(need, workers). */
 fg_status fg_gemm_run(fg_context *ctx, const fg_gemm_shape *shape, const void *A, const void *B,
-                      void *C, const void *bias, void *scratch);
+                      void *C, const void *bias, void *scratch, int workers);
 
 #endif

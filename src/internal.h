@@ -12,7 +12,7 @@
 #include "fusedgrpo.h"
 
 #define FG_ALIGN 64
-#define FG_GEMM_CACHE_SLOTS 48
+#define FG_GEMM_CACHE_SLOTS 128
 
 struct fg_gemm_cache; /* gemm_onednn.c */
 

@@ -44,8 +44,17 @@ typedef struct linear_plan {
     int64_t n_active;     /* unmasked tokens: the rows the chunks cover            */
     size_t fixed_bytes;   /* per-call [B, T] arrays (fg_common_workspace_bytes)    */
     size_t tile_bytes;    /* bf16 tile path: one converted weight tile (tile_cap)  */
-    size_t scratch_bytes; /* the largest GEMM scratch of the chosen chunk sizes    */
+    fg_gemm_scratch gemm; /* GEMM scratch of the chosen chunk sizes               */
+    int gemm_workers;     /* threads the GEMMs run on: the scratchpads held        */
+    size_t scratch_bytes; /* fg_gemm_scratch_bytes(gemm, gemm_workers)             */
 } linear_plan;
+
+/* The chunk size is planned with room for this many GEMM scratchpads (or one,
+ * when the budget holds no more), never with the thread count: the chunks,
+ * and so the order of grad_weight's sums, are the same for any thread count.
+ * The call then runs its GEMMs on as many of its threads as the budget holds
+ * scratchpads for. */
+#define PLAN_GEMM_WORKERS 8
 
 /* Converted weight tiles (CPUs without native bf16 GEMMs) scale with the
  * chunk: half its logits, at most 32 MiB (>= 1024 weight rows at H = 4096,
@@ -61,26 +70,27 @@ static size_t tile_cap(const linear_plan *p, int64_t m)
 static fg_gemm_shape shape_logits(const linear_plan *p, int64_t m)
 {
     fg_gemm_shape s = {m, p->V, p->H, p->cmp_t, p->in_t, p->logit_t, p->H, 1, 1, p->w_ld, p->V, 0,
-                       p->has_bias, tile_cap(p, m)};
+                       p->has_bias, tile_cap(p, m), FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N};
     return s;
 }
 
 static fg_gemm_shape shape_dhidden(const linear_plan *p, int64_t m)
 {
     fg_gemm_shape s = {m, p->H, p->V, p->cmp_t, p->in_t, FG_DTYPE_F32, p->V, 1, p->w_ld, 1, p->H,
-                       0, 0, tile_cap(p, m)};
+                       0, 0, tile_cap(p, m), FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N};
     return s;
 }
 
 static fg_gemm_shape shape_dweight(const linear_plan *p, int64_t m, int accumulate)
 {
     fg_gemm_shape s = {p->V, p->H, m, p->cmp_t, p->cmp_t, FG_DTYPE_F32, 1, p->V, p->H, 1, p->gw_ld,
-                       accumulate, 0, tile_cap(p, m)};
+                       accumulate, 0, tile_cap(p, m), FG_BLOCK_DWEIGHT_M, 0};
     return s;
 }
 
-/* Prepares every GEMM a chunk of m rows issues; returns the largest scratchpad. */
-static fg_status prepare_gemms(fg_context *ctx, const linear_plan *p, int64_t m, size_t *scratch)
+/* Prepares every GEMM a chunk of m rows issues; raises *need to cover them. */
+static fg_status prepare_gemms(fg_context *ctx, const linear_plan *p, int64_t m,
+                               fg_gemm_scratch *need)
 {
     fg_gemm_shape shapes[4];
     int k = 0;
@@ -92,12 +102,9 @@ static fg_status prepare_gemms(fg_context *ctx, const linear_plan *p, int64_t m,
         shapes[k++] = shape_dweight(p, m, 1);
     }
     for (int i = 0; i < k; i++) {
-        size_t s = 0;
-        fg_status st = fg_gemm_prepare(ctx, &shapes[i], &s);
+        fg_status st = fg_gemm_prepare(ctx, &shapes[i], need);
         if (st != FG_OK)
             return st;
-        if (s > *scratch)
-            *scratch = s;
     }
     return FG_OK;
 }
@@ -115,76 +122,105 @@ static size_t chunk_bytes(const linear_plan *p, int64_t m)
     return b;
 }
 
-/* What a call with chunks of m rows (the last one `last` rows) holds: the
- * fixed arrays, one chunk's buffers and the largest GEMM scratch, in whole
- * pages since the arena is mapped in pages. Prepares the GEMMs of both sizes,
- * so backend failures surface before any output is written. */
+/* What a call with chunks of m rows (the last one `last` rows) and `workers`
+ * GEMM threads holds: the fixed arrays, one chunk's buffers and the GEMM
+ * scratch, in whole pages since the arena is mapped in pages. Prepares the
+ * GEMMs of both sizes, so backend failures surface before any output is
+ * written. */
 static fg_status need_bytes(fg_context *ctx, const linear_plan *p, int64_t m, int64_t last,
-                            size_t *need, size_t *scratch)
+                            int workers, size_t *need, fg_gemm_scratch *gs)
 {
-    *scratch = 0;
-    fg_status st = prepare_gemms(ctx, p, m, scratch);
+    memset(gs, 0, sizeof *gs);
+    fg_status st = prepare_gemms(ctx, p, m, gs);
     if (st == FG_OK && last != m)
-        st = prepare_gemms(ctx, p, last, scratch);
-    *need = fg_ws_page_round(p->fixed_bytes + chunk_bytes(p, m) + fg_ws_round(*scratch));
+        st = prepare_gemms(ctx, p, last, gs);
+    *need = fg_ws_page_round(p->fixed_bytes + chunk_bytes(p, m) +
+                             fg_gemm_scratch_bytes(gs, workers));
     return st;
 }
 
-/* Chooses Nc: all active rows (materialized), or the largest equal-chunk size
- * whose need fits the budget (fused). `agree`: sharded callers take the
- * smallest Nc of all shards so that every shard walks the same chunks. */
-static fg_status plan_chunks(fg_context *ctx, linear_plan *p, int agree)
+/* The largest equal-chunk size whose need with `workers` GEMM scratchpads
+ * fits the budget, or 0. */
+static fg_status fit_chunks(fg_context *ctx, const linear_plan *p, int workers, int64_t *out)
 {
     const int64_t n = p->n_active;
-    int64_t nc = n;
-    if (p->fused) {
-        const size_t row = chunk_bytes(p, 1);
-        const size_t avail = ctx->budget > p->fixed_bytes ? ctx->budget - p->fixed_bytes : 0;
-        nc = (int64_t)(avail / row) < nc ? (int64_t)(avail / row) : nc;
-    }
-    for (;;) {
-        if (nc < 1) {
-            size_t need1, scratch1;
-            fg_status st = need_bytes(ctx, p, 1, 1, &need1, &scratch1);
-            if (st != FG_OK)
-                return st;
-            return fg_fail(ctx, FG_ERR_BUDGET_TOO_SMALL,
-                           "a memory budget of %zu bytes is too small: one token row a chunk "
-                           "needs %zu bytes (per-call arrays %zu + one row's logits, dlogits "
-                           "and hidden rows %zu + GEMM scratch %zu, in whole pages; V = %lld, "
-                           "H = %lld)",
-                           ctx->budget, need1, p->fixed_bytes, chunk_bytes(p, 1),
-                           fg_ws_round(scratch1), (long long)p->V, (long long)p->H);
-        }
+    const size_t row = chunk_bytes(p, 1);
+    const size_t avail = ctx->budget > p->fixed_bytes ? ctx->budget - p->fixed_bytes : 0;
+    int64_t nc = (int64_t)(avail / row) < n ? (int64_t)(avail / row) : n;
+    *out = 0;
+    while (nc >= 1) {
         /* Equal chunks: the last one is not a sliver. */
         const int64_t chunks = (n + nc - 1) / nc;
         nc = (n + chunks - 1) / chunks;
-        size_t need, scratch;
-        fg_status st = need_bytes(ctx, p, nc, n - (chunks - 1) * nc, &need, &scratch);
+        size_t need;
+        fg_gemm_scratch gs;
+        fg_status st = need_bytes(ctx, p, nc, n - (chunks - 1) * nc, workers, &need, &gs);
         if (st != FG_OK)
             return st;
-        if (!p->fused || need <= ctx->budget) {
-            if (agree) {
-                float neg = -(float)nc;
-                if (ctx->opts.comm.allreduce(ctx->opts.comm.user, &neg, 1, FG_REDUCE_MAX) != 0)
-                    return fg_fail(ctx, FG_ERR_BACKEND, "the communicator's allreduce failed");
-                agree = 0;
-                if ((int64_t)-neg != nc) {
-                    nc = (int64_t)-neg;
-                    continue;
-                }
-            }
-            p->Nc = nc;
-            p->chunks = chunks;
-            p->scratch_bytes = scratch;
+        if (need <= ctx->budget) {
+            *out = nc;
             return FG_OK;
         }
         /* Over by need - budget: drop that many rows' worth (at least one),
          * trying one row before giving up (GEMM scratch is not linear in m). */
-        const size_t row = chunk_bytes(p, 1);
         const int64_t cut = (int64_t)((need - ctx->budget + row - 1) / row);
         nc = nc == 1 ? 0 : (nc - cut > 1 ? nc - cut : 1);
     }
+    return FG_OK;
+}
+
+/* Chooses Nc: all active rows (materialized), or the largest equal-chunk size
+ * that fits the budget (fused, see PLAN_GEMM_WORKERS), then the GEMM worker
+ * count. `agree`: sharded callers take the smallest Nc of all shards so that
+ * every shard walks the same chunks. */
+static fg_status plan_chunks(fg_context *ctx, linear_plan *p, int agree)
+{
+    const int64_t n = p->n_active;
+    const int threads = fg_threads(ctx);
+    int64_t nc = n;
+    fg_status st;
+    if (p->fused) {
+        if ((st = fit_chunks(ctx, p, PLAN_GEMM_WORKERS, &nc)) != FG_OK)
+            return st;
+        if (nc < 1 && (st = fit_chunks(ctx, p, 1, &nc)) != FG_OK)
+            return st;
+        if (nc < 1) {
+            size_t need1;
+            fg_gemm_scratch gs1;
+            if ((st = need_bytes(ctx, p, 1, 1, 1, &need1, &gs1)) != FG_OK)
+                return st;
+            return fg_fail(ctx, FG_ERR_BUDGET_TOO_SMALL,
+                           "a memory budget of %zu bytes is too small: one token row a chunk "
+                           "needs %zu bytes (per-call arrays %zu + one row's logits, dlogits "
+                           "and hidden rows %zu + GEMM scratch %zu for one thread, in whole "
+                           "pages; V = %lld, H = %lld)",
+                           ctx->budget, need1, p->fixed_bytes, chunk_bytes(p, 1),
+                           fg_gemm_scratch_bytes(&gs1, 1), (long long)p->V, (long long)p->H);
+        }
+    }
+    if (agree) {
+        float neg = -(float)nc;
+        if (ctx->opts.comm.allreduce(ctx->opts.comm.user, &neg, 1, FG_REDUCE_MAX) != 0)
+            return fg_fail(ctx, FG_ERR_BACKEND, "the communicator's allreduce failed");
+        nc = (int64_t)-neg;
+    }
+    const int64_t chunks = (n + nc - 1) / nc;
+    nc = (n + chunks - 1) / chunks;
+    size_t need;
+    if ((st = need_bytes(ctx, p, nc, n - (chunks - 1) * nc, 1, &need, &p->gemm)) != FG_OK)
+        return st;
+    /* As many GEMM threads as the budget holds scratchpads for. */
+    int workers = 1;
+    while (workers < threads &&
+           (!p->fused || fg_ws_page_round(p->fixed_bytes + chunk_bytes(p, nc) +
+                                          fg_gemm_scratch_bytes(&p->gemm, workers + 1)) <=
+                             ctx->budget))
+        workers++;
+    p->Nc = nc;
+    p->chunks = chunks;
+    p->gemm_workers = workers;
+    p->scratch_bytes = fg_gemm_scratch_bytes(&p->gemm, workers);
+    return FG_OK;
 }
 
 /* The weight holds a slice of a larger vocabulary. */
@@ -315,7 +351,7 @@ static fg_status run_chunk(fg_context *ctx, linear_call *L, int64_t k, enum swee
         gather_rows(p, &L->in->hidden, tok, m, L->hbuf);
         fg_gemm_shape s1 = shape_logits(p, m);
         if ((st = fg_gemm_run(ctx, &s1, L->hbuf, L->in->weight.data, L->logits, L->in->bias.data,
-                              L->scratch)) != FG_OK)
+                              L->scratch, p->gemm_workers)) != FG_OK)
             return st;
     }
     fg_rows rows = {L->logits, p->logit_t, p->V, L->dlogits, p->dlogit_t, p->V, m, p->V, tok, 0,
@@ -340,7 +376,7 @@ static fg_status run_chunk(fg_context *ctx, linear_call *L, int64_t k, enum swee
     if (p->want_gh) {
         fg_gemm_shape s2 = shape_dhidden(p, m);
         if ((st = fg_gemm_run(ctx, &s2, L->dlogits, L->in->weight.data, L->ghbuf, NULL,
-                              L->scratch)) != FG_OK)
+                              L->scratch, p->gemm_workers)) != FG_OK)
             return st;
         /* Each shard holds its vocab rows' share of grad_hidden: sum them. */
         if (p->sharded && ctx->opts.comm.allreduce(ctx->opts.comm.user, L->ghbuf, m * p->H,
@@ -353,7 +389,7 @@ static fg_status run_chunk(fg_context *ctx, linear_call *L, int64_t k, enum swee
     if (p->want_gw) {
         fg_gemm_shape s3 = shape_dweight(p, m, !first_backward_chunk);
         if ((st = fg_gemm_run(ctx, &s3, L->dlogits, L->hbuf, L->out->grad_weight.data, NULL,
-                              L->scratch)) != FG_OK)
+                              L->scratch, p->gemm_workers)) != FG_OK)
             return st;
     }
     return FG_OK;
@@ -438,7 +474,7 @@ static size_t plan_total(const linear_plan *p)
 {
     if (p->n_active == 0)
         return fg_ws_page_round(p->fixed_bytes);
-    return fg_ws_page_round(p->fixed_bytes + chunk_bytes(p, p->Nc) + fg_ws_round(p->scratch_bytes));
+    return fg_ws_page_round(p->fixed_bytes + chunk_bytes(p, p->Nc) + p->scratch_bytes);
 }
 
 fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
@@ -463,8 +499,8 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
     memset(&r, 0, sizeof r);
     st = plan_st;
     if ((st == FG_OK || st == FG_ERR_BUDGET_TOO_SMALL) && p.fused && p.n_active > 0) {
-        size_t scratch1;
-        st = need_bytes(ctx, &p, 1, 1, &r.min_budget_bytes, &scratch1);
+        fg_gemm_scratch gs1;
+        st = need_bytes(ctx, &p, 1, 1, 1, &r.min_budget_bytes, &gs1);
     }
     fg_threads_leave(saved);
     if (st != FG_OK)

@@ -4,7 +4,7 @@
  * twice on one context (the second call reuses the workspace) and once on a
  * fresh context. Threads 1 and 2; fused (several chunks), materialized and
  * logits paths; f32 and bf16; a token-level and a sequence-level config.
- * Whether 1 and 2 threads agree with each other is printed, not required.
+ * 1 and 2 threads must agree too (tests/test_threads.c covers 4).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -164,8 +164,8 @@ int main(void) {
                           R[0].loss, R[2].loss);
                     if (thr == 1) memcpy(&R[3], &R[0], sizeof R[3]);
                     else
-                        printf("%s %s cfg %d: 1 vs 2 threads %s\n", pn[path], dti ? "bf16" : "f32",
-                               ci, same(&R[3], &R[0]) ? "bitwise identical" : "differ (allowed)");
+                        CHECK(same(&R[3], &R[0]), "%s %s cfg %d: 1 vs 2 threads differ", pn[path],
+                              dti ? "bf16" : "f32", ci);
                     fg_context_destroy(c1);
                     fg_context_destroy(c2);
                 }

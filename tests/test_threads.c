@@ -9,15 +9,13 @@
  * grad_weight, grad_bias, grad_logits) is compared bitwise with the 1-thread
  * run.
  *
- * Asserted:
- *   - fg_logits_grpo: bitwise identical for every thread count (no GEMM; rows
- *     are computed whole by one thread, reductions in a fixed order);
- *   - fg_linear_grpo: bitwise identical as well when the library pins the
- *     GEMMs' thread split (the proposed patch in docs/ROBUSTNESS.md); without
- *     it, oneDNN's GEMM blocking depends on the thread count, so the test
- *     requires only that the differences stay at rounding level
- *     (max |a-b| / max|b| <= 1e-5 per output) and prints them. Set
- *     FG_TEST_THREADS_STRICT=1 to require bitwise equality for every path.
+ * Asserted: bitwise identical for every path and thread count.
+ *   - fg_logits_grpo: no GEMM; rows are computed whole by one thread,
+ *     reductions in a fixed order;
+ *   - fg_linear_grpo: the GEMM layer cuts every product into fixed blocks,
+ *     each one single-threaded oneDNN call with its whole K, and the planner
+ *     picks chunk sizes without looking at the thread count
+ *     (src/gemm_onednn.h, docs/ROBUSTNESS.md).
  * Every run is also repeated on the same context: same thread count, same
  * bits (the header's promise).
  */
@@ -154,8 +152,6 @@ int main(void)
     for (int i = 0; i < V; i++) bias16[i] = fg_f32_to_bf16(bias32[i] = (float)(0.1 * tu_normal(&rng)));
     for (int i = 0; i < N * V; i++) log16[i] = fg_f32_to_bf16(log32[i] = (float)(2.0 * tu_normal(&rng)));
 
-    const char *strict_env = getenv("FG_TEST_THREADS_STRICT");
-    const int strict = strict_env && strict_env[0] == '1';
     const int threads[3] = {1, 2, 4};
     fg_context *ctx[3];
     for (int k = 0; k < 3; k++) {
@@ -199,20 +195,14 @@ int main(void)
                         }
                     printf("%-16s %-5s %-8s 1 vs %d   %s\n", P_NAME[path], dt ? "bf16" : "f32",
                            level ? "sequence" : "token", threads[k], all ? "bitwise identical" : line);
-                    if (path >= P_LOGITS || strict) {
-                        CHECK(all, "%s %s %s: %d threads differ from 1 thread:%s", P_NAME[path],
-                              dt ? "bf16" : "f32", level ? "sequence" : "token", threads[k], line);
-                    } else {
+                    if (path < P_LOGITS)
                         linear_all_bitwise &= all;
-                        for (int o = 0; o < O_COUNT; o++)
-                            CHECK(d[o] <= 1e-5, "%s %s %s: %s differs by %.3g with %d threads",
-                                  P_NAME[path], dt ? "bf16" : "f32", level ? "sequence" : "token",
-                                  O_NAME[o], d[o], threads[k]);
-                    }
+                    CHECK(all, "%s %s %s: %d threads differ from 1 thread:%s", P_NAME[path],
+                          dt ? "bf16" : "f32", level ? "sequence" : "token", threads[k], line);
                 }
             }
     printf("fg_linear_grpo across thread counts: %s\n",
-           linear_all_bitwise ? "bitwise identical" : "differs at rounding level (see above)");
+           linear_all_bitwise ? "bitwise identical" : "DIFFERS (see above)");
     for (int k = 0; k < 3; k++)
         fg_context_destroy(ctx[k]);
     tu_batch_free(&tb);
