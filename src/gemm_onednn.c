@@ -245,8 +245,10 @@ static fg_status slot_prepare(fg_context *ctx, const fg_gemm_shape *s, int worke
                            (long long)s->M, (long long)s->N, (long long)s->K);
         slot->last_use = ++c->clock;
     }
-    if (ensure_workers(c, slot, workers))
+    if (ensure_workers(c, slot, workers)) {
+        slot_free(slot); /* a half-made worker set must not be found again */
         return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "cannot make oneDNN memory objects and streams");
+    }
     *out = slot;
     return FG_OK;
 }
