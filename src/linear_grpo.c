@@ -477,6 +477,18 @@ static size_t plan_total(const linear_plan *p)
     return fg_ws_page_round(p->fixed_bytes + chunk_bytes(p, p->Nc) + p->scratch_bytes);
 }
 
+/* The call's options (NULL: fused) after every argument check; `scan`: the
+ * NaN/Inf scan of the inputs too. */
+static fg_status start_call(fg_context *ctx, const fg_linear_options *opts,
+                            const fg_loss_config *cfg, const fg_linear_inputs *in,
+                            const fg_batch *batch, const fg_outputs *out, int scan,
+                            fg_linear_options *o)
+{
+    const fg_linear_options fused = {FG_IMPL_FUSED, 0};
+    *o = opts ? *opts : fused;
+    return validate_linear(ctx, o, cfg, in, batch, out, scan);
+}
+
 fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
                               const fg_loss_config *cfg, const fg_linear_inputs *in,
                               const fg_batch *batch, const fg_outputs *out,
@@ -487,14 +499,13 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
     fg_clear_error(ctx);
     if (!info)
         return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "info is NULL");
-    const fg_linear_options fused = {FG_IMPL_FUSED, 0};
-    const fg_linear_options *o = opts ? opts : &fused;
-    fg_status st = validate_linear(ctx, o, cfg, in, batch, out, 0);
+    fg_linear_options o;
+    fg_status st = start_call(ctx, opts, cfg, in, batch, out, 0, &o);
     if (st != FG_OK)
         return st;
     linear_plan p;
     const int saved = fg_threads_enter(ctx);
-    const fg_status plan_st = plan_call(ctx, o, in, batch, out, 0, &p);
+    const fg_status plan_st = plan_call(ctx, &o, in, batch, out, 0, &p);
     fg_linear_plan_info r;
     memset(&r, 0, sizeof r);
     st = plan_st;
@@ -526,9 +537,8 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
     if (!ctx)
         return FG_ERR_NULL_ARGUMENT;
     fg_clear_error(ctx);
-    const fg_linear_options fused = {FG_IMPL_FUSED, 0};
-    const fg_linear_options *o = opts ? opts : &fused;
-    fg_status st = validate_linear(ctx, o, cfg, in, batch, out, 1);
+    fg_linear_options o;
+    fg_status st = start_call(ctx, opts, cfg, in, batch, out, 1, &o);
     if (st != FG_OK)
         return st;
 
@@ -536,7 +546,7 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
     memset(&L, 0, sizeof L);
     linear_plan *p = &L.p;
     const int saved = fg_threads_enter(ctx);
-    if ((st = plan_call(ctx, o, in, batch, out, 1, p)) != FG_OK) {
+    if ((st = plan_call(ctx, &o, in, batch, out, 1, p)) != FG_OK) {
         fg_threads_leave(saved);
         return st;
     }
