@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The measurements behind docs/BENCHMARKS.md, in the order they appear there.
 # Long: about an hour on the 2-core reference machine. Results go to
-# bench/results/ (JSON lines, text tables, the SVG plot). Run on an idle
+# bench/results/ (JSON lines, text tables, the PNG plot). Run on an idle
 # machine: every figure is a ratio of runs made back to back.
 #   bash bench/run_benchmarks.sh [scaled|sweep|headline|budget|gemms|peers]...
 set -euo pipefail
@@ -20,7 +20,8 @@ for part in "${parts[@]}"; do
     sweep)    # fused vs baseline over seq_len, with the plot
       $FG bench --config configs/scaled_t2048.yaml --impls fused,baseline --set steps=1 \
           --set roofline_reps=0 --sweep seq_len=512,1024,2048 \
-          --json "$out/sweep_f32.jsonl" --plot "$out/sweep_f32.svg" | tee "$out/sweep_f32.txt" ;;
+          --json "$out/sweep_f32.jsonl" | tee "$out/sweep_f32.txt"
+      python3 bench/plot_bench.py "$out/sweep_f32.jsonl" -o "$out/sweep_f32.png" ;;
     headline) # the seeds' shape: B=1, T=8192, H=4096, V=151936, bf16 weights
       $FG bench --config configs/seeds_t8192_bf16.yaml --impls fused,baseline --set warmup=1 \
           --set steps=1 --set roofline_reps=0 \

@@ -74,7 +74,7 @@ static int run(fg_context *ctx, fg_impl impl, const fg_loss_config *cfg, const f
                const fg_batch *batch, int steps, result *r)
 {
     const int64_t N = batch->batch * batch->seq_len, H = in->hidden.cols, V = in->weight.rows;
-    fg_outputs out;
+    fg_linear_outputs out;
     memset(&out, 0, sizeof out);
     out.logp = r->logp;
     out.grad_hidden = fg_matrix_make(r->gh, FG_DTYPE_F32, N, H);
@@ -85,7 +85,7 @@ static int run(fg_context *ctx, fg_impl impl, const fg_loss_config *cfg, const f
     double warm = 0;
     for (int s = 0; s <= steps; s++) {
         double t0 = now_s();
-        fg_status st = fg_linear_grpo(ctx, &opts, cfg, in, batch, &out);
+        fg_status st = fg_linear_grpo(ctx, &opts, cfg, in, batch, &out, NULL);
         double dt = now_s() - t0;
         if (st != FG_OK) {
             fprintf(stderr, "fg_linear_grpo failed: %s\n", fg_last_error(ctx));
@@ -176,12 +176,12 @@ int main(int argc, char **argv)
     /* Plausible old/ref log-probs: the current policy's, jittered. */
     {
         float *lp = xmalloc((size_t)N * 4);
-        fg_outputs out;
+        fg_linear_outputs out;
         memset(&out, 0, sizeof out);
         out.logp = lp;
         fg_loss_config c0;
         fg_loss_config_init(&c0);
-        if (fg_linear_grpo(ctx, NULL, &c0, &in, &batch, &out) != FG_OK) {
+        if (fg_linear_grpo(ctx, NULL, &c0, &in, &batch, &out, NULL) != FG_OK) {
             fprintf(stderr, "%s\n", fg_last_error(ctx));
             return 1;
         }

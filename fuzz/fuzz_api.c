@@ -6,9 +6,11 @@
  * (valid or with a bad value from a palette), token ids (some out of range),
  * a mask, optional inputs, NaN/Inf injections, up to four corruptions of view
  * fields (rows, cols, ld, len, dtype, vocab_start/total) taken from a palette
- * of hostile values, which outputs are requested, and the context options
- * (threads 1/2, memory budget, finite check, a vocab-sharding communicator
- * that is the identity or fails on its k-th call).
+ * of hostile values, which outputs are requested, the execution options of
+ * the call (fg_exec: threads 1/2, memory budget, and a caller workspace that
+ * is sized by the planner, too small, or misaligned) and the context's
+ * (finite check, a vocab-sharding communicator that is the identity or fails
+ * on its k-th call).
  *
  * Honesty rule: every buffer is allocated exactly as large as its view says
  * (so a read past it is the library's fault), unless the view's byte count
@@ -130,6 +132,17 @@ static int comm_fn(void *user, float *buf, int64_t count, fg_reduce_op op)
     }
     return 0; /* one shard: the identity */
 }
+
+/* Every output either entry point can write; the call gets the fields of its
+ * own output struct (fg_linear_outputs / fg_logits_outputs) and loss and
+ * metrics are copied back, bytes and all, for the checks. */
+typedef struct any_outputs {
+    double loss;
+    fg_metrics metrics;
+    float *logp, *entropy;
+    fg_matrix grad_hidden, grad_weight, grad_logits;
+    fg_vector grad_bias;
+} any_outputs;
 
 static comm_state g_comm;
 static fg_context *g_ctx[2]; /* [0]: no communicator, [1]: g_comm */
@@ -479,6 +492,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     float *o_logp = malloc((size_t)A * sizeof(float) + SLACK);
     float *o_ent = malloc((size_t)A * sizeof(float) + SLACK);
     unsigned char *log_copy = NULL;
+    void *workspace = NULL; /* fg_exec.workspace, when the input asks for one */
     fg_oracle_result orc;
     memset(&orc, 0, sizeof orc);
     double *dh = NULL, *dw = NULL, *db = NULL, *dl = NULL;
@@ -596,7 +610,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* ---- the call */
     fg_batch batch = {B, T, tok, mask, adv, have_old ? old : NULL, have_ref ? ref : NULL,
                       is_mode ? isr : NULL, is_mode == 2};
-    fg_outputs out;
+    any_outputs out;
     memset(&out.loss, SENT, sizeof out.loss);
     memset(&out.metrics, SENT, sizeof out.metrics);
     out.logp = want_logp ? o_logp : NULL;
@@ -613,14 +627,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const int aliased = !is_lin && want_gl && in_place;
     if (use_mat[V_GL]) out.grad_logits = mats[V_GL];
     if (aliased) out.grad_logits = mats[V_LOG];
-    /* Misuse the header forbids: gradients of the other entry point. */
-    const unsigned misuse = u8(r) % 16;
-    float dummy[64];
-    if (misuse == 1) {
+    /* The caller workspace (fg_exec.workspace). This byte once chose a
+     * misuse the output types now forbid (one entry point's gradients given
+     * to the other); it is read at the same place so the corpus decodes as
+     * before. 1: misaligned; 2: exactly what the planner says (linear) or
+     * 1 MiB (logits); 3: one page. */
+    const unsigned ws_mode = u8(r) % 16;
+    if (ws_mode == 1 || ws_mode == 3)
         tame = 0;
-        if (is_lin) out.grad_logits = (fg_matrix){dummy, FG_DTYPE_F32, 1, 1, 1};
-        else out.grad_bias = (fg_vector){dummy, FG_DTYPE_F32, 1};
-    }
     if (!is_lin && use_mat[V_LOG] && bufs[V_LOG].bytes) {
         log_copy = malloc(bufs[V_LOG].bytes);
         if (!log_copy) goto done;
@@ -628,24 +642,60 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     fg_context *ctx = get_ctx(vocab_total > 0 || vocab_start != 0 ? 1 : 0);
-    fg_context_set_threads(ctx, threads);
-    fg_context_set_memory_budget(ctx, BUDGETS[budget_k]);
     fg_context_set_check_finite(ctx, check_finite);
+    fg_exec exec;
+    fg_exec_init(&exec);
+    exec.threads = threads;
+    exec.memory_budget = BUDGETS[budget_k];
     if (tame && budget_k == 1)
         tame = 0; /* a 1-byte budget is refused for the fused path */
 
     fg_status st;
+    fg_linear_inputs in;
+    in.hidden = mats[V_HID];
+    in.weight = mats[V_WT];
+    in.bias = use_bias ? bias : (fg_vector){NULL, in_t, 0};
+    in.vocab_start = vocab_start;
+    in.vocab_total = vocab_total;
+    const fg_linear_options lo = {path == 0 ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED, round_logits};
+    fg_linear_outputs lin_out = {out.loss,        out.metrics,     out.logp,     out.entropy,
+                                 out.grad_hidden, out.grad_weight, out.grad_bias};
+    fg_logits_outputs log_out = {out.loss, out.metrics, out.logp, out.entropy, out.grad_logits};
+    if (ws_mode == 1) {
+        workspace = malloc(4096 + 128);
+        if (!workspace) goto done;
+        exec.workspace = (unsigned char *)(((uintptr_t)workspace + 63) & ~(uintptr_t)63) + 8;
+        exec.workspace_bytes = 4096;
+    } else if (ws_mode == 3 || (ws_mode == 2 && !is_lin)) {
+        const size_t bytes = ws_mode == 3 ? 4096 : (size_t)1 << 20;
+        workspace = aligned_alloc(64, bytes);
+        if (!workspace) goto done;
+        exec.workspace = workspace;
+        exec.workspace_bytes = bytes;
+    } else if (ws_mode == 2) {
+        /* The planner's working_bytes for this call and exec. A sharded call
+         * plans without agreeing with the other shards (no collective), and
+         * the identity communicator agrees on the same chunks. A refused plan
+         * leaves the call on the context's arena. */
+        fg_linear_plan_info plan;
+        if (fg_linear_grpo_plan(ctx, &lo, &cfg, &in, &batch, &lin_out, &exec, &plan) == FG_OK &&
+            plan.working_bytes > 0) {
+            workspace = aligned_alloc(64, (plan.working_bytes + 63) & ~(size_t)63);
+            if (!workspace) goto done;
+            exec.workspace = workspace;
+            exec.workspace_bytes = plan.working_bytes;
+        }
+        if (g_comm.calls != 0)
+            die("the plan query called the communicator", NULL);
+    }
     if (is_lin) {
-        fg_linear_inputs in;
-        in.hidden = mats[V_HID];
-        in.weight = mats[V_WT];
-        in.bias = use_bias ? bias : (fg_vector){NULL, in_t, 0};
-        in.vocab_start = vocab_start;
-        in.vocab_total = vocab_total;
-        const fg_linear_options lo = {path == 0 ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED, round_logits};
-        st = fg_linear_grpo(ctx, &lo, &cfg, &in, &batch, &out);
+        st = fg_linear_grpo(ctx, &lo, &cfg, &in, &batch, &lin_out, &exec);
+        out.loss = lin_out.loss;
+        out.metrics = lin_out.metrics;
     } else {
-        st = fg_logits_grpo(ctx, &cfg, &mats[V_LOG], &batch, &out);
+        st = fg_logits_grpo(ctx, &cfg, &mats[V_LOG], &batch, &log_out, &exec);
+        out.loss = log_out.loss;
+        out.metrics = log_out.metrics;
     }
 
     /* ---- properties */
@@ -859,6 +909,7 @@ done:
     free(dw);
     free(db);
     free(log_copy);
+    free(workspace);
     for (int k = 0; k < V_MATS; k++) free(bufs[k].p);
     free(bias_b.p);
     free(gb_b.p);

@@ -170,10 +170,10 @@ typedef struct fg_metrics {
     double cispo_clip_ratio;  /* 0 unless loss_type == FG_LOSS_CISPO */
 } fg_metrics;
 
-/* Caller-owned results. Any pointer may be NULL (data == NULL for a matrix)
- * when that result is not wanted; a NULL gradient skips its GEMM. loss and
- * metrics are always written on success. */
-typedef struct fg_outputs {
+/* Caller-owned results of fg_linear_grpo. Any pointer may be NULL (data ==
+ * NULL for a matrix) when that result is not wanted; a NULL gradient skips
+ * its GEMM. loss and metrics are always written on success. */
+typedef struct fg_linear_outputs {
     double loss;
     fg_metrics metrics;
     float *logp;           /* [B, T]; 0 at masked positions                        */
@@ -181,9 +181,17 @@ typedef struct fg_outputs {
     fg_matrix grad_hidden; /* [B*T, H] float32; zero rows at masked positions      */
     fg_matrix grad_weight; /* [V, H] float32 (overwritten, not accumulated)        */
     fg_vector grad_bias;   /* [V] float32                                          */
-    fg_matrix grad_logits; /* fg_logits_grpo only: [B*T, V], f32 or bf16; may alias
-                              the logits (same data, dtype and ld) for in-place    */
-} fg_outputs;
+} fg_linear_outputs;
+
+/* Caller-owned results of fg_logits_grpo; the same rules. */
+typedef struct fg_logits_outputs {
+    double loss;
+    fg_metrics metrics;
+    float *logp;           /* [B, T]; 0 at masked positions                        */
+    float *entropy;        /* [B, T]; 0 at masked positions                        */
+    fg_matrix grad_logits; /* [B*T, V], f32 or bf16; may alias the logits (same
+                              data, dtype and ld) for an in-place backward        */
+} fg_logits_outputs;
 
 /* ----------------------------------------------------------------- context */
 
@@ -233,17 +241,38 @@ void fg_context_destroy(fg_context *ctx); /* NULL is fine */
 /* The message of the last failed call on ctx ("" after a success). */
 const char *fg_last_error(const fg_context *ctx);
 
-fg_status fg_context_set_threads(fg_context *ctx, int threads);
-fg_status fg_context_set_memory_budget(fg_context *ctx, size_t bytes);
 fg_status fg_context_set_check_finite(fg_context *ctx, int on);
+
+/*
+ * Per-call execution options (BLIS's rntm, ggml's cplan): every entry point
+ * takes one as its last argument; NULL, or a field left at its zero, means
+ * the context's setting. One context then serves calls of any thread count
+ * and budget.
+ *   workspace: caller memory (64-byte aligned, workspace_bytes long) that
+ *   the call uses as its whole working memory instead of the context's
+ *   cached arena; the library keeps no pointer to it after the call. The
+ *   chunks are planned from the budget as without it (the same plan, the
+ *   same bits); size it with the plan query's working_bytes for the same
+ *   arguments and exec. A smaller one: FG_ERR_BUDGET_TOO_SMALL, nothing
+ *   written.
+ */
+typedef struct fg_exec {
+    int threads;            /* <= 0: the context's (fg_context_options.threads)     */
+    size_t memory_budget;   /* 0: the context's (fg_context_options.memory_budget) */
+    void *workspace;        /* NULL: the context's arena, kept for reuse            */
+    size_t workspace_bytes;
+} fg_exec;
+
+void fg_exec_init(fg_exec *exec); /* all zero: the context's settings */
 
 /* Working memory is counted by the library's own allocator: every byte the
  * library holds between calls or during one (workspace, GEMM scratchpads,
  * per-token scratch), excluding caller-owned inputs and outputs. */
 typedef struct fg_memory_stats {
     size_t current_bytes; /* held now (the workspace is kept for reuse)      */
-    size_t peak_bytes;    /* high-water mark since create / last reset       */
-    size_t budget_bytes;  /* the fused path's cap                            */
+    size_t peak_bytes;    /* high-water mark since create / last reset; a
+                             caller workspace counts while a call uses it  */
+    size_t budget_bytes;  /* the fused path's cap in the last call         */
     int64_t chunk_rows;   /* token rows per chunk chosen by the last call    */
     int64_t chunks;       /* chunks processed by the last call               */
     int64_t gemm_flops;   /* floating-point ops issued to GEMMs, last call   */
@@ -289,15 +318,15 @@ typedef struct fg_linear_options {
  *   in : hidden [B*T, H], weight [V, H], bias [V]?, batch [B, T]
  *   out: loss, metrics, logp [B, T]?, entropy [B, T]?,
  *        grad_hidden [B*T, H]?, grad_weight [V, H]?, grad_bias [V]?
- * opts may be NULL (fused). out->grad_logits must be empty (data NULL).
+ * opts may be NULL (fused); exec may be NULL (the context's settings).
  */
 fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
                          const fg_loss_config *cfg, const fg_linear_inputs *in,
-                         const fg_batch *batch, fg_outputs *out);
+                         const fg_batch *batch, fg_linear_outputs *out, const fg_exec *exec);
 
 /*
- * The planner: what fg_linear_grpo would hold for these exact arguments under
- * ctx's budget and thread count, and the least it can run with. Validates the
+ * The planner: what fg_linear_grpo would hold for these exact arguments and
+ * exec (budget, threads, workspace), and the least it can run with. Validates the
  * arguments as the call does (without the NaN/Inf scan), reads shapes and the
  * mask only, writes no output, and prepares the call's GEMMs (so the call
  * that follows finds them made). Tests, tools and front ends size budgets
@@ -318,44 +347,38 @@ typedef struct fg_linear_plan_info {
     size_t chunk_bytes;        /* one chunk's logits, dlogits, hidden and grad rows     */
     size_t gemm_scratch_bytes; /* oneDNN scratchpads (and converted bf16 weight tiles)  */
     size_t min_budget_bytes;   /* fused: smallest budget that runs; materialized: 0     */
+    fg_dtype gemm_dtype;       /* what the GEMMs multiply for bf16 inputs: FG_DTYPE_BF16
+                                  where this CPU has bf16 kernels (dlogits are then
+                                  rounded to bf16), else FG_DTYPE_F32 (the weight is
+                                  widened in tiles); FG_DTYPE_F32 for f32 inputs       */
 } fg_linear_plan_info;
 
 fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
                               const fg_loss_config *cfg, const fg_linear_inputs *in,
-                              const fg_batch *batch, const fg_outputs *out,
-                              fg_linear_plan_info *info);
+                              const fg_batch *batch, const fg_linear_outputs *out,
+                              const fg_exec *exec, fg_linear_plan_info *info);
 
 /*
  * logits_grpo_forward_backward: for callers that already hold the logits.
  *   z = logits / temperature
  *   in : logits [B*T, V] (f32 or bf16), batch [B, T]
  *   out: loss, metrics, logp?, entropy?, grad_logits [B*T, V]? (may alias logits)
- * out->grad_hidden/grad_weight/grad_bias must be empty.
+ * Its working memory is per-token arrays only (no budget applies).
  */
 fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg,
                          const fg_matrix *logits, const fg_batch *batch,
-                         fg_outputs *out);
-
-/* ------------------------------------------------------------ instrumentation */
-
-/* The roofline of one step: times the three GEMM-sized products a step issues
- * (logits = hidden·weightᵀ, grad_hidden = dlogits·weight,
- * grad_weight += dlogitsᵀ·hidden) through the same GEMM backend, on internal
- * random buffers, in blocks of rows_per_gemm token rows (<= 0: the chunk size
- * the fused path would choose under the context's budget) covering n_tokens.
- * Writes the median over `reps` repetitions of the whole step, in seconds.
- * Its buffers are freed before it returns and are not counted as workspace. */
-fg_status fg_time_bare_gemms(fg_context *ctx, fg_dtype dtype, int64_t n_tokens,
-                             int64_t hidden, int64_t vocab, int64_t rows_per_gemm,
-                             int reps, double *seconds);
+                         fg_logits_outputs *out, const fg_exec *exec);
 
 /* ------------------------------------------------------------- bindings */
 
-/* sizeof the public struct named `type_name` ("fg_outputs", "fg_memory_stats",
- * ...), 0 for an unknown name. Foreign-function bindings (ctypes, cffi) that
- * restate these structs check their layouts against it when they load, so a
- * struct that grows here cannot be written past a binding's smaller copy. */
+/* Layout of the public structs for foreign-function bindings (ctypes, cffi)
+ * that restate them: they check every field against these when they load,
+ * so a struct that changes here cannot be misread through a stale copy.
+ *   fg_abi_sizeof("fg_linear_outputs"): sizeof, 0 for an unknown name;
+ *   fg_abi_offsetof("fg_linear_outputs", "grad_weight"): offsetof, -1 for an
+ *   unknown struct or field (nested fields are not named: "metrics" is). */
 size_t fg_abi_sizeof(const char *type_name);
+int64_t fg_abi_offsetof(const char *type_name, const char *field_name);
 
 #if defined(FG_BUILDING_LIBRARY) && defined(__GNUC__)
 #pragma GCC visibility pop

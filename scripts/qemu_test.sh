@@ -51,7 +51,7 @@ case "$qemu_isa" in
   *) echo "qemu_test: FAILED: oneDNN did not report AVX2 under -cpu $FG_QEMU_CPU" >&2; exit 1 ;;
 esac
 
-# Each run: key=value pairs for --set (as the tool tests in tools/tests/CMakeLists.txt).
+# Each run: key=value pairs for --set (as the tool tests in tests/tool/CMakeLists.txt).
 runs=()
 for impl in baseline logits fused; do
   for dtype in float32 bfloat16; do

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(gcc g++ make cmake ninja-build pkg-config libdnnl-dev libyaml-dev)
+packages=(gcc g++ make cmake ninja-build pkg-config libdnnl-dev libyaml-dev libcjson-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -15,6 +15,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# matplotlib draws the bench plots (bench/plot_bench.py; checked by the tool tests).
+if ! python3 -c "import matplotlib" >/dev/null 2>&1; then
+  echo "setup: installing matplotlib"
+  python3 -m pip install -q matplotlib
 fi
 
 build_type="${FG_BUILD_TYPE:-Release}"

@@ -116,10 +116,10 @@ if [ $rc -ne 0 ]; then
   exit 1
 fi
 echo "$out" | isa
-echo "wheel_test: qemu -cpu $FG_QEMU_CPU: $vpy -m pytest ${tests[*]} -k 'not per_call_python_overhead'"
+echo "wheel_test: qemu -cpu $FG_QEMU_CPU: $vpy -m pytest ${tests[*]}"
 t=$SECONDS
 rc=0
-fg_qemu "$vpy" -m pytest -q -p no:cacheprovider "${tests[@]}" -k "not per_call_python_overhead" || rc=$?
+fg_qemu "$vpy" -m pytest -q -p no:cacheprovider "${tests[@]}" || rc=$?
 if [ $rc -ne 0 ]; then
   fg_qemu_hint $rc
   echo "wheel_test: FAILED under qemu -cpu $FG_QEMU_CPU (status $rc)" >&2

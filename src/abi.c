@@ -1,30 +1,82 @@
-/* Struct sizes for foreign-function bindings (fg_abi_sizeof in fusedgrpo.h).
- * The Python package restates the public structs with ctypes; it compares
- * each against this table when it loads and refuses to run on a mismatch. */
+/* Struct layouts for foreign-function bindings (fg_abi_sizeof and
+ * fg_abi_offsetof in fusedgrpo.h). The Python package restates the public
+ * structs with ctypes; it compares every field's offset and every struct's
+ * size against this table when it loads and refuses to run on a mismatch.
+ * Each struct lists its fields once, here, in declaration order. */
+#include <stddef.h>
 #include <string.h>
 
 #include "fusedgrpo.h"
 
-#define FG_ABI_ENTRY(t) {#t, sizeof(t)}
+#define FIELDS_fg_matrix(X, T) X(T, data) X(T, dtype) X(T, rows) X(T, cols) X(T, ld)
+#define FIELDS_fg_vector(X, T) X(T, data) X(T, dtype) X(T, len)
+#define FIELDS_fg_loss_config(X, T)                                                                \
+    X(T, loss_type) X(T, importance_sampling_level) X(T, temperature) X(T, epsilon_low)           \
+    X(T, epsilon_high) X(T, delta) X(T, beta) X(T, max_completion_length)                         \
+    X(T, num_items_in_batch) X(T, sapo_temperature_pos) X(T, sapo_temperature_neg)                \
+    X(T, use_bias_correction_kl) X(T, entropy_coef)
+#define FIELDS_fg_batch(X, T)                                                                      \
+    X(T, batch) X(T, seq_len) X(T, token_ids) X(T, mask) X(T, advantages) X(T, old_logp)          \
+    X(T, ref_logp) X(T, is_ratio) X(T, is_ratio_per_sequence)
+#define FIELDS_fg_metrics(X, T)                                                                    \
+    X(T, kl) X(T, entropy) X(T, clip_ratio_low) X(T, clip_ratio_high) X(T, clip_ratio_region)     \
+    X(T, cispo_clip_ratio)
+#define FIELDS_fg_linear_outputs(X, T)                                                             \
+    X(T, loss) X(T, metrics) X(T, logp) X(T, entropy) X(T, grad_hidden) X(T, grad_weight)         \
+    X(T, grad_bias)
+#define FIELDS_fg_logits_outputs(X, T)                                                             \
+    X(T, loss) X(T, metrics) X(T, logp) X(T, entropy) X(T, grad_logits)
+#define FIELDS_fg_communicator(X, T) X(T, allreduce) X(T, user)
+#define FIELDS_fg_context_options(X, T)                                                            \
+    X(T, backend) X(T, threads) X(T, memory_budget) X(T, check_finite) X(T, stream) X(T, comm)
+#define FIELDS_fg_exec(X, T) X(T, threads) X(T, memory_budget) X(T, workspace) X(T, workspace_bytes)
+#define FIELDS_fg_memory_stats(X, T)                                                               \
+    X(T, current_bytes) X(T, peak_bytes) X(T, budget_bytes) X(T, chunk_rows) X(T, chunks)         \
+    X(T, gemm_flops) X(T, gemm_seconds) X(T, call_seconds)
+#define FIELDS_fg_linear_inputs(X, T)                                                              \
+    X(T, hidden) X(T, weight) X(T, bias) X(T, vocab_start) X(T, vocab_total)
+#define FIELDS_fg_linear_options(X, T) X(T, impl) X(T, round_logits_to_input_dtype)
+#define FIELDS_fg_linear_plan_info(X, T)                                                           \
+    X(T, chunk_rows) X(T, chunks) X(T, working_bytes) X(T, fixed_bytes) X(T, chunk_bytes)         \
+    X(T, gemm_scratch_bytes) X(T, min_budget_bytes) X(T, gemm_dtype)
 
+#define STRUCTS(S)                                                                                 \
+    S(fg_matrix) S(fg_vector) S(fg_loss_config) S(fg_batch) S(fg_metrics) S(fg_linear_outputs)    \
+    S(fg_logits_outputs) S(fg_communicator) S(fg_context_options) S(fg_exec) S(fg_memory_stats)   \
+    S(fg_linear_inputs) S(fg_linear_options) S(fg_linear_plan_info)
+
+typedef struct abi_field {
+    const char *type, *field;
+    size_t offset;
+} abi_field;
+
+#define FIELD_ROW(T, f) {#T, #f, offsetof(T, f)},
+#define STRUCT_FIELDS(T) FIELDS_##T(FIELD_ROW, T)
+static const abi_field abi_fields[] = {STRUCTS(STRUCT_FIELDS)};
+
+#define SIZE_ROW(T) {#T, sizeof(T)},
 static const struct {
     const char *name;
     size_t size;
-} abi_table[] = {
-    FG_ABI_ENTRY(fg_matrix),          FG_ABI_ENTRY(fg_vector),
-    FG_ABI_ENTRY(fg_loss_config),     FG_ABI_ENTRY(fg_batch),
-    FG_ABI_ENTRY(fg_metrics),         FG_ABI_ENTRY(fg_outputs),
-    FG_ABI_ENTRY(fg_communicator),    FG_ABI_ENTRY(fg_context_options),
-    FG_ABI_ENTRY(fg_memory_stats),    FG_ABI_ENTRY(fg_linear_inputs),
-    FG_ABI_ENTRY(fg_linear_options),  FG_ABI_ENTRY(fg_linear_plan_info),
-};
+} abi_sizes[] = {STRUCTS(SIZE_ROW)};
 
 size_t fg_abi_sizeof(const char *type_name)
 {
     if (!type_name)
         return 0;
-    for (size_t i = 0; i < sizeof abi_table / sizeof abi_table[0]; i++)
-        if (strcmp(abi_table[i].name, type_name) == 0)
-            return abi_table[i].size;
+    for (size_t i = 0; i < sizeof abi_sizes / sizeof abi_sizes[0]; i++)
+        if (strcmp(abi_sizes[i].name, type_name) == 0)
+            return abi_sizes[i].size;
     return 0;
+}
+
+int64_t fg_abi_offsetof(const char *type_name, const char *field_name)
+{
+    if (!type_name || !field_name)
+        return -1;
+    for (size_t i = 0; i < sizeof abi_fields / sizeof abi_fields[0]; i++)
+        if (strcmp(abi_fields[i].type, type_name) == 0 &&
+            strcmp(abi_fields[i].field, field_name) == 0)
+            return (int64_t)abi_fields[i].offset;
+    return -1;
 }

@@ -1,13 +1,28 @@
-/* The opaque context: options, error message, thread control, statistics. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+/*
+ * The opaque context: default options, the error message, the kept arena,
+ * the GEMM cache and the statistics of the last call. The only file that
+ * knows struct fg_context; every call reaches the layers below through an
+ * fg_call (call.h).
+ */
 #include <omp.h>
-#include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "gemm_onednn.h"
+#include "call.h"
 #include "internal.h"
+
+struct fg_context {
+    fg_context_options opts;
+    fg_error error;
+    fg_arena arena;
+    fg_gemm_cache *gemm;
+    size_t bytes_current; /* held now: the arena                              */
+    size_t bytes_peak;    /* high-water mark, a borrowed workspace included   */
+    size_t last_budget;
+    int64_t last_chunk_rows, last_chunks, last_gemm_flops;
+    double last_gemm_seconds, last_call_seconds;
+};
 
 void fg_context_options_init(fg_context_options *opts)
 {
@@ -18,6 +33,12 @@ void fg_context_options_init(fg_context_options *opts)
     opts->threads = 0;
     opts->memory_budget = FG_DEFAULT_MEMORY_BUDGET;
     opts->check_finite = 1;
+}
+
+void fg_exec_init(fg_exec *exec)
+{
+    if (exec)
+        memset(exec, 0, sizeof *exec);
 }
 
 fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
@@ -32,12 +53,14 @@ fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
         fg_context_options_init(&o);
     if (o.backend != FG_BACKEND_CPU)
         return FG_ERR_UNSUPPORTED; /* the CUDA backend is not part of this build */
+    if (!o.memory_budget)
+        o.memory_budget = FG_DEFAULT_MEMORY_BUDGET;
     fg_context *ctx = fg_fault_hit() ? NULL : calloc(1, sizeof *ctx);
     if (!ctx)
         return FG_ERR_OUT_OF_MEMORY;
     ctx->opts = o;
-    ctx->budget = o.memory_budget ? o.memory_budget : FG_DEFAULT_MEMORY_BUDGET;
-    fg_status st = fg_gemm_cache_create(ctx);
+    ctx->last_budget = o.memory_budget;
+    fg_status st = fg_gemm_cache_create(&ctx->gemm);
     if (st != FG_OK) {
         free(ctx);
         return st;
@@ -50,41 +73,12 @@ void fg_context_destroy(fg_context *ctx)
 {
     if (!ctx)
         return;
-    fg_gemm_cache_destroy(ctx);
-    fg_ws_release(ctx);
+    fg_gemm_cache_destroy(ctx->gemm);
+    fg_arena_release(&ctx->arena, &ctx->bytes_current);
     free(ctx);
 }
 
-const char *fg_last_error(const fg_context *ctx) { return ctx ? ctx->error : "NULL context"; }
-
-fg_status fg_fail(fg_context *ctx, fg_status status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = snprintf(ctx->error, sizeof ctx->error, "%s: ", fg_status_name(status));
-    if (n > 0 && (size_t)n < sizeof ctx->error)
-        vsnprintf(ctx->error + n, sizeof ctx->error - (size_t)n, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
-void fg_clear_error(fg_context *ctx) { ctx->error[0] = '\0'; }
-
-fg_status fg_context_set_threads(fg_context *ctx, int threads)
-{
-    if (!ctx)
-        return FG_ERR_NULL_ARGUMENT;
-    ctx->opts.threads = threads;
-    return FG_OK;
-}
-
-fg_status fg_context_set_memory_budget(fg_context *ctx, size_t bytes)
-{
-    if (!ctx)
-        return FG_ERR_NULL_ARGUMENT;
-    ctx->budget = bytes ? bytes : FG_DEFAULT_MEMORY_BUDGET;
-    return FG_OK;
-}
+const char *fg_last_error(const fg_context *ctx) { return ctx ? ctx->error.msg : "NULL context"; }
 
 fg_status fg_context_set_check_finite(fg_context *ctx, int on)
 {
@@ -100,7 +94,7 @@ fg_status fg_get_memory_stats(const fg_context *ctx, fg_memory_stats *out)
         return FG_ERR_NULL_ARGUMENT;
     out->current_bytes = ctx->bytes_current;
     out->peak_bytes = ctx->bytes_peak;
-    out->budget_bytes = ctx->budget;
+    out->budget_bytes = ctx->last_budget;
     out->chunk_rows = ctx->last_chunk_rows;
     out->chunks = ctx->last_chunks;
     out->gemm_flops = ctx->last_gemm_flops;
@@ -118,26 +112,82 @@ void fg_reset_peak_memory(fg_context *ctx)
 void fg_release_workspace(fg_context *ctx)
 {
     if (ctx)
-        fg_ws_release(ctx);
+        fg_arena_release(&ctx->arena, &ctx->bytes_current);
 }
 
-double fg_now(void)
+/* ------------------------------------------------------------------ calls */
+
+fg_status fg_call_begin(fg_context *ctx, const fg_exec *exec, fg_call *call)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    memset(call, 0, sizeof *call);
+    fg_error_clear(&ctx->error);
+    fg_exec e;
+    if (exec)
+        e = *exec;
+    else
+        fg_exec_init(&e);
+    if (e.workspace && ((uintptr_t)e.workspace % FG_ALIGN != 0 || e.workspace_bytes == 0))
+        return fg_fail(&ctx->error, FG_ERR_INVALID_SIZE,
+                       "exec->workspace must be %d-byte aligned and workspace_bytes > 0", FG_ALIGN);
+    if (!e.workspace && e.workspace_bytes)
+        return fg_fail(&ctx->error, FG_ERR_NULL_ARGUMENT,
+                       "exec->workspace_bytes is set but exec->workspace is NULL");
+    call->ctx = ctx;
+    call->err = &ctx->error;
+    call->threads = e.threads > 0 ? e.threads
+                    : ctx->opts.threads > 0 ? ctx->opts.threads : omp_get_max_threads();
+    call->budget = e.memory_budget ? e.memory_budget : ctx->opts.memory_budget;
+    if (e.workspace) {
+        fg_arena_borrow(&call->borrowed, e.workspace, e.workspace_bytes);
+        call->arena = &call->borrowed; /* chunks are planned from the budget alone */
+    } else {
+        call->arena = &ctx->arena;
+    }
+    call->check_finite = ctx->opts.check_finite;
+    call->comm = ctx->opts.comm;
+    call->gemm = ctx->gemm;
+    call->saved_threads = omp_get_max_threads();
+    omp_set_num_threads(call->threads);
+    call->t0 = omp_get_wtime();
+    return FG_OK;
 }
 
-int fg_threads(const fg_context *ctx)
+fg_status fg_call_reserve(fg_call *call, size_t bytes)
 {
-    return ctx->opts.threads > 0 ? ctx->opts.threads : omp_get_max_threads();
+    fg_context *ctx = call->ctx;
+    if (call->arena->borrowed) {
+        call->arena->used = 0;
+        if (bytes > call->arena->capacity)
+            return fg_fail(call->err, FG_ERR_BUDGET_TOO_SMALL,
+                           "the caller's workspace holds %zu bytes, the call needs %zu",
+                           call->arena->capacity, bytes);
+        if (ctx->bytes_current + bytes > ctx->bytes_peak)
+            ctx->bytes_peak = ctx->bytes_current + bytes;
+        call->ran = 1;
+        return FG_OK;
+    }
+    if (fg_arena_reserve(call->arena, bytes, call->budget, &ctx->bytes_current) != FG_OK)
+        return fg_fail(call->err, FG_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
+                       bytes);
+    if (ctx->bytes_current > ctx->bytes_peak)
+        ctx->bytes_peak = ctx->bytes_current;
+    call->ran = 1;
+    return FG_OK;
 }
 
-int fg_threads_enter(const fg_context *ctx)
+void *fg_call_take(fg_call *call, size_t bytes) { return fg_arena_take(call->arena, bytes); }
+
+fg_status fg_call_end(fg_call *call, fg_status st)
 {
-    int saved = omp_get_max_threads();
-    omp_set_num_threads(fg_threads(ctx));
-    return saved;
+    fg_context *ctx = call->ctx;
+    omp_set_num_threads(call->saved_threads);
+    if (!call->ran)
+        return st; /* checks or planning only: the last call's statistics stand */
+    ctx->last_budget = call->budget;
+    ctx->last_chunk_rows = call->chunk_rows;
+    ctx->last_chunks = call->chunks;
+    ctx->last_gemm_flops = call->gemm_stats.flops;
+    ctx->last_gemm_seconds = call->gemm_stats.seconds;
+    ctx->last_call_seconds = omp_get_wtime() - call->t0;
+    return st;
 }
-
-void fg_threads_leave(int saved) { omp_set_num_threads(saved); }

@@ -9,17 +9,17 @@ size_t fg_common_workspace_bytes(int64_t B, int64_t N)
            fg_ws_round((size_t)N * sizeof(int64_t)) + 4 * fg_ws_round((size_t)N * sizeof(float));
 }
 
-void fg_common_init(fg_context *ctx, fg_common *c, const fg_loss_config *cfg,
+void fg_common_init(fg_arena *arena, fg_common *c, const fg_loss_config *cfg,
                     const fg_batch *batch)
 {
     const int64_t B = batch->batch, N = batch->batch * batch->seq_len;
-    double *scratch = fg_ws_take(ctx, (size_t)fg_loss_plan_scratch_doubles(B) * sizeof(double));
+    double *scratch = fg_arena_take(arena, (size_t)fg_loss_plan_scratch_doubles(B) * sizeof(double));
     fg_loss_plan_init(&c->plan, cfg, batch, scratch);
-    c->active = fg_ws_take(ctx, (size_t)N * sizeof(int64_t));
-    c->ta.logp = fg_ws_take(ctx, (size_t)N * sizeof(float));
-    c->ta.entropy = fg_ws_take(ctx, (size_t)N * sizeof(float));
-    c->ta.zmax = fg_ws_take(ctx, (size_t)N * sizeof(float));
-    c->ta.lsum = fg_ws_take(ctx, (size_t)N * sizeof(float));
+    c->active = fg_arena_take(arena, (size_t)N * sizeof(int64_t));
+    c->ta.logp = fg_arena_take(arena, (size_t)N * sizeof(float));
+    c->ta.entropy = fg_arena_take(arena, (size_t)N * sizeof(float));
+    c->ta.zmax = fg_arena_take(arena, (size_t)N * sizeof(float));
+    c->ta.lsum = fg_arena_take(arena, (size_t)N * sizeof(float));
     c->n_active = 0;
     for (int64_t n = 0; n < N; n++) {
         c->ta.logp[n] = c->ta.entropy[n] = c->ta.zmax[n] = c->ta.lsum[n] = 0.0f;
@@ -28,13 +28,26 @@ void fg_common_init(fg_context *ctx, fg_common *c, const fg_loss_config *cfg,
     }
 }
 
-void fg_common_finish(fg_common *c, const fg_batch *batch, fg_outputs *out)
+void fg_common_finish(fg_common *c, const fg_batch *batch, double *loss, fg_metrics *metrics,
+                      float *logp, float *entropy)
 {
     const int64_t N = batch->batch * batch->seq_len;
     fg_loss_prepare_sequences(&c->plan, c->ta.logp); /* no-op if the backward ran it */
-    fg_loss_evaluate(&c->plan, c->ta.logp, c->ta.entropy, &out->loss, &out->metrics);
-    if (out->logp)
-        memcpy(out->logp, c->ta.logp, (size_t)N * sizeof(float));
-    if (out->entropy)
-        memcpy(out->entropy, c->ta.entropy, (size_t)N * sizeof(float));
+    fg_loss_evaluate(&c->plan, c->ta.logp, c->ta.entropy, loss, metrics);
+    if (logp)
+        memcpy(logp, c->ta.logp, (size_t)N * sizeof(float));
+    if (entropy)
+        memcpy(entropy, c->ta.entropy, (size_t)N * sizeof(float));
+}
+
+void fg_zero_masked_rows(const fg_common *c, int64_t N, void *base, size_t stride_bytes,
+                         size_t row_bytes)
+{
+    int64_t k = 0;
+    for (int64_t n = 0; n < N; n++) {
+        if (k < c->n_active && c->active[k] == n)
+            k++;
+        else
+            memset((unsigned char *)base + (size_t)n * stride_bytes, 0, row_bytes);
+    }
 }

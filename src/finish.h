@@ -7,6 +7,7 @@
 
 #include "loss_math.h"
 #include "sweep.h"
+#include "workspace.h"
 
 /* Workspace the shared per-call state needs: the loss plan's scratch, the
  * list of unmasked rows and the [B*T] per-token arrays. */
@@ -19,11 +20,20 @@ typedef struct fg_common {
     int64_t n_active;
 } fg_common;
 
-/* Carves the shared state from the reserved workspace and fills it. */
-void fg_common_init(fg_context *ctx, fg_common *c, const fg_loss_config *cfg,
+/* Carves the shared state from the reserved arena and fills it: the list
+ * of unmasked rows (the call's pass over the mask after validation). */
+void fg_common_init(fg_arena *arena, fg_common *c, const fg_loss_config *cfg,
                     const fg_batch *batch);
 
-/* loss, metrics, logp and entropy outputs. */
-void fg_common_finish(fg_common *c, const fg_batch *batch, fg_outputs *out);
+/* Zeroes row n of a [N, ...] output (row_bytes at base + n * stride_bytes)
+ * for every masked token n: the complement of the active list, so the mask
+ * is not read again. */
+void fg_zero_masked_rows(const fg_common *c, int64_t N, void *base, size_t stride_bytes,
+                         size_t row_bytes);
+
+/* The outputs every entry point shares: loss and metrics always, the
+ * per-token logp and entropy when wanted (NULL: not). */
+void fg_common_finish(fg_common *c, const fg_batch *batch, double *loss, fg_metrics *metrics,
+                      float *logp, float *entropy);
 
 #endif

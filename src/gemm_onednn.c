@@ -8,7 +8,9 @@
 
 #include "bf16.h"
 #include "gemm_onednn.h"
+#include "internal.h"
 #include "row_kernels.h"
+#include "workspace.h"
 
 /* A converted weight tile holds at least this many weight rows, whatever the
  * caller's tile_bytes (the driver sizes tiles from its chunk, see
@@ -68,7 +70,7 @@ enum { CREATE_OK = 0, CREATE_UNIMPLEMENTED, CREATE_FAILED };
  * on one thread, so that a block's bits never depend on the thread count.
  * CREATE_OK, CREATE_UNIMPLEMENTED when oneDNN has no kernel for it on this
  * CPU, CREATE_FAILED on any other failure (memory). */
-static int create_primitive(struct fg_gemm_cache *c, const fg_gemm_shape *s, gemm_slot *slot)
+static int create_primitive(fg_gemm_cache *c, const fg_gemm_shape *s, gemm_slot *slot)
 {
     dnnl_dims_t a_dims = {s->M, s->K}, a_str = {s->a_rs, s->a_cs};
     dnnl_dims_t b_dims = {s->K, s->N}, b_str = {s->b_rs, s->b_cs};
@@ -129,7 +131,7 @@ done:
 
 /* Makes sure the slot and the cache have `workers` memory-object sets and
  * streams. Returns nonzero on an allocation or oneDNN failure. */
-static int ensure_workers(struct fg_gemm_cache *c, gemm_slot *slot, int workers)
+static int ensure_workers(fg_gemm_cache *c, gemm_slot *slot, int workers)
 {
     if (c->workers < workers) {
         dnnl_stream_t *st = fg_fault_hit() ? NULL : realloc(c->streams, (size_t)workers * sizeof *st);
@@ -163,9 +165,10 @@ static int ensure_workers(struct fg_gemm_cache *c, gemm_slot *slot, int workers)
     return 0;
 }
 
-fg_status fg_gemm_cache_create(fg_context *ctx)
+fg_status fg_gemm_cache_create(fg_gemm_cache **out)
 {
-    struct fg_gemm_cache *c = fg_fault_hit() ? NULL : calloc(1, sizeof *c);
+    *out = NULL;
+    fg_gemm_cache *c = fg_fault_hit() ? NULL : calloc(1, sizeof *c);
     if (!c)
         return FG_ERR_OUT_OF_MEMORY;
     if (fg_fault_hit() || dnnl_engine_create(&c->engine, dnnl_cpu, 0) != dnnl_success) {
@@ -185,13 +188,12 @@ fg_status fg_gemm_cache_create(fg_context *ctx)
         return FG_ERR_OUT_OF_MEMORY;
     }
     c->native_bf16 = probed == CREATE_OK;
-    ctx->gemm = c;
+    *out = c;
     return FG_OK;
 }
 
-void fg_gemm_cache_destroy(fg_context *ctx)
+void fg_gemm_cache_destroy(fg_gemm_cache *c)
 {
-    struct fg_gemm_cache *c = ctx->gemm;
     if (!c)
         return;
     for (int i = 0; i < FG_GEMM_CACHE_SLOTS; i++)
@@ -201,12 +203,11 @@ void fg_gemm_cache_destroy(fg_context *ctx)
     free(c->streams);
     dnnl_engine_destroy(c->engine);
     free(c);
-    ctx->gemm = NULL;
 }
 
-int fg_gemm_native_bf16(const fg_context *ctx) { return ctx->gemm->native_bf16; }
+int fg_gemm_native_bf16(const fg_gemm_cache *c) { return c->native_bf16; }
 
-static int is_native(const struct fg_gemm_cache *c, const fg_gemm_shape *s)
+static int is_native(const fg_gemm_cache *c, const fg_gemm_shape *s)
 {
     if (s->a_type != s->b_type)
         return 0;
@@ -217,7 +218,7 @@ static int is_native(const struct fg_gemm_cache *c, const fg_gemm_shape *s)
 
 /* ---------------------------------------------------------- native path */
 
-static gemm_slot *find_slot(struct fg_gemm_cache *c, const fg_gemm_shape *s)
+static gemm_slot *find_slot(fg_gemm_cache *c, const fg_gemm_shape *s)
 {
     for (int i = 0; i < FG_GEMM_CACHE_SLOTS; i++) {
         gemm_slot *slot = &c->slots[i];
@@ -229,9 +230,9 @@ static gemm_slot *find_slot(struct fg_gemm_cache *c, const fg_gemm_shape *s)
     return NULL;
 }
 
-static fg_status slot_prepare(fg_context *ctx, const fg_gemm_shape *s, int workers, gemm_slot **out)
+static fg_status slot_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int workers, gemm_slot **out,
+                              fg_error *err)
 {
-    struct fg_gemm_cache *c = ctx->gemm;
     gemm_slot *slot = find_slot(c, s);
     if (!slot) { /* evict the least recently used slot */
         slot = &c->slots[0];
@@ -240,14 +241,14 @@ static fg_status slot_prepare(fg_context *ctx, const fg_gemm_shape *s, int worke
                 slot = &c->slots[i];
         slot_free(slot);
         if (create_primitive(c, s, slot))
-            return fg_fail(ctx, FG_ERR_BACKEND,
+            return fg_fail(err, FG_ERR_BACKEND,
                            "oneDNN could not create a matmul for M=%lld N=%lld K=%lld",
                            (long long)s->M, (long long)s->N, (long long)s->K);
         slot->last_use = ++c->clock;
     }
     if (ensure_workers(c, slot, workers)) {
         slot_free(slot); /* a half-made worker set must not be found again */
-        return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "cannot make oneDNN memory objects and streams");
+        return fg_fail(err, FG_ERR_OUT_OF_MEMORY, "cannot make oneDNN memory objects and streams");
     }
     *out = slot;
     return FG_OK;
@@ -266,13 +267,14 @@ typedef struct blocking {
     int workers;           /* memory-object sets prepared: min(threads, blocks) */
 } blocking;
 
-static fg_status blocked_prepare(fg_context *ctx, const fg_gemm_shape *s, blocking *b)
+static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int threads, blocking *b,
+                                 fg_error *err)
 {
     b->bm = s->block_m > 0 && s->block_m < s->M ? s->block_m : s->M;
     b->bn = s->block_n > 0 && s->block_n < s->N ? s->block_n : s->N;
     b->tm = (s->M + b->bm - 1) / b->bm;
     b->tn = (s->N + b->bn - 1) / b->bn;
-    b->workers = fg_threads(ctx);
+    b->workers = threads < 1 ? 1 : threads;
     if ((int64_t)b->workers > b->tm * b->tn)
         b->workers = (int)(b->tm * b->tn);
     b->per_worker = 0;
@@ -281,7 +283,7 @@ static fg_status blocked_prepare(fg_context *ctx, const fg_gemm_shape *s, blocki
             fg_gemm_shape u = *s;
             u.M = i ? s->M - (b->tm - 1) * b->bm : b->bm;
             u.N = j ? s->N - (b->tn - 1) * b->bn : b->bn;
-            fg_status st = slot_prepare(ctx, &u, b->workers, &b->slot[i][j]);
+            fg_status st = slot_prepare(c, &u, b->workers, &b->slot[i][j], err);
             if (st != FG_OK)
                 return st;
             const size_t sb = fg_ws_round(b->slot[i][j]->scratch_bytes);
@@ -294,13 +296,13 @@ static fg_status blocked_prepare(fg_context *ctx, const fg_gemm_shape *s, blocki
             fg_gemm_shape u = *s;
             u.M = i ? s->M - (b->tm - 1) * b->bm : b->bm;
             u.N = j ? s->N - (b->tn - 1) * b->bn : b->bn;
-            if (find_slot(ctx->gemm, &u) != b->slot[i][j])
-                return fg_fail(ctx, FG_ERR_BACKEND, "internal: GEMM cache too small");
+            if (find_slot(c, &u) != b->slot[i][j])
+                return fg_fail(err, FG_ERR_BACKEND, "internal: GEMM cache too small");
         }
     return FG_OK;
 }
 
-static int run_block(struct fg_gemm_cache *c, const fg_gemm_shape *s, const blocking *b,
+static int run_block(fg_gemm_cache *c, const fg_gemm_shape *s, const blocking *b,
                      int64_t t, int w, const void *A, const void *B, void *C, const void *bias,
                      unsigned char *scratch)
 {
@@ -331,15 +333,15 @@ static int run_block(struct fg_gemm_cache *c, const fg_gemm_shape *s, const bloc
            dnnl_stream_wait(c->streams[w]) != dnnl_success;
 }
 
-static fg_status native_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
-                            void *C, const void *bias, void *scratch, int workers)
+static fg_status native_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *A, const void *B,
+                            void *C, const void *bias, void *scratch, int workers,
+                            fg_gemm_stats *stats, fg_error *err)
 {
-    struct fg_gemm_cache *c = ctx->gemm;
     blocking b;
-    fg_status st = blocked_prepare(ctx, s, &b); /* cache hits unless evicted */
+    fg_status st = blocked_prepare(c, s, workers, &b, err); /* cache hits unless evicted */
     if (st != FG_OK)
         return st;
-    const double t0 = fg_now();
+    const double t0 = omp_get_wtime();
     int failed = 0;
     const int64_t blocks = b.tm * b.tn;
     workers = workers < b.workers ? workers : b.workers;
@@ -355,10 +357,12 @@ static fg_status native_run(fg_context *ctx, const fg_gemm_shape *s, const void 
             failed |= run_block(c, s, &b, t, w, A, B, C, bias, scratch);
     }
     if (failed)
-        return fg_fail(ctx, FG_ERR_BACKEND, "oneDNN matmul failed (M=%lld N=%lld K=%lld)",
+        return fg_fail(err, FG_ERR_BACKEND, "oneDNN matmul failed (M=%lld N=%lld K=%lld)",
                        (long long)s->M, (long long)s->N, (long long)s->K);
-    ctx->last_gemm_seconds += fg_now() - t0;
-    ctx->last_gemm_flops += 2 * s->M * s->N * s->K;
+    if (stats) {
+        stats->seconds += omp_get_wtime() - t0;
+        stats->flops += 2 * s->M * s->N * s->K;
+    }
     return FG_OK;
 }
 
@@ -394,14 +398,15 @@ static fg_gemm_shape tile_shape(const fg_gemm_shape *s, const tiling *t, int64_t
     return u;
 }
 
-static fg_status tile_plan(fg_context *ctx, const fg_gemm_shape *s, tiling *t)
+static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads, tiling *t,
+                           fg_error *err)
 {
     if (s->a_type != FG_DTYPE_F32)
-        return fg_fail(ctx, FG_ERR_BACKEND, "internal: the bf16 tile path needs an f32 A operand");
+        return fg_fail(err, FG_ERR_BACKEND, "internal: the bf16 tile path needs an f32 A operand");
     memset(t, 0, sizeof *t);
     t->along_n = s->b_cs > s->b_rs;
     if (!t->along_n && s->c_type == FG_DTYPE_BF16)
-        return fg_fail(ctx, FG_ERR_BACKEND, "internal: bf16 C needs an N-tiled product");
+        return fg_fail(err, FG_ERR_BACKEND, "internal: bf16 C needs an N-tiled product");
     const int64_t other = t->along_n ? s->K : s->N;
     t->len = t->along_n ? s->N : s->K;
     int64_t rows = (int64_t)(s->tile_bytes / ((size_t)other * sizeof(float)));
@@ -418,7 +423,7 @@ static fg_status tile_plan(fg_context *ctx, const fg_gemm_shape *s, tiling *t)
         int64_t r = (k & 1) ? last : t->rows;
         blocking b;
         fg_gemm_shape u = tile_shape(s, t, r, k < 2);
-        fg_status st = blocked_prepare(ctx, &u, &b);
+        fg_status st = blocked_prepare(c, &u, threads, &b, err);
         if (st != FG_OK)
             return st;
         if (b.per_worker > t->native_per_worker)
@@ -446,11 +451,12 @@ static void convert_rows(float *dst, const void *src, fg_dtype t, int64_t r0, in
     }
 }
 
-static fg_status tile_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
-                          void *C, const void *bias, void *scratch, int workers)
+static fg_status tile_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *A, const void *B,
+                          void *C, const void *bias, void *scratch, int workers,
+                          fg_gemm_stats *stats, fg_error *err)
 {
     tiling t;
-    fg_status st = tile_plan(ctx, s, &t);
+    fg_status st = tile_plan(c, s, workers, &t, err);
     if (st != FG_OK)
         return st;
     unsigned char *sp = scratch;
@@ -458,7 +464,7 @@ static fg_status tile_run(fg_context *ctx, const fg_gemm_shape *s, const void *A
     float *ctile = (float *)(sp + t.btile_bytes);
     float *btmp = (float *)(sp + t.btile_bytes + t.ctile_bytes);
     void *native_scratch = sp + t.btile_bytes + t.ctile_bytes + t.bias_bytes;
-    const int nt = fg_threads(ctx);
+    const int nt = workers < 1 ? 1 : workers;
     const size_t a_es = fg_dtype_size(s->a_type), c_es = fg_dtype_size(s->c_type);
     if (!t.along_n && s->has_bias)
         convert_rows(btmp, bias, s->b_type, 0, 1, s->N, 0, 1, 1);
@@ -473,7 +479,7 @@ static fg_status tile_run(fg_context *ctx, const fg_gemm_shape *s, const void *A
                              s->b_type, 0, 1, rows, 0, 1, 1);
             void *cdst = s->c_type == FG_DTYPE_BF16 ? (void *)ctile
                                                     : (unsigned char *)C + (size_t)r0 * c_es;
-            st = native_run(ctx, &u, A, btile, cdst, btmp, native_scratch, workers);
+            st = native_run(c, &u, A, btile, cdst, btmp, native_scratch, workers, stats, err);
             if (st == FG_OK && s->c_type == FG_DTYPE_BF16) {
 #pragma omp parallel for schedule(static) num_threads(nt)
                 for (int64_t m = 0; m < s->M; m++) {
@@ -486,7 +492,7 @@ static fg_status tile_run(fg_context *ctx, const fg_gemm_shape *s, const void *A
             /* B row kk = weight row kk: element (kk, n) at kk*b_rs + n*b_cs. */
             convert_rows(btile, B, s->b_type, r0, rows, s->N, s->b_rs, s->b_cs, nt);
             const void *a_tile = (const unsigned char *)A + (size_t)r0 * (size_t)s->a_cs * a_es;
-            st = native_run(ctx, &u, a_tile, btile, C, btmp, native_scratch, workers);
+            st = native_run(c, &u, a_tile, btile, C, btmp, native_scratch, workers, stats, err);
         }
     }
     return st;
@@ -494,18 +500,19 @@ static fg_status tile_run(fg_context *ctx, const fg_gemm_shape *s, const void *A
 
 /* ---------------------------------------------------------- public */
 
-fg_status fg_gemm_prepare(fg_context *ctx, const fg_gemm_shape *s, fg_gemm_scratch *need)
+fg_status fg_gemm_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int threads,
+                          fg_gemm_scratch *need, fg_error *err)
 {
     fg_gemm_scratch n = {0, 0};
-    if (is_native(ctx->gemm, s)) {
+    if (is_native(c, s)) {
         blocking b;
-        fg_status st = blocked_prepare(ctx, s, &b);
+        fg_status st = blocked_prepare(c, s, threads, &b, err);
         if (st != FG_OK)
             return st;
         n.per_worker = b.per_worker;
     } else {
         tiling t;
-        fg_status st = tile_plan(ctx, s, &t);
+        fg_status st = tile_plan(c, s, threads, &t, err);
         if (st != FG_OK)
             return st;
         n.shared = t.btile_bytes + t.ctile_bytes + t.bias_bytes;
@@ -523,10 +530,11 @@ size_t fg_gemm_scratch_bytes(const fg_gemm_scratch *need, int workers)
     return fg_ws_round(need->shared) + (size_t)(workers < 1 ? 1 : workers) * need->per_worker;
 }
 
-fg_status fg_gemm_run(fg_context *ctx, const fg_gemm_shape *s, const void *A, const void *B,
-                      void *C, const void *bias, void *scratch, int workers)
+fg_status fg_gemm_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *A, const void *B,
+                      void *C, const void *bias, void *scratch, int workers,
+                      fg_gemm_stats *stats, fg_error *err)
 {
-    if (is_native(ctx->gemm, s))
-        return native_run(ctx, s, A, B, C, bias, scratch, workers);
-    return tile_run(ctx, s, A, B, C, bias, scratch, workers);
+    if (is_native(c, s))
+        return native_run(c, s, A, B, C, bias, scratch, workers, stats, err);
+    return tile_run(c, s, A, B, C, bias, scratch, workers, stats, err);
 }

@@ -3,9 +3,14 @@
  * matmul primitive, with explicit strides so that transposed views (Wᵀ,
  * dlogitsᵀ) cost nothing. C is cut into fixed blocks run side by side, one
  * single-threaded primitive call each (results independent of the thread
- * count). Primitives are cached per block shape in the context; oneDNN's
- * scratchpad is user-managed (one per worker thread) so it comes out of the
- * tracked workspace and counts toward the budget.
+ * count). Primitives are cached per block shape in an fg_gemm_cache (the
+ * context owns one); oneDNN's scratchpad is user-managed (one per worker
+ * thread) and comes from the caller, whose workspace counts it.
+ *
+ * The layer knows nothing of contexts or budgets: the caller passes the
+ * thread count, the scratch and an error sink, and gets time and flops back
+ * in an fg_gemm_stats. The driver (linear_grpo.c) and the tool's bench both
+ * build on it.
  *
  * bf16: where oneDNN has bf16 kernels for this CPU (AVX-512 BF16 / AMX) the
  * product runs natively. Elsewhere (oneDNN 2.x needs AVX-512 for bf16) a bf16
@@ -17,7 +22,8 @@
 #ifndef FG_GEMM_ONEDNN_H
 #define FG_GEMM_ONEDNN_H
 
-#include "internal.h"
+#include "fusedgrpo.h"
+#include "error.h"
 
 typedef struct fg_gemm_shape {
     int64_t M, N, K;
@@ -47,11 +53,22 @@ typedef struct fg_gemm_shape {
 #define FG_BLOCK_DHIDDEN_N 256
 #define FG_BLOCK_DWEIGHT_M 1024
 
-/* 1 when bf16·bf16 products run natively on this CPU. */
-int fg_gemm_native_bf16(const fg_context *ctx);
+typedef struct fg_gemm_cache fg_gemm_cache;
 
-fg_status fg_gemm_cache_create(fg_context *ctx);
-void fg_gemm_cache_destroy(fg_context *ctx);
+/* An engine, per-worker streams and up to FG_GEMM_CACHE_SLOTS block
+ * primitives. Probes once whether bf16 products run natively. */
+#define FG_GEMM_CACHE_SLOTS 128
+fg_status fg_gemm_cache_create(fg_gemm_cache **out);
+void fg_gemm_cache_destroy(fg_gemm_cache *cache); /* NULL is fine */
+
+/* 1 when bf16·bf16 products run natively on this CPU. */
+int fg_gemm_native_bf16(const fg_gemm_cache *cache);
+
+/* Time and work issued to GEMMs, accumulated by fg_gemm_run. */
+typedef struct fg_gemm_stats {
+    double seconds;
+    int64_t flops;
+} fg_gemm_stats;
 
 /* What a product's scratch needs: a part shared by all workers (converted
  * bf16 weight tiles) and one scratchpad per worker thread. */
@@ -60,19 +77,22 @@ typedef struct fg_gemm_scratch {
 } fg_gemm_scratch;
 
 /* Creates (or finds) the primitives of shape's blocks, with memory objects
- * for up to the context's thread count of workers, and raises *need to
- * cover this product. Call before writing any output, so backend failures
- * surface while outputs are untouched. */
-fg_status fg_gemm_prepare(fg_context *ctx, const fg_gemm_shape *shape, fg_gemm_scratch *need);
+ * for up to `threads` workers, and raises *need to cover this product. Call
+ * before writing any output, so backend failures surface while outputs are
+ * untouched. */
+fg_status fg_gemm_prepare(fg_gemm_cache *cache, const fg_gemm_shape *shape, int threads,
+                          fg_gemm_scratch *need, fg_error *err);
 
 /* Bytes of scratch for `workers` concurrent workers. */
 size_t fg_gemm_scratch_bytes(const fg_gemm_scratch *need, int workers);
 
-/* Runs it with at most `workers` threads (at most the context's thread
- * count; fewer when the budget holds fewer scratchpads). The blocks, and so
- * the result's bits, are the same for any worker count. scratch must hold
- * fg_gemm_scratch_bytes(need, workers). */
-fg_status fg_gemm_run(fg_context *ctx, const fg_gemm_shape *shape, const void *A, const void *B,
-                      void *C, const void *bias, void *scratch, int workers);
+/* Runs a prepared product on `workers` threads (at most the `threads` it was
+ * prepared for). The blocks, and so the result's bits, are the same for any
+ * worker count. scratch (64-byte aligned) must hold
+ * fg_gemm_scratch_bytes(need, workers). Adds its time and flops to *stats
+ * (NULL: not wanted). */
+fg_status fg_gemm_run(fg_gemm_cache *cache, const fg_gemm_shape *shape, const void *A,
+                      const void *B, void *C, const void *bias, void *scratch, int workers,
+                      fg_gemm_stats *stats, fg_error *err);
 
 #endif

@@ -7,12 +7,13 @@
  */
 #include <string.h>
 
+#include "call.h"
 #include "finish.h"
 #include "validate.h"
 
-static fg_status check_grad_logits(fg_context *ctx, const fg_matrix *logits, const fg_matrix *g)
+static fg_status check_grad_logits(fg_error *err, const fg_matrix *logits, const fg_matrix *g)
 {
-    fg_status st = fg_validate_matrix(ctx, "grad_logits", g, logits->rows, logits->cols);
+    fg_status st = fg_validate_matrix(err, "grad_logits", g, logits->rows, logits->cols);
     if (st != FG_OK)
         return st;
     const size_t ls = fg_dtype_size(logits->dtype), gs = fg_dtype_size(g->dtype);
@@ -22,83 +23,81 @@ static fg_status check_grad_logits(fg_context *ctx, const fg_matrix *logits, con
     if (g0 == l0 && g->dtype == logits->dtype && g->ld == logits->ld)
         return FG_OK; /* exact in-place */
     if (g0 < l1 && l0 < g1)
-        return fg_fail(ctx, FG_ERR_UNSUPPORTED,
+        return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "grad_logits overlaps logits without being exactly in place "
                        "(same data, dtype and ld)");
     return FG_OK;
 }
 
+static fg_status validate_logits(fg_call *call, const fg_loss_config *cfg, const fg_matrix *logits,
+                                 const fg_batch *batch, const fg_logits_outputs *out)
+{
+    fg_error *err = call->err;
+    fg_status st;
+    int64_t n_active;
+    if (!out)
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "out is NULL");
+    if ((st = fg_validate_config(err, cfg)) != FG_OK)
+        return st;
+    if (!logits)
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "logits is NULL");
+    if ((st = fg_validate_matrix(err, "logits", logits, -1, -1)) != FG_OK)
+        return st;
+    if ((st = fg_validate_batch(err, cfg, batch, logits->cols, &n_active)) != FG_OK)
+        return st;
+    const int64_t N = batch->batch * batch->seq_len;
+    if (logits->rows != N)
+        return fg_fail(err, FG_ERR_SHAPE_MISMATCH, "logits has %lld rows, B*T = %lld",
+                       (long long)logits->rows, (long long)N);
+    if (out->grad_logits.data && (st = check_grad_logits(err, logits, &out->grad_logits)) != FG_OK)
+        return st;
+    if (call->check_finite &&
+        (st = fg_check_finite_matrix(err, call->threads, "logits", logits, batch->mask)) != FG_OK)
+        return st;
+    return fg_call_reserve(call, fg_common_workspace_bytes(batch->batch, N));
+}
+
 fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg, const fg_matrix *logits,
-                         const fg_batch *batch, fg_outputs *out)
+                         const fg_batch *batch, fg_logits_outputs *out, const fg_exec *exec)
 {
     if (!ctx)
         return FG_ERR_NULL_ARGUMENT;
-    fg_clear_error(ctx);
-    fg_status st;
-    if (!out)
-        return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "out is NULL");
-    if ((st = fg_validate_config(ctx, cfg)) != FG_OK)
+    fg_call call;
+    fg_status st = fg_call_begin(ctx, exec, &call);
+    if (st != FG_OK)
         return st;
-    if (!logits)
-        return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "logits is NULL");
-    if ((st = fg_validate_matrix(ctx, "logits", logits, -1, -1)) != FG_OK)
-        return st;
-    if ((st = fg_validate_batch(ctx, cfg, batch, logits->cols)) != FG_OK)
-        return st;
+    if ((st = validate_logits(&call, cfg, logits, batch, out)) != FG_OK)
+        return fg_call_end(&call, st);
+    /* All checks passed and the memory is in hand: from here on outputs are written. */
     const int64_t N = batch->batch * batch->seq_len, V = logits->cols;
-    if (logits->rows != N)
-        return fg_fail(ctx, FG_ERR_SHAPE_MISMATCH, "logits has %lld rows, B*T = %lld",
-                       (long long)logits->rows, (long long)N);
-    if (out->grad_hidden.data || out->grad_weight.data || out->grad_bias.data)
-        return fg_fail(ctx, FG_ERR_UNSUPPORTED,
-                       "fg_logits_grpo computes no grad_hidden/grad_weight/grad_bias "
-                       "(use fg_linear_grpo)");
     const int want_grad = out->grad_logits.data != NULL;
-    if (want_grad && (st = check_grad_logits(ctx, logits, &out->grad_logits)) != FG_OK)
-        return st;
-    if (ctx->opts.check_finite &&
-        (st = fg_check_finite_matrix(ctx, "logits", logits, batch->mask)) != FG_OK)
-        return st;
-
-    if ((st = fg_ws_reserve(ctx, fg_common_workspace_bytes(batch->batch, N))) != FG_OK)
-        return fg_fail(ctx, st, "cannot allocate %zu bytes of workspace",
-                       fg_common_workspace_bytes(batch->batch, N));
-    /* All checks passed: from here on outputs are written. */
-    const int saved = fg_threads_enter(ctx);
-    ctx->last_gemm_flops = 0;
-    ctx->last_gemm_seconds = 0;
-    const double call_t0 = fg_now();
-    ctx->last_chunks = 1;
-    ctx->last_chunk_rows = N;
+    call.chunks = 1;
+    call.chunk_rows = N;
     fg_common c;
-    fg_common_init(ctx, &c, cfg, batch);
+    fg_common_init(call.arena, &c, cfg, batch);
     const float inv_temp = (float)(1.0 / cfg->temperature);
     fg_rows rows = {logits->data, logits->dtype, logits->ld,
                     out->grad_logits.data, out->grad_logits.dtype, out->grad_logits.ld,
                     c.n_active, V, c.active, 1, 0};
+    const int nt = call.threads;
     int bad;
     if (!want_grad) {
-        bad = fg_sweep_forward(ctx, &c.plan, &rows, inv_temp, &c.ta);
+        bad = fg_sweep_forward(nt, &c.plan, &rows, inv_temp, &c.ta);
     } else if (c.plan.level == FG_LEVEL_TOKEN) {
-        bad = fg_sweep_forward_backward(ctx, &c.plan, &rows, inv_temp, &c.ta);
+        bad = fg_sweep_forward_backward(nt, &c.plan, &rows, inv_temp, &c.ta);
     } else {
-        bad = fg_sweep_forward(ctx, &c.plan, &rows, inv_temp, &c.ta);
+        bad = fg_sweep_forward(nt, &c.plan, &rows, inv_temp, &c.ta);
         fg_loss_prepare_sequences(&c.plan, c.ta.logp);
-        fg_sweep_backward(ctx, &c.plan, &rows, inv_temp, &c.ta);
+        fg_sweep_backward(nt, &c.plan, &rows, inv_temp, &c.ta);
     }
     if (want_grad) { /* masked rows get zero gradient */
         const size_t es = fg_dtype_size(out->grad_logits.dtype);
-        for (int64_t n = 0; n < N; n++)
-            if (!batch->mask[n])
-                memset((unsigned char *)out->grad_logits.data +
-                           (size_t)n * (size_t)out->grad_logits.ld * es,
-                       0, (size_t)V * es);
+        fg_zero_masked_rows(&c, N, out->grad_logits.data, (size_t)out->grad_logits.ld * es,
+                            (size_t)V * es);
     }
-    fg_common_finish(&c, batch, out);
-    fg_threads_leave(saved);
-    ctx->last_call_seconds = fg_now() - call_t0;
+    fg_common_finish(&c, batch, &out->loss, &out->metrics, out->logp, out->entropy);
     if (bad)
-        return fg_fail(ctx, FG_ERR_NONFINITE_INPUT,
-                       "the logits hold NaN or Inf (finite check was off); results are invalid");
-    return FG_OK;
+        st = fg_fail(call.err, FG_ERR_NONFINITE_INPUT,
+                     "the logits hold NaN or Inf (finite check was off); results are invalid");
+    return fg_call_end(&call, st);
 }

@@ -1,8 +1,12 @@
-/* Small public helpers: status names, enum parsing, config defaults, views. */
+/* Small public helpers: status names and messages (fg_fail), enum parsing,
+ * config defaults, views. */
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "bf16.h"
+#include "error.h"
 #include "internal.h"
 
 static const char *const status_names[FG_STATUS_COUNT] = {
@@ -29,6 +33,17 @@ const char *fg_status_name(fg_status status)
     if ((int)status < 0 || status >= FG_STATUS_COUNT)
         return "FG_ERR_UNKNOWN_STATUS";
     return status_names[status];
+}
+
+fg_status fg_fail(fg_error *err, fg_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = snprintf(err->msg, sizeof err->msg, "%s: ", fg_status_name(status));
+    if (n > 0 && (size_t)n < sizeof err->msg)
+        vsnprintf(err->msg + n, sizeof err->msg - (size_t)n, fmt, ap);
+    va_end(ap);
+    return status;
 }
 
 static const char *const loss_names[FG_LOSS_TYPE_COUNT] = {

@@ -67,17 +67,18 @@ static void backward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t 
                     local_token(plan, rows, n));
 }
 
-int fg_sweep_forward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+int fg_sweep_forward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
                      float inv_temp, const fg_token_arrays *ta)
 {
     int bad = 0;
-#pragma omp parallel for schedule(static) num_threads(fg_threads(ctx)) reduction(| : bad)
+#pragma omp parallel for schedule(static) num_threads(threads) reduction(| : bad)
     for (int64_t i = 0; i < rows->count; i++)
         bad |= forward_row(plan, rows, i, inv_temp, ta);
     return bad;
 }
 
-fg_status fg_sweep_forward_sharded(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+fg_status fg_sweep_forward_sharded(int threads, const fg_communicator *comm, fg_error *err,
+                                    const fg_loss_plan *plan, const fg_rows *rows,
                                    float inv_temp, const fg_token_arrays *ta, float *scratch,
                                    int *bad)
 {
@@ -86,16 +87,15 @@ fg_status fg_sweep_forward_sharded(fg_context *ctx, const fg_loss_plan *plan, co
      * [max | chosen logit] by MAX, then [sum | dot] by SUM. */
     float *mx = scratch, *zt = scratch + m, *sum = scratch + 2 * m, *dot = scratch + 3 * m;
     float *local_max = scratch + 4 * m;
-#pragma omp parallel for schedule(static) num_threads(fg_threads(ctx))
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < m; i++) {
         fg_row_stats s = row_stats(plan, rows, i, inv_temp, &zt[i]);
         mx[i] = local_max[i] = s.max;
         sum[i] = s.sum;
         dot[i] = s.dot;
     }
-    const fg_communicator *comm = &ctx->opts.comm;
     if (comm->allreduce(comm->user, mx, 2 * m, FG_REDUCE_MAX) != 0)
-        return fg_fail(ctx, FG_ERR_BACKEND, "the communicator's allreduce (max) failed");
+        return fg_fail(err, FG_ERR_BACKEND, "the communicator's allreduce (max) failed");
     for (int64_t i = 0; i < m; i++) { /* rescale this shard's sums to the global max */
         fg_row_stats global = {mx[i], 0.0f, 0.0f}, local = {local_max[i], sum[i], dot[i]};
         fg_row_stats r = fg_row_stats_merge(global, local);
@@ -103,7 +103,7 @@ fg_status fg_sweep_forward_sharded(fg_context *ctx, const fg_loss_plan *plan, co
         dot[i] = r.dot;
     }
     if (comm->allreduce(comm->user, sum, 2 * m, FG_REDUCE_SUM) != 0)
-        return fg_fail(ctx, FG_ERR_BACKEND, "the communicator's allreduce (sum) failed");
+        return fg_fail(err, FG_ERR_BACKEND, "the communicator's allreduce (sum) failed");
     int b = 0;
     for (int64_t i = 0; i < m; i++) {
         fg_row_stats s = {mx[i], sum[i], dot[i]};
@@ -113,19 +113,19 @@ fg_status fg_sweep_forward_sharded(fg_context *ctx, const fg_loss_plan *plan, co
     return FG_OK;
 }
 
-void fg_sweep_backward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+void fg_sweep_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
                        float inv_temp, const fg_token_arrays *ta)
 {
-#pragma omp parallel for schedule(static) num_threads(fg_threads(ctx))
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < rows->count; i++)
         backward_row(plan, rows, i, inv_temp, ta);
 }
 
-int fg_sweep_forward_backward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+int fg_sweep_forward_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
                               float inv_temp, const fg_token_arrays *ta)
 {
     int bad = 0;
-#pragma omp parallel for schedule(static) num_threads(fg_threads(ctx)) reduction(| : bad)
+#pragma omp parallel for schedule(static) num_threads(threads) reduction(| : bad)
     for (int64_t i = 0; i < rows->count; i++) {
         bad |= forward_row(plan, rows, i, inv_temp, ta);
         backward_row(plan, rows, i, inv_temp, ta);
@@ -133,9 +133,9 @@ int fg_sweep_forward_backward(fg_context *ctx, const fg_loss_plan *plan, const f
     return bad;
 }
 
-void fg_sweep_column_sums(fg_context *ctx, const fg_rows *rows, float *acc)
+void fg_sweep_column_sums(int threads, const fg_rows *rows, float *acc)
 {
-    const int nt = fg_threads(ctx);
+    const int nt = threads;
     const int64_t V = rows->V;
 #pragma omp parallel num_threads(nt)
     {

@@ -9,6 +9,7 @@
 #ifndef FG_SWEEP_H
 #define FG_SWEEP_H
 
+#include "error.h"
 #include "internal.h"
 #include "loss_math.h"
 
@@ -37,28 +38,29 @@ typedef struct fg_token_arrays {
 
 /* Row statistics -> lse, logp, entropy of each row's token.
  * Returns 1 if any of them is not finite (NaN/Inf in the logits). */
-int fg_sweep_forward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+int fg_sweep_forward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
                      float inv_temp, const fg_token_arrays *ta);
 
 /* The same across vocab shards: each shard computes its rows' partial
  * statistics, the communicator merges them (max, then rescaled sums), and
  * every shard finalizes identical lse/logp/entropy. scratch: 5*count floats.
  * Returns FG_ERR_BACKEND if the communicator fails; *bad as above. */
-fg_status fg_sweep_forward_sharded(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+fg_status fg_sweep_forward_sharded(int threads, const fg_communicator *comm, fg_error *err,
+                                    const fg_loss_plan *plan, const fg_rows *rows,
                                    float inv_temp, const fg_token_arrays *ta, float *scratch,
                                    int *bad);
 
 /* d loss / d x for each row from the saved lse/entropy and the loss math's
  * d loss / d logp and d loss / d entropy. */
-void fg_sweep_backward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+void fg_sweep_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
                        float inv_temp, const fg_token_arrays *ta);
 
 /* Both, one row at a time while the row is still in cache: valid when a
  * token's gradient needs only its own log-prob (token-level ratio). */
-int fg_sweep_forward_backward(fg_context *ctx, const fg_loss_plan *plan, const fg_rows *rows,
+int fg_sweep_forward_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
                               float inv_temp, const fg_token_arrays *ta);
 
 /* acc[c] += Σ_rows dx[r, c] for all c, columns split across threads. */
-void fg_sweep_column_sums(fg_context *ctx, const fg_rows *rows, float *acc);
+void fg_sweep_column_sums(int threads, const fg_rows *rows, float *acc);
 
 #endif

@@ -7,24 +7,24 @@
 
 static int finite_d(double x) { return isfinite(x); }
 
-fg_status fg_validate_config(fg_context *ctx, const fg_loss_config *cfg)
+fg_status fg_validate_config(fg_error *err, const fg_loss_config *cfg)
 {
     if (!cfg)
-        return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "cfg is NULL");
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "cfg is NULL");
     if ((int)cfg->loss_type < 0 || cfg->loss_type >= FG_LOSS_TYPE_COUNT)
-        return fg_fail(ctx, FG_ERR_UNKNOWN_LOSS_TYPE,
+        return fg_fail(err, FG_ERR_UNKNOWN_LOSS_TYPE,
                        "loss_type %d is not one of grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo",
                        (int)cfg->loss_type);
     if ((int)cfg->importance_sampling_level < 0 ||
         cfg->importance_sampling_level >= FG_LEVEL_COUNT)
-        return fg_fail(ctx, FG_ERR_UNKNOWN_LEVEL,
+        return fg_fail(err, FG_ERR_UNKNOWN_LEVEL,
                        "importance_sampling_level %d is not token or sequence",
                        (int)cfg->importance_sampling_level);
     /* The kernels scale by (float)(1 / temperature): it must be finite too
      * (a temperature below ~2.9e-39 would turn every logit into Inf/NaN). */
     if (!(cfg->temperature > 0) || !finite_d(cfg->temperature) ||
         !isfinite((float)(1.0 / cfg->temperature)))
-        return fg_fail(ctx, FG_ERR_BAD_TEMPERATURE,
+        return fg_fail(err, FG_ERR_BAD_TEMPERATURE,
                        "temperature must be finite and > 0 with a finite float reciprocal, got %g",
                        cfg->temperature);
     struct {
@@ -38,118 +38,123 @@ fg_status fg_validate_config(fg_context *ctx, const fg_loss_config *cfg)
                   {"entropy_coef", cfg->entropy_coef}};
     for (size_t i = 0; i < sizeof finite / sizeof finite[0]; i++)
         if (!finite_d(finite[i].v))
-            return fg_fail(ctx, FG_ERR_BAD_HYPERPARAMETER, "%s must be finite, got %g",
+            return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER, "%s must be finite, got %g",
                            finite[i].name, finite[i].v);
     if (!(cfg->sapo_temperature_pos > 0) || !finite_d(4.0 / cfg->sapo_temperature_pos) ||
         !finite_d(cfg->sapo_temperature_pos) || !(cfg->sapo_temperature_neg > 0) ||
         !finite_d(4.0 / cfg->sapo_temperature_neg) || !finite_d(cfg->sapo_temperature_neg))
-        return fg_fail(ctx, FG_ERR_BAD_HYPERPARAMETER,
+        return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER,
                        "sapo_temperature_pos/neg must be finite and > 0, got %g / %g",
                        cfg->sapo_temperature_pos, cfg->sapo_temperature_neg);
     return FG_OK;
 }
 
-static fg_status check_finite_tokens(fg_context *ctx, const char *name, const float *x,
-                                     const fg_batch *b)
+/* "name[b, t] is x" for a non-finite per-token input. */
+static fg_status nonfinite_token(fg_error *err, const char *name, const float *x, int64_t i,
+                                 int64_t T)
 {
-    const int64_t n = b->batch * b->seq_len;
-    for (int64_t i = 0; i < n; i++)
-        if (b->mask[i] && !isfinite(x[i]))
-            return fg_fail(ctx, FG_ERR_NONFINITE_INPUT, "%s[%lld, %lld] is %g", name,
-                           (long long)(i / b->seq_len), (long long)(i % b->seq_len), (double)x[i]);
-    return FG_OK;
+    return fg_fail(err, FG_ERR_NONFINITE_INPUT, "%s[%lld, %lld] is %g", name, (long long)(i / T),
+                   (long long)(i % T), (double)x[i]);
 }
 
-fg_status fg_validate_batch(fg_context *ctx, const fg_loss_config *cfg, const fg_batch *b,
-                            int64_t vocab)
+fg_status fg_validate_batch(fg_error *err, const fg_loss_config *cfg, const fg_batch *b,
+                            int64_t vocab, int64_t *n_active)
 {
     if (!b)
-        return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "batch is NULL");
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "batch is NULL");
     if (b->batch <= 0 || b->seq_len <= 0)
-        return fg_fail(ctx, FG_ERR_INVALID_SIZE, "batch (B=%lld) and seq_len (T=%lld) must be >= 1",
+        return fg_fail(err, FG_ERR_INVALID_SIZE, "batch (B=%lld) and seq_len (T=%lld) must be >= 1",
                        (long long)b->batch, (long long)b->seq_len);
     size_t n, bytes;
     if (!fg_mul_size((size_t)b->batch, (size_t)b->seq_len, &n) || n > (size_t)INT64_MAX ||
         !fg_mul_size(n, sizeof(int64_t), &bytes))
-        return fg_fail(ctx, FG_ERR_SIZE_OVERFLOW, "B*T = %lld*%lld overflows",
+        return fg_fail(err, FG_ERR_SIZE_OVERFLOW, "B*T = %lld*%lld overflows",
                        (long long)b->batch, (long long)b->seq_len);
     if (!b->token_ids)
-        return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "batch->token_ids is NULL");
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "batch->token_ids is NULL");
     if (!b->mask)
-        return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "batch->mask is NULL");
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "batch->mask is NULL");
     if (!b->advantages)
-        return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "batch->advantages is NULL");
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "batch->advantages is NULL");
     if (cfg->beta != 0 && !b->ref_logp)
-        return fg_fail(ctx, FG_ERR_MISSING_REF_LOGP,
+        return fg_fail(err, FG_ERR_MISSING_REF_LOGP,
                        "beta = %g needs ref_logp (the reference policy's log-probs)", cfg->beta);
-    for (int64_t i = 0; i < (int64_t)n; i++)
-        if (b->mask[i] && (b->token_ids[i] < 0 || b->token_ids[i] >= vocab))
-            return fg_fail(ctx, FG_ERR_TOKEN_OUT_OF_RANGE,
-                           "token_ids[%lld, %lld] = %lld is outside [0, %lld)",
-                           (long long)(i / b->seq_len), (long long)(i % b->seq_len),
-                           (long long)b->token_ids[i], (long long)vocab);
     for (int64_t i = 0; i < b->batch; i++)
         if (!isfinite(b->advantages[i]))
-            return fg_fail(ctx, FG_ERR_NONFINITE_INPUT, "advantages[%lld] is %g", (long long)i,
+            return fg_fail(err, FG_ERR_NONFINITE_INPUT, "advantages[%lld] is %g", (long long)i,
                            (double)b->advantages[i]);
-    fg_status st;
-    if (b->old_logp && (st = check_finite_tokens(ctx, "old_logp", b->old_logp, b)) != FG_OK)
-        return st;
-    if (cfg->beta != 0 && (st = check_finite_tokens(ctx, "ref_logp", b->ref_logp, b)) != FG_OK)
-        return st;
-    if (b->is_ratio) {
-        if (b->is_ratio_per_sequence) {
-            for (int64_t i = 0; i < b->batch; i++)
-                if (!isfinite(b->is_ratio[i]))
-                    return fg_fail(ctx, FG_ERR_NONFINITE_INPUT, "is_ratio[%lld] is %g",
-                                   (long long)i, (double)b->is_ratio[i]);
-        } else if ((st = check_finite_tokens(ctx, "is_ratio", b->is_ratio, b)) != FG_OK)
-            return st;
+    const float *ref = cfg->beta != 0 ? b->ref_logp : NULL;
+    const float *ratio = b->is_ratio && !b->is_ratio_per_sequence ? b->is_ratio : NULL;
+    if (b->is_ratio && b->is_ratio_per_sequence)
+        for (int64_t i = 0; i < b->batch; i++)
+            if (!isfinite(b->is_ratio[i]))
+                return fg_fail(err, FG_ERR_NONFINITE_INPUT, "is_ratio[%lld] is %g",
+                               (long long)i, (double)b->is_ratio[i]);
+    /* The one pass over the mask before outputs are written: token ids and
+     * the per-token inputs that are read, and the count of unmasked tokens. */
+    const int64_t T = b->seq_len;
+    int64_t active = 0;
+    for (int64_t i = 0; i < (int64_t)n; i++) {
+        if (!b->mask[i])
+            continue;
+        active++;
+        if (b->token_ids[i] < 0 || b->token_ids[i] >= vocab)
+            return fg_fail(err, FG_ERR_TOKEN_OUT_OF_RANGE,
+                           "token_ids[%lld, %lld] = %lld is outside [0, %lld)",
+                           (long long)(i / T), (long long)(i % T), (long long)b->token_ids[i],
+                           (long long)vocab);
+        if (b->old_logp && !isfinite(b->old_logp[i]))
+            return nonfinite_token(err, "old_logp", b->old_logp, i, T);
+        if (ref && !isfinite(ref[i]))
+            return nonfinite_token(err, "ref_logp", ref, i, T);
+        if (ratio && !isfinite(ratio[i]))
+            return nonfinite_token(err, "is_ratio", ratio, i, T);
     }
+    *n_active = active;
     return FG_OK;
 }
 
-fg_status fg_validate_matrix(fg_context *ctx, const char *name, const fg_matrix *m, int64_t rows,
+fg_status fg_validate_matrix(fg_error *err, const char *name, const fg_matrix *m, int64_t rows,
                              int64_t cols)
 {
     if (!m || !m->data)
-        return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "%s: data is NULL", name);
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "%s: data is NULL", name);
     if (m->dtype != FG_DTYPE_F32 && m->dtype != FG_DTYPE_BF16)
-        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s: unknown dtype %d", name, (int)m->dtype);
+        return fg_fail(err, FG_ERR_UNSUPPORTED, "%s: unknown dtype %d", name, (int)m->dtype);
     if (m->rows <= 0 || m->cols <= 0)
-        return fg_fail(ctx, FG_ERR_INVALID_SIZE, "%s: sizes must be >= 1, got [%lld, %lld]", name,
+        return fg_fail(err, FG_ERR_INVALID_SIZE, "%s: sizes must be >= 1, got [%lld, %lld]", name,
                        (long long)m->rows, (long long)m->cols);
     if (m->ld < m->cols)
-        return fg_fail(ctx, FG_ERR_INVALID_SIZE, "%s: row stride ld = %lld < cols = %lld", name,
+        return fg_fail(err, FG_ERR_INVALID_SIZE, "%s: row stride ld = %lld < cols = %lld", name,
                        (long long)m->ld, (long long)m->cols);
     size_t elems, bytes;
     if (!fg_mul_size((size_t)(m->rows - 1), (size_t)m->ld, &elems) ||
         !fg_add_size(elems, (size_t)m->cols, &elems) || elems > (size_t)INT64_MAX / 4 ||
         !fg_mul_size(elems, fg_dtype_size(m->dtype), &bytes))
-        return fg_fail(ctx, FG_ERR_SIZE_OVERFLOW, "%s: [%lld, %lld] with ld %lld overflows", name,
+        return fg_fail(err, FG_ERR_SIZE_OVERFLOW, "%s: [%lld, %lld] with ld %lld overflows", name,
                        (long long)m->rows, (long long)m->cols, (long long)m->ld);
     if ((rows >= 0 && m->rows != rows) || (cols >= 0 && m->cols != cols))
-        return fg_fail(ctx, FG_ERR_SHAPE_MISMATCH, "%s: shape [%lld, %lld], expected [%lld, %lld]",
+        return fg_fail(err, FG_ERR_SHAPE_MISMATCH, "%s: shape [%lld, %lld], expected [%lld, %lld]",
                        name, (long long)m->rows, (long long)m->cols,
                        (long long)(rows >= 0 ? rows : m->rows),
                        (long long)(cols >= 0 ? cols : m->cols));
     return FG_OK;
 }
 
-fg_status fg_validate_vector(fg_context *ctx, const char *name, const fg_vector *v, int64_t len)
+fg_status fg_validate_vector(fg_error *err, const char *name, const fg_vector *v, int64_t len)
 {
     if (!v || !v->data)
-        return fg_fail(ctx, FG_ERR_NULL_ARGUMENT, "%s: data is NULL", name);
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "%s: data is NULL", name);
     if (v->dtype != FG_DTYPE_F32 && v->dtype != FG_DTYPE_BF16)
-        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s: unknown dtype %d", name, (int)v->dtype);
+        return fg_fail(err, FG_ERR_UNSUPPORTED, "%s: unknown dtype %d", name, (int)v->dtype);
     if (v->len <= 0)
-        return fg_fail(ctx, FG_ERR_INVALID_SIZE, "%s: length must be >= 1, got %lld", name,
+        return fg_fail(err, FG_ERR_INVALID_SIZE, "%s: length must be >= 1, got %lld", name,
                        (long long)v->len);
     if ((uint64_t)v->len > (uint64_t)INT64_MAX / 4)
-        return fg_fail(ctx, FG_ERR_SIZE_OVERFLOW, "%s: length %lld overflows", name,
+        return fg_fail(err, FG_ERR_SIZE_OVERFLOW, "%s: length %lld overflows", name,
                        (long long)v->len);
     if (len >= 0 && v->len != len)
-        return fg_fail(ctx, FG_ERR_SHAPE_MISMATCH, "%s: length %lld, expected %lld", name,
+        return fg_fail(err, FG_ERR_SHAPE_MISMATCH, "%s: length %lld, expected %lld", name,
                        (long long)v->len, (long long)len);
     return FG_OK;
 }
@@ -181,12 +186,12 @@ static int64_t first_nonfinite(const void *p, fg_dtype dt, int64_t n)
     return -1;
 }
 
-fg_status fg_check_finite_matrix(fg_context *ctx, const char *name, const fg_matrix *m,
-                                 const uint8_t *row_mask)
+fg_status fg_check_finite_matrix(fg_error *err, int threads, const char *name,
+                                 const fg_matrix *m, const uint8_t *row_mask)
 {
     const size_t es = fg_dtype_size(m->dtype);
     int64_t bad_row = -1, bad_col = -1;
-#pragma omp parallel for schedule(static) num_threads(fg_threads(ctx))
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < m->rows; r++) {
         if (row_mask && !row_mask[r])
             continue;
@@ -201,15 +206,15 @@ fg_status fg_check_finite_matrix(fg_context *ctx, const char *name, const fg_mat
         }
     }
     if (bad_row >= 0)
-        return fg_fail(ctx, FG_ERR_NONFINITE_INPUT, "%s[%lld, %lld] is NaN or Inf", name,
+        return fg_fail(err, FG_ERR_NONFINITE_INPUT, "%s[%lld, %lld] is NaN or Inf", name,
                        (long long)bad_row, (long long)bad_col);
     return FG_OK;
 }
 
-fg_status fg_check_finite_vector(fg_context *ctx, const char *name, const fg_vector *v)
+fg_status fg_check_finite_vector(fg_error *err, const char *name, const fg_vector *v)
 {
     int64_t i = first_nonfinite(v->data, v->dtype, v->len);
     if (i >= 0)
-        return fg_fail(ctx, FG_ERR_NONFINITE_INPUT, "%s[%lld] is NaN or Inf", name, (long long)i);
+        return fg_fail(err, FG_ERR_NONFINITE_INPUT, "%s[%lld] is NaN or Inf", name, (long long)i);
     return FG_OK;
 }

@@ -1,9 +1,11 @@
 #define _GNU_SOURCE /* MAP_POPULATE, MAP_ANONYMOUS */
-/* The tracked allocator and the reusable arena (see internal.h). */
-#include <stdlib.h>
+/* The arena (see workspace.h), checked size arithmetic and the fault points. */
+#include <stdint.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "internal.h"
+#include "workspace.h"
 
 int fg_mul_size(size_t a, size_t b, size_t *out)
 {
@@ -38,61 +40,59 @@ long fg_fault_points(void) { return atomic_load(&fault_count); }
 int fg_fault_hit(void) { return atomic_fetch_add(&fault_count, 1) == atomic_load(&fault_target); }
 #endif
 
-static void count_alloc(fg_context *ctx, size_t bytes)
-{
-    ctx->bytes_current += bytes;
-    if (ctx->bytes_current > ctx->bytes_peak)
-        ctx->bytes_peak = ctx->bytes_current;
-}
-
 size_t fg_ws_round(size_t bytes) { return (bytes + FG_ALIGN - 1) & ~(size_t)(FG_ALIGN - 1); }
 
 size_t fg_ws_page_round(size_t bytes) { return (bytes + 4095) & ~(size_t)4095; }
 
-void fg_ws_release(fg_context *ctx)
+void fg_arena_release(fg_arena *a, size_t *held)
 {
-    if (ctx->ws.base) {
-        munmap(ctx->ws.base, ctx->ws.capacity);
-        ctx->bytes_current -= ctx->ws.capacity;
+    if (a->base && !a->borrowed) {
+        munmap(a->base, a->capacity);
+        *held -= a->capacity;
     }
-    ctx->ws.base = NULL;
-    ctx->ws.capacity = 0;
-    ctx->ws.used = 0;
+    memset(a, 0, sizeof *a);
 }
 
-fg_status fg_ws_reserve(fg_context *ctx, size_t bytes)
+fg_status fg_arena_reserve(fg_arena *a, size_t bytes, size_t keep_limit, size_t *held)
 {
-    ctx->ws.used = 0;
+    a->used = 0;
     /* Keep the arena when it fits without hoarding: a fused call after a
      * materialized one must not sit on the baseline's N x V arena. */
-    size_t keep_limit = bytes > SIZE_MAX / 2 ? SIZE_MAX : 2 * bytes;
-    if (keep_limit < ctx->budget)
-        keep_limit = ctx->budget;
-    if (bytes <= ctx->ws.capacity && ctx->ws.capacity <= keep_limit)
+    if (keep_limit < (bytes > SIZE_MAX / 2 ? SIZE_MAX : 2 * bytes))
+        keep_limit = bytes > SIZE_MAX / 2 ? SIZE_MAX : 2 * bytes;
+    if (bytes <= a->capacity && a->capacity <= keep_limit)
         return FG_OK;
     if (bytes > SIZE_MAX - 4095)
         return FG_ERR_OUT_OF_MEMORY;
-    size_t cap = fg_ws_page_round(bytes);
+    const size_t cap = fg_ws_page_round(bytes);
     /* Free first so the peak is the larger arena, not old + new. */
-    fg_ws_release(ctx);
+    fg_arena_release(a, held);
     /* MAP_POPULATE: first-touch faults cost ~3 s/GiB here, pre-faulting 20x less. */
     void *p = fg_fault_hit() ? MAP_FAILED
                              : mmap(NULL, cap, PROT_READ | PROT_WRITE,
                                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED)
         return FG_ERR_OUT_OF_MEMORY;
-    ctx->ws.base = p;
-    ctx->ws.capacity = cap;
-    count_alloc(ctx, cap);
+    a->base = p;
+    a->capacity = cap;
+    *held += cap;
     return FG_OK;
 }
 
-void *fg_ws_take(fg_context *ctx, size_t bytes)
+void fg_arena_borrow(fg_arena *a, void *mem, size_t bytes)
 {
-    size_t need = fg_ws_round(bytes);
-    if (need > ctx->ws.capacity - ctx->ws.used)
+    a->base = mem;
+    a->capacity = bytes;
+    a->used = 0;
+    a->borrowed = 1;
+}
+
+void *fg_arena_take(fg_arena *a, size_t bytes)
+{
+    const size_t need = fg_ws_round(bytes);
+    if (need > a->capacity - a->used)
         return NULL;
-    void *p = ctx->ws.base + ctx->ws.used;
-    ctx->ws.used += need;
+    void *p = a->base + a->used;
+    a->used += need;
     return p;
 }

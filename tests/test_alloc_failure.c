@@ -12,7 +12,8 @@
  * For each scenario (fused f32 token level in several chunks, materialized
  * f32 sequence level, logits f32, fused bf16 sequence level through the
  * weight-tile GEMM path in several chunks, materialized bf16 with logits
- * rounded to bf16, and the logits path in place), a clean run counts P fault
+ * rounded to bf16, the logits path in place, and a fused call in a caller
+ * workspace sized by the planner: no arena is mapped), a clean run counts P fault
  * points from fg_context_create to fg_context_destroy. Then for every k in
  * [0, P): arm the k-th point, create a context and call:
  *   - the failure surfaces as FG_ERR_OUT_OF_MEMORY (library allocations) or
@@ -61,15 +62,17 @@ typedef struct scenario {
     fg_is_level level;
     size_t budget; /* 0: default; 1: the planner's smallest (budget_of) */
     int round_logits, in_place;
+    int workspace; /* the call runs in a caller workspace of the plan's working_bytes */
 } scenario;
 
 static const scenario SCEN[] = {
-    {"fused f32 token, 3+ chunks", P_FUSED, FG_DTYPE_F32, FG_LEVEL_TOKEN, 1, 0, 0},
-    {"materialized f32 sequence", P_MAT, FG_DTYPE_F32, FG_LEVEL_SEQUENCE, 0, 0, 0},
-    {"logits f32 token", P_LOGITS, FG_DTYPE_F32, FG_LEVEL_TOKEN, 0, 0, 0},
-    {"fused bf16 sequence, 3+ chunks", P_FUSED, FG_DTYPE_BF16, FG_LEVEL_SEQUENCE, 1, 0, 0},
-    {"materialized bf16 round_logits", P_MAT, FG_DTYPE_BF16, FG_LEVEL_TOKEN, 0, 1, 0},
-    {"logits bf16 sequence in place", P_LOGITS, FG_DTYPE_BF16, FG_LEVEL_SEQUENCE, 0, 0, 1},
+    {"fused f32 token, 3+ chunks", P_FUSED, FG_DTYPE_F32, FG_LEVEL_TOKEN, 1, 0, 0, 0},
+    {"materialized f32 sequence", P_MAT, FG_DTYPE_F32, FG_LEVEL_SEQUENCE, 0, 0, 0, 0},
+    {"logits f32 token", P_LOGITS, FG_DTYPE_F32, FG_LEVEL_TOKEN, 0, 0, 0, 0},
+    {"fused bf16 sequence, 3+ chunks", P_FUSED, FG_DTYPE_BF16, FG_LEVEL_SEQUENCE, 1, 0, 0, 0},
+    {"materialized bf16 round_logits", P_MAT, FG_DTYPE_BF16, FG_LEVEL_TOKEN, 0, 1, 0, 0},
+    {"logits bf16 sequence in place", P_LOGITS, FG_DTYPE_BF16, FG_LEVEL_SEQUENCE, 0, 0, 1, 0},
+    {"fused f32 token, caller workspace", P_FUSED, FG_DTYPE_F32, FG_LEVEL_TOKEN, 1, 0, 0, 1},
 };
 #define NSCEN (sizeof SCEN / sizeof SCEN[0])
 
@@ -83,25 +86,29 @@ typedef struct res {
     size_t mem_after;          /* library-counted bytes after the call */
 } res;
 
-static tu_batch tb;
-static float hid32[N * H], wt32[V * H], bias32[V], log32[N * V];
-static uint16_t hid16[N * H], wt16[V * H], bias16[V], log16[N * V];
+/* The problem stored as f32 [0] and bf16 [1]; one batch (prob[0]'s). */
+static tu_problem prob[2];
+/* The caller workspace of the current scenario (scenario.workspace). */
+static void *g_workspace;
+static size_t g_workspace_bytes;
+static float log32[N * V];
+static uint16_t log16[N * V];
 static res ref, cur, again;
 
 static void make_inputs(void)
 {
-    tu_rng rng;
-    tu_rng_seed(&rng, 777);
-    tu_batch_make(&tb, B, T, V, 2, &rng);
-    tb.have_old = tb.have_ref = 1;
-    tb.is_mode = 1;
-    double lp[N];
-    for (int n = 0; n < N; n++) lp[n] = -5.0 + tu_uniform(&rng);
-    tu_batch_fill_logp(&tb, lp, 0.3, 0.3, &rng);
-    for (int i = 0; i < N * H; i++) hid16[i] = fg_f32_to_bf16(hid32[i] = (float)tu_normal(&rng));
-    for (int i = 0; i < V * H; i++) wt16[i] = fg_f32_to_bf16(wt32[i] = (float)(0.3 * tu_normal(&rng)));
-    for (int i = 0; i < V; i++) bias16[i] = fg_f32_to_bf16(bias32[i] = (float)(0.1 * tu_normal(&rng)));
-    for (int i = 0; i < N * V; i++) log16[i] = fg_f32_to_bf16(log32[i] = (float)(2.0 * tu_normal(&rng)));
+    const tu_problem_opts po = {1.0, 0.3, 0.1, 0, 0, 2};
+    for (int d = 0; d < 2; d++)
+        tu_problem_make_opts(&prob[d], B, T, H, V, d ? FG_DTYPE_BF16 : FG_DTYPE_F32, 1, 777, &po);
+    tu_batch *tb = &prob[0].tb;
+    tu_rng *rng = &prob[0].rng;
+    tb->have_old = tb->have_ref = 1;
+    tb->is_mode = 1;
+    double lp[N]; /* a stand-in for the policy's log-probs: bits are compared, not values */
+    for (int n = 0; n < N; n++) lp[n] = -5.0 + tu_uniform(rng);
+    tu_batch_fill_logp(tb, lp, 0.3, 0.3, rng);
+    for (int i = 0; i < N * V; i++)
+        log16[i] = fg_f32_to_bf16(log32[i] = (float)(2.0 * tu_normal(rng)));
 }
 
 static void fill(res *r)
@@ -132,37 +139,46 @@ static fg_status call_or_plan(fg_context *ctx, const scenario *s, res *r, fg_lin
     cfg.beta = 0.04;
     cfg.entropy_coef = 0.01;
     cfg.temperature = 0.8;
-    fg_outputs out;
-    memset(&out, 0, sizeof out);
-    out.loss = r->loss; /* the sentinels: a failing call must leave them */
-    out.metrics = r->metrics;
-    out.logp = r->logp;
-    out.entropy = r->ent;
-    const fg_batch *batch = tu_batch_view(&tb);
+    const fg_batch *batch = tu_batch_view(&prob[0].tb);
     fg_status st;
     if (s->path == P_LOGITS) {
+        fg_logits_outputs out;
+        memset(&out, 0, sizeof out);
+        out.loss = r->loss; /* the sentinels: a failing call must leave them */
+        out.metrics = r->metrics;
+        out.logp = r->logp;
+        out.entropy = r->ent;
         fg_matrix lm = s->dt == FG_DTYPE_BF16 ? fg_matrix_make(r->logits_io, FG_DTYPE_BF16, N, V)
                                               : fg_matrix_make(log32, FG_DTYPE_F32, N, V);
         out.grad_logits = s->in_place ? lm : fg_matrix_make(r->gl, FG_DTYPE_F32, N, V);
-        st = fg_logits_grpo(ctx, &cfg, &lm, batch, &out);
+        st = fg_logits_grpo(ctx, &cfg, &lm, batch, &out, NULL);
+        r->loss = out.loss;
+        r->metrics = out.metrics;
     } else {
-        const int bf = s->dt == FG_DTYPE_BF16;
-        fg_linear_inputs in;
-        memset(&in, 0, sizeof in);
-        in.hidden = fg_matrix_make(bf ? (void *)hid16 : (void *)hid32, s->dt, N, H);
-        in.weight = fg_matrix_make(bf ? (void *)wt16 : (void *)wt32, s->dt, V, H);
-        in.bias = fg_vector_make(bf ? (void *)bias16 : (void *)bias32, s->dt, V);
+        fg_linear_outputs out;
+        memset(&out, 0, sizeof out);
+        out.loss = r->loss;
+        out.metrics = r->metrics;
+        out.logp = r->logp;
+        out.entropy = r->ent;
+        const fg_linear_inputs in = tu_problem_inputs(&prob[s->dt == FG_DTYPE_BF16]);
         out.grad_hidden = fg_matrix_make(r->gh, FG_DTYPE_F32, N, H);
         out.grad_weight = fg_matrix_make(r->gw, FG_DTYPE_F32, V, H);
         out.grad_bias = fg_vector_make(r->gb, FG_DTYPE_F32, V);
         const fg_linear_options lo = {s->path == P_FUSED ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED,
                                       s->round_logits};
         if (plan)
-            return fg_linear_grpo_plan(ctx, &lo, &cfg, &in, batch, &out, plan);
-        st = fg_linear_grpo(ctx, &lo, &cfg, &in, batch, &out);
+            return fg_linear_grpo_plan(ctx, &lo, &cfg, &in, batch, &out, NULL, plan);
+        fg_exec ex;
+        fg_exec_init(&ex);
+        if (s->workspace) {
+            ex.workspace = g_workspace;
+            ex.workspace_bytes = g_workspace_bytes;
+        }
+        st = fg_linear_grpo(ctx, &lo, &cfg, &in, batch, &out, &ex);
+        r->loss = out.loss;
+        r->metrics = out.metrics;
     }
-    r->loss = out.loss;
-    r->metrics = out.metrics;
     fg_memory_stats ms;
     fg_get_memory_stats(ctx, &ms);
     r->mem_after = ms.current_bytes;
@@ -210,6 +226,17 @@ static void run_scenario(const scenario *s)
     budget_of(s);
     fg_fault_arm(-1);
     fg_context *ctx = NULL;
+    if (s->workspace) { /* sized by the planner, before the count starts */
+        fg_linear_plan_info plan;
+        memset(&plan, 0, sizeof plan);
+        CHECK(create(s, &ctx) == FG_OK && call_or_plan(ctx, s, &cur, &plan) == FG_OK,
+              "%s: plan of the workspace", s->name);
+        fg_context_destroy(ctx);
+        ctx = NULL;
+        g_workspace_bytes = plan.working_bytes;
+        g_workspace = tu_xmalloc_aligned(g_workspace_bytes);
+        fg_fault_arm(-1); /* restarts the count of fault points */
+    }
     fill(&ref);
     fg_status st = create(s, &ctx);
     CHECK(st == FG_OK, "%s: clean create: %s", s->name, fg_status_name(st));
@@ -271,6 +298,9 @@ static void run_scenario(const scenario *s)
     printf("%-40s %3ld fault points: %3ld in create, %3ld in the call (%ld OOM, %ld backend), "
            "%ld absorbed\n",
            s->name, points, n_create, n_call, n_oom, n_backend, n_absorbed);
+    free(g_workspace);
+    g_workspace = NULL;
+    g_workspace_bytes = 0;
 }
 
 int main(void)
@@ -282,7 +312,8 @@ int main(void)
     fg_context *ctx = NULL;
     CHECK(fg_context_create(NULL, &ctx) == FG_OK, "%s", "final create");
     fg_context_destroy(ctx);
-    tu_batch_free(&tb);
+    tu_problem_free(&prob[0]);
+    tu_problem_free(&prob[1]);
     return tu_finish();
 }
 

@@ -1,10 +1,12 @@
 /*
  * test_api: the small things of the public API. Status names, loss type and
- * level names and parsers, config and option defaults, bf16 conversions
- * (round to nearest even, NaN stays NaN), context life cycle, the refused
- * CUDA backend, memory-stats plumbing.
+ * level names and parsers, config, option and fg_exec defaults, bf16
+ * conversions (round to nearest even, NaN stays NaN), context life cycle, the
+ * refused CUDA backend, memory-stats plumbing, and the struct layout table for
+ * bindings (fg_abi_sizeof / fg_abi_offsetof against sizeof / offsetof).
  */
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -163,14 +165,15 @@ static void test_context(void) {
         fg_memory_stats st;
         memset(&st, 0, sizeof st);
         s = fg_get_memory_stats(ctx, &st);
+        /* no call has run yet: the budget a call would run with */
         CHECK(s == FG_OK && st.budget_bytes == FG_DEFAULT_MEMORY_BUDGET, "default budget %zu (%s)",
               st.budget_bytes, fg_status_name(s));
-        s = fg_context_set_memory_budget(ctx, (size_t)3 << 20);
-        CHECK(s == FG_OK, "set budget: %s", fg_status_name(s));
-        fg_get_memory_stats(ctx, &st);
-        CHECK(st.budget_bytes == (size_t)3 << 20, "budget after set %zu", st.budget_bytes);
-        CHECK(fg_context_set_threads(ctx, 1) == FG_OK, "%s", "set_threads(1)");
+        CHECK(st.chunks == 0 && st.chunk_rows == 0 && st.gemm_flops == 0,
+              "fresh context: last-call figures %lld chunks %lld rows %lld flops",
+              (long long)st.chunks, (long long)st.chunk_rows, (long long)st.gemm_flops);
         CHECK(fg_context_set_check_finite(ctx, 0) == FG_OK, "%s", "set_check_finite(0)");
+        CHECK(fg_context_set_check_finite(NULL, 0) == FG_ERR_NULL_ARGUMENT, "%s",
+              "set_check_finite(NULL) accepted");
         CHECK(fg_get_memory_stats(ctx, NULL) != FG_OK, "%s", "get_memory_stats(ctx, NULL) ok");
         fg_reset_peak_memory(ctx);
         fg_release_workspace(ctx);
@@ -210,6 +213,75 @@ static void test_context(void) {
     if (s == FG_OK) fg_context_destroy(ctx);
 }
 
+static void test_exec_defaults(void) {
+    fg_exec e;
+    memset(&e, 0x5A, sizeof e);
+    fg_exec_init(&e);
+    CHECK(e.threads == 0 && e.memory_budget == 0 && e.workspace == NULL &&
+              e.workspace_bytes == 0,
+          "fg_exec_init: threads %d budget %zu workspace %p bytes %zu", e.threads,
+          e.memory_budget, e.workspace, e.workspace_bytes);
+    fg_exec_init(NULL); /* must not crash */
+}
+
+/* fg_abi_sizeof / fg_abi_offsetof agree with the compiler's layout of the
+ * header the tests are built with, and refuse names they do not know. */
+static void test_abi(void) {
+#define ABI_SIZE(T) CHECK(fg_abi_sizeof(#T) == sizeof(T), "sizeof %s: %zu vs %zu", #T, \
+                          fg_abi_sizeof(#T), sizeof(T))
+    ABI_SIZE(fg_matrix);
+    ABI_SIZE(fg_vector);
+    ABI_SIZE(fg_loss_config);
+    ABI_SIZE(fg_batch);
+    ABI_SIZE(fg_metrics);
+    ABI_SIZE(fg_linear_outputs);
+    ABI_SIZE(fg_logits_outputs);
+    ABI_SIZE(fg_communicator);
+    ABI_SIZE(fg_context_options);
+    ABI_SIZE(fg_exec);
+    ABI_SIZE(fg_memory_stats);
+    ABI_SIZE(fg_linear_inputs);
+    ABI_SIZE(fg_linear_options);
+    ABI_SIZE(fg_linear_plan_info);
+#undef ABI_SIZE
+#define ABI_OFF(T, f) CHECK(fg_abi_offsetof(#T, #f) == (int64_t)offsetof(T, f), \
+                            "offsetof %s.%s: %lld vs %zu", #T, #f,             \
+                            (long long)fg_abi_offsetof(#T, #f), offsetof(T, f))
+    /* the first field, a middle one and the last one of the structs that
+     * cross the API by value or are written by the library */
+    ABI_OFF(fg_linear_outputs, loss);
+    ABI_OFF(fg_linear_outputs, metrics);
+    ABI_OFF(fg_linear_outputs, grad_weight);
+    ABI_OFF(fg_linear_outputs, grad_bias);
+    ABI_OFF(fg_logits_outputs, entropy);
+    ABI_OFF(fg_logits_outputs, grad_logits);
+    ABI_OFF(fg_exec, threads);
+    ABI_OFF(fg_exec, memory_budget);
+    ABI_OFF(fg_exec, workspace);
+    ABI_OFF(fg_exec, workspace_bytes);
+    ABI_OFF(fg_memory_stats, budget_bytes);
+    ABI_OFF(fg_memory_stats, call_seconds);
+    ABI_OFF(fg_batch, is_ratio_per_sequence);
+    ABI_OFF(fg_loss_config, entropy_coef);
+    ABI_OFF(fg_context_options, comm);
+    ABI_OFF(fg_linear_inputs, vocab_total);
+    ABI_OFF(fg_linear_plan_info, min_budget_bytes);
+    ABI_OFF(fg_matrix, ld);
+#undef ABI_OFF
+    CHECK(fg_abi_sizeof("fg_outputs") == 0, "%s", "the old fg_outputs still has a size");
+    CHECK(fg_abi_sizeof("no_such_struct") == 0, "%s", "unknown struct has a size");
+    CHECK(fg_abi_sizeof(NULL) == 0, "%s", "NULL struct name has a size");
+    CHECK(fg_abi_offsetof("fg_exec", "no_such_field") == -1, "%s", "unknown field has an offset");
+    CHECK(fg_abi_offsetof("no_such_struct", "threads") == -1, "%s",
+          "unknown struct has an offset");
+    CHECK(fg_abi_offsetof("fg_linear_outputs", "grad_logits") == -1, "%s",
+          "fg_linear_outputs.grad_logits has an offset");
+    CHECK(fg_abi_offsetof("fg_linear_outputs", "kl") == -1, "%s",
+          "a nested field (metrics.kl) is named");
+    CHECK(fg_abi_offsetof(NULL, "loss") == -1 && fg_abi_offsetof("fg_exec", NULL) == -1, "%s",
+          "NULL names have an offset");
+}
+
 static void test_views(void) {
     float buf[12];
     fg_matrix m = fg_matrix_make(buf, FG_DTYPE_F32, 3, 4);
@@ -226,6 +298,8 @@ int main(void) {
     test_config_defaults();
     test_bf16();
     test_context();
+    test_exec_defaults();
+    test_abi();
     test_views();
     return tu_finish();
 }

@@ -9,6 +9,11 @@
  *
  * Masked positions are never read: an out-of-range masked token id, or a NaN
  * at a masked position of old_logp / ref_logp / is_ratio, must succeed.
+ * Bad execution options (fg_exec: a misaligned or empty caller workspace,
+ * workspace_bytes without a workspace) are refused the same way.
+ * Precedence: with several faults, the status is that of the first check in
+ * the library's order (advantages, then one pass over the tokens checking
+ * token id, old_logp, ref_logp, is_ratio in that order per token).
  * Finally a valid call succeeds and fg_last_error is "".
  */
 #include <math.h>
@@ -31,10 +36,12 @@ typedef struct S {
     fg_loss_config cfg;
     fg_batch batch;
     fg_linear_inputs in;
-    fg_outputs out;  /* linear outputs */
-    fg_matrix lmat;  /* logits input  */
-    fg_outputs lout; /* logits outputs */
-    int null_ctx, null_cfg, null_in, null_batch, null_out, null_logits;
+    fg_linear_outputs out;  /* linear outputs */
+    fg_matrix lmat;         /* logits input  */
+    fg_logits_outputs lout; /* logits outputs */
+    fg_exec exec;           /* passed unless null_exec */
+    unsigned char workspace[4096 + 128];
+    int null_ctx, null_cfg, null_in, null_batch, null_out, null_logits, null_exec;
 } S;
 
 static S s_;
@@ -43,24 +50,27 @@ static fg_context *ctx;
 static void reset(S *s) {
     tu_batch_free(&s->tb);
     memset(s, 0, sizeof(*s));
-    tu_rng rng;
-    tu_rng_seed(&rng, 4242);
-    tu_batch_make(&s->tb, B, T, V, 1, &rng); /* sequence 1 all masked, masked ids out of range */
+    /* sequence 1 all masked, masked ids out of range (tu_batch_make pattern 1) */
+    const tu_problem_opts po = {1.0, 0.5, 0.1, 0, 0, 1};
+    tu_problem p;
+    tu_problem_make_opts(&p, B, T, H, V, FG_DTYPE_F32, 1, 4242, &po);
+    memcpy(s->hidden, p.hidden_s, sizeof s->hidden);
+    memcpy(s->weight, p.weight_s, sizeof s->weight);
+    memcpy(s->bias, p.bias_s, sizeof s->bias);
+    for (int i = 0; i < V * H; i++) s->weight_bf16[i] = fg_f32_to_bf16(s->weight[i]);
+    tu_rng *rng = &p.rng;
+    s->tb = p.tb; /* the batch stays; the rest of the problem goes */
+    memset(&p.tb, 0, sizeof p.tb);
     s->tb.have_old = s->tb.have_ref = 1;
     s->tb.is_mode = 1;
     double lp[N];
-    for (int n = 0; n < N; n++) lp[n] = -4.0 - tu_uniform(&rng);
-    tu_batch_fill_logp(&s->tb, lp, 0.2, 0.2, &rng);
+    for (int n = 0; n < N; n++) lp[n] = -4.0 - tu_uniform(rng);
+    tu_batch_fill_logp(&s->tb, lp, 0.2, 0.2, rng);
     for (int n = 0; n < N; n++) /* finite padding here: NaN cases are set one by one */
         if (!s->tb.mask[n]) s->tb.old_logp[n] = s->tb.ref_logp[n] = s->tb.is_ratio[n] = 0.5f;
     s->batch = *tu_batch_view(&s->tb);
-    for (int i = 0; i < N * H; i++) s->hidden[i] = (float)tu_normal(&rng);
-    for (int i = 0; i < V * H; i++) {
-        s->weight[i] = (float)(0.5 * tu_normal(&rng));
-        s->weight_bf16[i] = fg_f32_to_bf16(s->weight[i]);
-    }
-    for (int i = 0; i < V; i++) s->bias[i] = (float)(0.1 * tu_normal(&rng));
-    for (int i = 0; i < N * V; i++) s->logits[i] = (float)(2.0 * tu_normal(&rng));
+    for (int i = 0; i < N * V; i++) s->logits[i] = (float)(2.0 * tu_normal(rng));
+    tu_problem_free(&p);
 
     fg_loss_config_init(&s->cfg);
     s->cfg.beta = 0.04;
@@ -83,6 +93,14 @@ static void reset(S *s) {
     s->lout.logp = s->logp;
     s->lout.entropy = s->ent;
     s->lout.grad_logits = fg_matrix_make(s->gl, FG_DTYPE_F32, N, V);
+    fg_exec_init(&s->exec);
+    s->null_exec = 1; /* the context's settings, unless a case sets exec */
+}
+
+/* A 64-byte aligned address inside s->workspace, plus `offset` bytes. */
+static void *workspace_at(S *s, size_t offset) {
+    const uintptr_t a = ((uintptr_t)s->workspace + 63) & ~(uintptr_t)63;
+    return (void *)(a + offset);
 }
 
 static void fill_sentinels(S *s) {
@@ -98,23 +116,23 @@ static void fill_sentinels(S *s) {
     tu_fill_bytes(&s->lout.metrics, sizeof s->lout.metrics, SENT);
 }
 
-static int untouched(const S *s, const fg_outputs *o) {
+/* loss / metrics: the ones of the outputs struct the call was given. */
+static int untouched(const S *s, const double *loss, const fg_metrics *metrics) {
     return tu_bytes_are(s->logp, sizeof s->logp, SENT) && tu_bytes_are(s->ent, sizeof s->ent, SENT) &&
            tu_bytes_are(s->gh, sizeof s->gh, SENT) && tu_bytes_are(s->gw, sizeof s->gw, SENT) &&
            tu_bytes_are(s->gb, sizeof s->gb, SENT) && tu_bytes_are(s->gl, sizeof s->gl, SENT) &&
-           tu_bytes_are(&o->loss, sizeof o->loss, SENT) &&
-           tu_bytes_are(&o->metrics, sizeof o->metrics, SENT);
+           tu_bytes_are(loss, sizeof *loss, SENT) && tu_bytes_are(metrics, sizeof *metrics, SENT);
 }
 
 static void judge(const char *path, const char *name, fg_status want, fg_status got, S *s,
-                  const fg_outputs *o) {
+                  const double *loss, const fg_metrics *metrics) {
     if (want == FG_OK) {
         CHECK(got == FG_OK, "%s '%s': got %s, want FG_OK (%s)", path, name, fg_status_name(got),
               fg_last_error(ctx));
         if (got == FG_OK) {
             CHECK(strcmp(fg_last_error(ctx), "") == 0, "%s '%s': last_error '%s' after success",
                   path, name, fg_last_error(ctx));
-            CHECK(isfinite(o->loss), "%s '%s': loss %g", path, name, o->loss);
+            CHECK(isfinite(*loss), "%s '%s': loss %g", path, name, *loss);
         }
         return;
     }
@@ -127,7 +145,7 @@ static void judge(const char *path, const char *name, fg_status want, fg_status 
         const char *e = fg_last_error(ctx);
         CHECK(e != NULL && e[0] != '\0', "%s '%s': empty last_error", path, name);
     }
-    CHECK(untouched(s, o), "%s '%s': an output was written on failure", path, name);
+    CHECK(untouched(s, loss, metrics), "%s '%s': an output was written on failure", path, name);
 }
 
 /* Runs the linear entry point on both implementations. */
@@ -139,8 +157,10 @@ static void expect_lin(const char *name, fg_status want, S *s) {
         fg_status st = fg_linear_grpo(s->null_ctx ? NULL : ctx, &lo, s->null_cfg ? NULL : &s->cfg,
                                       s->null_in ? NULL : &s->in,
                                       s->null_batch ? NULL : &s->batch,
-                                      s->null_out ? NULL : &s->out);
-        judge(k == 0 ? "fused" : "materialized", name, want, st, s, &s->out);
+                                      s->null_out ? NULL : &s->out,
+                                      s->null_exec ? NULL : &s->exec);
+        judge(k == 0 ? "fused" : "materialized", name, want, st, s, &s->out.loss,
+              &s->out.metrics);
     }
 }
 
@@ -149,8 +169,9 @@ static void expect_log(const char *name, fg_status want, S *s) {
     fg_status st = fg_logits_grpo(s->null_ctx ? NULL : ctx, s->null_cfg ? NULL : &s->cfg,
                                   s->null_logits ? NULL : &s->lmat,
                                   s->null_batch ? NULL : &s->batch,
-                                  s->null_out ? NULL : &s->lout);
-    judge("logits", name, want, st, s, &s->lout);
+                                  s->null_out ? NULL : &s->lout,
+                                  s->null_exec ? NULL : &s->exec);
+    judge("logits", name, want, st, s, &s->lout.loss, &s->lout.metrics);
 }
 
 /* Both entry points (cases that concern only the batch or the config). */
@@ -365,11 +386,66 @@ int main(void) {
     reset(s); s->batch.advantages = NULL;
     expect_both("advantages NULL", FG_ERR_NULL_ARGUMENT, s);
 
+    /* ---- execution options (fg_exec) */
+    reset(s); s->null_exec = 0;
+    expect_both("exec all zero (the context's settings)", FG_OK, s);
+    reset(s); s->null_exec = 0; s->exec.threads = 1; s->exec.memory_budget = (size_t)1 << 20;
+    expect_both("exec 1 thread, 1 MiB", FG_OK, s);
+    const size_t misalign[] = {1, 8, 32, 63};
+    for (size_t i = 0; i < sizeof misalign / sizeof misalign[0]; i++) {
+        reset(s);
+        s->null_exec = 0;
+        s->exec.workspace = workspace_at(s, misalign[i]);
+        s->exec.workspace_bytes = 4096;
+        char nm[64];
+        snprintf(nm, sizeof nm, "workspace 64-byte aligned + %zu", misalign[i]);
+        expect_both(nm, FG_ERR_INVALID_SIZE, s);
+    }
+    reset(s); s->null_exec = 0; s->exec.workspace = workspace_at(s, 0); s->exec.workspace_bytes = 0;
+    expect_both("workspace of 0 bytes", FG_ERR_INVALID_SIZE, s);
+    reset(s); s->null_exec = 0; s->exec.workspace_bytes = 4096;
+    expect_both("workspace_bytes without a workspace", FG_ERR_NULL_ARGUMENT, s);
+    /* a misaligned workspace is refused before any argument is looked at */
+    reset(s); s->null_exec = 0; s->exec.workspace = workspace_at(s, 4);
+    s->exec.workspace_bytes = 4096; s->null_batch = 1;
+    expect_both("misaligned workspace and batch NULL", FG_ERR_INVALID_SIZE, s);
+    /* an aligned workspace smaller than the call needs: refused, nothing written
+     * (the logits path's per-token arrays need more than 64 bytes here too) */
+    reset(s); s->null_exec = 0; s->exec.workspace = workspace_at(s, 0);
+    s->exec.workspace_bytes = 64;
+    expect_both("workspace of 64 bytes", FG_ERR_BUDGET_TOO_SMALL, s);
+
+    /* ---- precedence: the first failing check in the library's order */
+    {
+        const int n0 = first_unmasked(s, 0), n2 = first_unmasked(s, 2);
+        reset(s); /* advantages before any per-token input */
+        s->tb.advantages[2] = NAN; s->tb.token_ids[n0] = -1; s->tb.old_logp[n0] = NAN;
+        expect_both("NaN advantage + bad id + NaN old_logp", FG_ERR_NONFINITE_INPUT, s);
+        CHECK(strstr(fg_last_error(ctx), "advantages") != NULL, "precedence: '%s' does not "
+              "name the advantages", fg_last_error(ctx));
+        reset(s); /* an earlier token's NaN before a later token's bad id */
+        s->tb.old_logp[n0] = NAN; s->tb.token_ids[n2] = V;
+        expect_both("NaN old_logp at token n0, bad id at a later token", FG_ERR_NONFINITE_INPUT, s);
+        reset(s); /* an earlier token's bad id before a later token's NaN */
+        s->tb.token_ids[n0] = V; s->tb.ref_logp[n2] = NAN;
+        expect_both("bad id at token n0, NaN ref_logp at a later token",
+                    FG_ERR_TOKEN_OUT_OF_RANGE, s);
+        reset(s); /* one token: id, then old_logp, ref_logp, is_ratio */
+        s->tb.token_ids[n2] = -5; s->tb.old_logp[n2] = NAN;
+        expect_both("bad id and NaN old_logp at one token", FG_ERR_TOKEN_OUT_OF_RANGE, s);
+        reset(s);
+        s->tb.is_ratio[n2] = NAN; s->tb.ref_logp[n2] = INFINITY; s->tb.old_logp[n2] = NAN;
+        expect_both("NaN old_logp, ref_logp, is_ratio at one token", FG_ERR_NONFINITE_INPUT, s);
+        CHECK(strstr(fg_last_error(ctx), "old_logp") != NULL, "precedence: '%s' does not name "
+              "old_logp", fg_last_error(ctx));
+        reset(s);
+        s->tb.is_ratio[n2] = NAN; s->tb.ref_logp[n2] = INFINITY;
+        expect_both("Inf ref_logp and NaN is_ratio at one token", FG_ERR_NONFINITE_INPUT, s);
+        CHECK(strstr(fg_last_error(ctx), "ref_logp") != NULL, "precedence: '%s' does not name "
+              "ref_logp", fg_last_error(ctx));
+    }
+
     /* ---- misuse the header forbids (the exact status is not pinned) */
-    reset(s); s->out.grad_logits = fg_matrix_make(s->gl, FG_DTYPE_F32, N, V);
-    expect_lin("grad_logits requested from fg_linear_grpo", ANY_ERROR, s);
-    reset(s); s->lout.grad_hidden = fg_matrix_make(s->gh, FG_DTYPE_F32, N, H);
-    expect_log("grad_hidden requested from fg_logits_grpo", ANY_ERROR, s);
     reset(s); s->in.weight = fg_matrix_make(s->weight_bf16, FG_DTYPE_BF16, V, H);
     expect_lin("weight bf16 with hidden f32", ANY_ERROR, s);
     reset(s); s->in.vocab_start = 5;

@@ -2,8 +2,9 @@
  * test_determinism: same inputs and same context options (thread count
  * included) give bitwise identical loss, metrics, logp, entropy and gradients:
  * twice on one context (the second call reuses the workspace) and once on a
- * fresh context. Threads 1 and 2; fused (several chunks), materialized and
- * logits paths; f32 and bf16; a token-level and a sequence-level config.
+ * fresh context. Threads 1 and 2; fused (several chunks, the budget given per
+ * call in fg_exec), materialized and logits paths; f32 and bf16; a
+ * token-level and a sequence-level config.
  * 1 and 2 threads must agree too (tests/test_threads.c covers 4).
  */
 #include <math.h>
@@ -25,36 +26,42 @@ typedef struct res {
 static res R[4];
 
 typedef struct inputs {
-    void *hid, *wt, *bs, *lg;
-    fg_dtype dt;
+    const tu_problem *prob; /* hidden, weight, bias in the run's dtype */
+    void *lg;               /* logits [N, V] in the same dtype */
 } inputs;
 
+/* The fused path runs at `budget` (fg_exec), the others ignore it. */
 static fg_status run(fg_context *ctx, int path, const fg_loss_config *cfg, const inputs *x,
-                     const fg_batch *batch, res *r) {
+                     const fg_batch *batch, size_t budget, res *r) {
     memset(r, 0, sizeof(*r));
-    fg_outputs out;
-    memset(&out, 0, sizeof out);
-    out.logp = r->logp;
-    out.entropy = r->ent;
+    fg_exec ex;
+    fg_exec_init(&ex);
+    ex.memory_budget = budget;
     fg_status s;
     if (path == 2) {
+        fg_logits_outputs out;
+        memset(&out, 0, sizeof out);
+        out.logp = r->logp;
+        out.entropy = r->ent;
         out.grad_logits = fg_matrix_make(r->gl, FG_DTYPE_F32, N, V);
-        const fg_matrix lm = fg_matrix_make(x->lg, x->dt, N, V);
-        s = fg_logits_grpo(ctx, cfg, &lm, batch, &out);
+        const fg_matrix lm = fg_matrix_make(x->lg, x->prob->dtype, N, V);
+        s = fg_logits_grpo(ctx, cfg, &lm, batch, &out, &ex);
+        r->loss = out.loss;
+        r->metrics = out.metrics;
     } else {
+        fg_linear_outputs out;
+        memset(&out, 0, sizeof out);
+        out.logp = r->logp;
+        out.entropy = r->ent;
         out.grad_hidden = fg_matrix_make(r->gh, FG_DTYPE_F32, N, H);
         out.grad_weight = fg_matrix_make(r->gw, FG_DTYPE_F32, V, H);
         out.grad_bias = fg_vector_make(r->gb, FG_DTYPE_F32, V);
-        fg_linear_inputs in;
-        memset(&in, 0, sizeof in);
-        in.hidden = fg_matrix_make(x->hid, x->dt, N, H);
-        in.weight = fg_matrix_make(x->wt, x->dt, V, H);
-        in.bias = fg_vector_make(x->bs, x->dt, V);
+        const fg_linear_inputs in = tu_problem_inputs(x->prob);
         const fg_linear_options lo = {path == 0 ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED, 0};
-        s = fg_linear_grpo(ctx, &lo, cfg, &in, batch, &out);
+        s = fg_linear_grpo(ctx, &lo, cfg, &in, batch, &out, &ex);
+        r->loss = out.loss;
+        r->metrics = out.metrics;
     }
-    r->loss = out.loss;
-    r->metrics = out.metrics;
     return s;
 }
 
@@ -67,45 +74,56 @@ static int same(const res *a, const res *b) {
            memcmp(a->gl, b->gl, sizeof a->gl) == 0;
 }
 
-static fg_context *make_ctx(int threads, size_t budget) {
+static fg_context *make_ctx(int threads) {
     fg_context_options o;
     fg_context_options_init(&o);
     o.threads = threads;
-    o.memory_budget = budget;
     fg_context *c = NULL;
     if (fg_context_create(&o, &c) != FG_OK) return NULL;
     return c;
 }
 
 int main(void) {
-    tu_rng rng;
-    tu_rng_seed(&rng, 2024);
-    double *hid = tu_xmalloc(sizeof(double) * N * H);
-    double *wt = tu_xmalloc(sizeof(double) * V * H);
-    double *bs = tu_xmalloc(sizeof(double) * V);
-    for (int64_t i = 0; i < (int64_t)N * H; i++) hid[i] = tu_normal(&rng);
-    for (int64_t i = 0; i < (int64_t)V * H; i++) wt[i] = tu_normal(&rng) * 3.0 / sqrt((double)H);
-    for (int64_t i = 0; i < V; i++) bs[i] = 0.5 * tu_normal(&rng);
-    tu_batch tb;
-    tu_batch_make(&tb, B, T, V, 0, &rng);
-    /* logp of a plausible policy for old / ref: a cheap stand-in */
+    /* one problem, stored as f32 and as bf16 */
+    tu_problem prob[2];
+    for (int d = 0; d < 2; d++)
+        tu_problem_make(&prob[d], B, T, H, V, d ? FG_DTYPE_BF16 : FG_DTYPE_F32, 1, 2024);
+    tu_batch *tb = &prob[0].tb;
+    tu_rng *rng = &prob[0].rng;
+    /* logp of a plausible policy for old / ref: a cheap stand-in (bits are
+     * compared here, not values) */
     double lp[N];
-    for (int n = 0; n < N; n++) lp[n] = -3.0 - 2.0 * tu_uniform(&rng);
-    tu_batch_fill_logp(&tb, lp, 0.2, 0.3, &rng);
+    for (int n = 0; n < N; n++) lp[n] = -3.0 - 2.0 * tu_uniform(rng);
+    tu_batch_fill_logp(tb, lp, 0.2, 0.3, rng);
 
-    /* find a budget giving several chunks with the fused path */
-    size_t budget = (size_t)64 << 10;
+    /* A budget with several chunks on the fused path: twice the planner's
+     * smallest, for the dtype that needs more (bf16 keeps dlogits apart from
+     * the f32 logits on CPUs with bf16 GEMMs). */
+    size_t budget = 0;
+    for (int d = 0; d < 2; d++) {
+        fg_context *c = make_ctx(1);
+        static res scratch;
+        fg_linear_outputs out;
+        memset(&out, 0, sizeof out);
+        out.grad_hidden = fg_matrix_make(scratch.gh, FG_DTYPE_F32, N, H);
+        out.grad_weight = fg_matrix_make(scratch.gw, FG_DTYPE_F32, V, H);
+        out.grad_bias = fg_vector_make(scratch.gb, FG_DTYPE_F32, V);
+        const fg_linear_inputs in = tu_problem_inputs(&prob[d]);
+        fg_loss_config cfg;
+        fg_loss_config_init(&cfg);
+        fg_linear_plan_info plan;
+        CHECK(c && fg_linear_grpo_plan(c, NULL, &cfg, &in, tu_batch_view(tb), &out, NULL, &plan) ==
+                       FG_OK,
+              "%s", "plan for the budget");
+        if (2 * plan.min_budget_bytes > budget) budget = 2 * plan.min_budget_bytes;
+        fg_context_destroy(c);
+    }
 
     for (int dti = 0; dti < 2; dti++) {
         const fg_dtype dt = dti ? FG_DTYPE_BF16 : FG_DTYPE_F32;
-        double *h2 = tu_xmalloc(sizeof(double) * N * H), *w2 = tu_xmalloc(sizeof(double) * V * H);
-        double *b2 = tu_xmalloc(sizeof(double) * V), *l2 = tu_xmalloc(sizeof(double) * N * V);
-        memcpy(h2, hid, sizeof(double) * N * H);
-        memcpy(w2, wt, sizeof(double) * V * H);
-        memcpy(b2, bs, sizeof(double) * V);
-        for (int64_t i = 0; i < (int64_t)N * V; i++) l2[i] = 4.0 * tu_normal(&rng);
-        inputs x = {tu_store_matrix(h2, N, H, H, dt), tu_store_matrix(w2, V, H, H, dt),
-                    tu_store_matrix(b2, 1, V, V, dt), tu_store_matrix(l2, N, V, V, dt), dt};
+        double *l2 = tu_xmalloc(sizeof(double) * N * V);
+        for (int64_t i = 0; i < (int64_t)N * V; i++) l2[i] = 4.0 * tu_normal(rng);
+        inputs x = {&prob[dti], tu_store_matrix(l2, N, V, V, dt)};
         for (int ci = 0; ci < 2; ci++) {
             fg_loss_config cfg;
             fg_loss_config_init(&cfg);
@@ -114,36 +132,30 @@ int main(void) {
                 cfg.beta = 0.04;
                 cfg.entropy_coef = 0.1;
                 cfg.temperature = 0.7;
-                tb.have_old = tb.have_ref = 1;
-                tb.is_mode = 1;
+                tb->have_old = tb->have_ref = 1;
+                tb->is_mode = 1;
             } else {
                 cfg.loss_type = FG_LOSS_GRPO;
                 cfg.importance_sampling_level = FG_LEVEL_SEQUENCE;
                 cfg.beta = 0.1;
                 cfg.use_bias_correction_kl = 1;
                 cfg.delta = 1.3;
-                tb.have_old = 0;
-                tb.have_ref = 1;
-                tb.is_mode = 2;
+                tb->have_old = 0;
+                tb->have_ref = 1;
+                tb->is_mode = 2;
             }
-            const fg_batch *batch = tu_batch_view(&tb);
+            const fg_batch *batch = tu_batch_view(tb);
             for (int path = 0; path < 3; path++) {
                 static const char *pn[3] = {"fused", "materialized", "logits"};
                 for (int thr = 1; thr <= 2; thr++) {
-                    fg_context *c1 = make_ctx(thr, budget), *c2 = make_ctx(thr, budget);
+                    fg_context *c1 = make_ctx(thr), *c2 = make_ctx(thr);
                     if (!c1 || !c2) {
                         CHECK(0, "%s", "context create");
                         fg_context_destroy(c1);
                         fg_context_destroy(c2);
                         continue;
                     }
-                    fg_status s = run(c1, path, &cfg, &x, batch, &R[0]);
-                    while (path == 0 && s == FG_ERR_BUDGET_TOO_SMALL && budget < ((size_t)1 << 30)) {
-                        budget *= 2;
-                        fg_context_set_memory_budget(c1, budget);
-                        fg_context_set_memory_budget(c2, budget);
-                        s = run(c1, path, &cfg, &x, batch, &R[0]);
-                    }
+                    fg_status s = run(c1, path, &cfg, &x, batch, budget, &R[0]);
                     CHECK(s == FG_OK, "%s %s cfg %d threads %d: %s (%s)", pn[path],
                           dti ? "bf16" : "f32", ci, thr, fg_status_name(s), fg_last_error(c1));
                     if (path == 0) {
@@ -152,8 +164,8 @@ int main(void) {
                         CHECK(st.chunks > 1, "fused: only %lld chunk(s) at budget %zu",
                               (long long)st.chunks, budget);
                     }
-                    fg_status s2 = run(c1, path, &cfg, &x, batch, &R[1]);
-                    fg_status s3 = run(c2, path, &cfg, &x, batch, &R[2]);
+                    fg_status s2 = run(c1, path, &cfg, &x, batch, budget, &R[1]);
+                    fg_status s3 = run(c2, path, &cfg, &x, batch, budget, &R[2]);
                     CHECK(s2 == FG_OK && s3 == FG_OK, "%s reruns: %s %s", pn[path],
                           fg_status_name(s2), fg_status_name(s3));
                     CHECK(same(&R[0], &R[1]), "%s %s cfg %d threads %d: second call on the same "
@@ -171,19 +183,11 @@ int main(void) {
                 }
             }
         }
-        free(x.hid);
-        free(x.wt);
-        free(x.bs);
         free(x.lg);
-        free(h2);
-        free(w2);
-        free(b2);
         free(l2);
     }
     printf("fused budget used: %zu bytes\n", budget);
-    tu_batch_free(&tb);
-    free(hid);
-    free(wt);
-    free(bs);
+    tu_problem_free(&prob[0]);
+    tu_problem_free(&prob[1]);
     return tu_finish();
 }

@@ -17,7 +17,9 @@
  *     picks chunk sizes without looking at the thread count
  *     (src/gemm_onednn.h, docs/ROBUSTNESS.md).
  * Every run is also repeated on the same context: same thread count, same
- * bits (the header's promise).
+ * bits (the header's promise). And one more context, created with the
+ * default thread count, runs every case with the thread count given per call
+ * (fg_exec.threads): the same bits as the context created with that count.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -43,12 +45,15 @@ enum { P_FUSED_CHUNKS, P_FUSED_ONE, P_MAT, P_LOGITS, P_LOGITS_INPLACE, P_COUNT }
 static const char *P_NAME[P_COUNT] = {"fused (chunks)", "fused (1 chunk)", "materialized", "logits",
                                       "logits in place"};
 
-static tu_batch tb;
-static float hid32[N * H], wt32[V * H], bias32[V], log32[N * V];
-static uint16_t hid16[N * H], wt16[V * H], bias16[V], log16[N * V];
-static res R[3], again;
+/* The same problem stored as f32 [0] and bf16 [1] (one batch: prob[0].tb). */
+static tu_problem prob[2];
+static float log32[N * V];
+static uint16_t log16[N * V];
+static res R[3], again, per_call;
 
-static fg_status run(fg_context *ctx, int path, fg_dtype dt, fg_is_level level, res *r)
+/* threads > 0: the call's thread count (fg_exec.threads); 0: the context's. */
+static fg_status run(fg_context *ctx, int threads, int path, fg_dtype dt, fg_is_level level,
+                     res *r)
 {
     memset(r, 0, sizeof *r);
     fg_loss_config cfg;
@@ -58,13 +63,17 @@ static fg_status run(fg_context *ctx, int path, fg_dtype dt, fg_is_level level, 
     cfg.beta = 0.04;
     cfg.entropy_coef = 0.01;
     cfg.temperature = 0.7;
-    fg_outputs out;
-    memset(&out, 0, sizeof out);
-    out.logp = r->logp;
-    out.entropy = r->ent;
     const int bf = dt == FG_DTYPE_BF16;
+    const fg_batch *batch = tu_batch_view(&prob[0].tb);
+    fg_exec ex;
+    fg_exec_init(&ex);
+    ex.threads = threads;
     fg_status st;
     if (path >= P_LOGITS) {
+        fg_logits_outputs out;
+        memset(&out, 0, sizeof out);
+        out.logp = r->logp;
+        out.entropy = r->ent;
         fg_matrix lm;
         if (path == P_LOGITS_INPLACE) {
             memcpy(r->lio, log16, sizeof r->lio);
@@ -74,22 +83,24 @@ static fg_status run(fg_context *ctx, int path, fg_dtype dt, fg_is_level level, 
             lm = fg_matrix_make(bf ? (void *)log16 : (void *)log32, dt, N, V);
             out.grad_logits = fg_matrix_make(r->gl, FG_DTYPE_F32, N, V);
         }
-        st = fg_logits_grpo(ctx, &cfg, &lm, tu_batch_view(&tb), &out);
+        st = fg_logits_grpo(ctx, &cfg, &lm, batch, &out, &ex);
+        r->loss = out.loss;
+        r->metrics = out.metrics;
     } else {
-        fg_linear_inputs in;
-        memset(&in, 0, sizeof in);
-        in.hidden = fg_matrix_make(bf ? (void *)hid16 : (void *)hid32, dt, N, H);
-        in.weight = fg_matrix_make(bf ? (void *)wt16 : (void *)wt32, dt, V, H);
-        in.bias = fg_vector_make(bf ? (void *)bias16 : (void *)bias32, dt, V);
+        const fg_linear_inputs in = tu_problem_inputs(&prob[bf]);
+        fg_linear_outputs out;
+        memset(&out, 0, sizeof out);
+        out.logp = r->logp;
+        out.entropy = r->ent;
         out.grad_hidden = fg_matrix_make(r->gh, FG_DTYPE_F32, N, H);
         out.grad_weight = fg_matrix_make(r->gw, FG_DTYPE_F32, V, H);
         out.grad_bias = fg_vector_make(r->gb, FG_DTYPE_F32, V);
-        fg_context_set_memory_budget(ctx, path == P_FUSED_CHUNKS ? (size_t)1 << 20 : 0);
+        ex.memory_budget = path == P_FUSED_CHUNKS ? (size_t)1 << 20 : 0;
         const fg_linear_options lo = {path == P_MAT ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0};
-        st = fg_linear_grpo(ctx, &lo, &cfg, &in, tu_batch_view(&tb), &out);
+        st = fg_linear_grpo(ctx, &lo, &cfg, &in, batch, &out, &ex);
+        r->loss = out.loss;
+        r->metrics = out.metrics;
     }
-    r->loss = out.loss;
-    r->metrics = out.metrics;
     return st;
 }
 
@@ -139,21 +150,21 @@ static void diff(const res *a, const res *b, int path, double *d, int *bits)
 
 int main(void)
 {
-    tu_rng rng;
-    tu_rng_seed(&rng, 2024);
-    tu_batch_make(&tb, B, T, V, 1, &rng);
-    tb.have_old = tb.have_ref = 1;
-    tb.is_mode = 1;
-    double lp[N];
-    for (int n = 0; n < N; n++) lp[n] = -6.0 + tu_uniform(&rng);
-    tu_batch_fill_logp(&tb, lp, 0.3, 0.3, &rng);
-    for (int i = 0; i < N * H; i++) hid16[i] = fg_f32_to_bf16(hid32[i] = (float)tu_normal(&rng));
-    for (int i = 0; i < V * H; i++) wt16[i] = fg_f32_to_bf16(wt32[i] = (float)(0.2 * tu_normal(&rng)));
-    for (int i = 0; i < V; i++) bias16[i] = fg_f32_to_bf16(bias32[i] = (float)(0.1 * tu_normal(&rng)));
-    for (int i = 0; i < N * V; i++) log16[i] = fg_f32_to_bf16(log32[i] = (float)(2.0 * tu_normal(&rng)));
+    const tu_problem_opts po = {1.0, 0.2, 0.1, 0, 0, 1};
+    for (int d = 0; d < 2; d++)
+        tu_problem_make_opts(&prob[d], B, T, H, V, d ? FG_DTYPE_BF16 : FG_DTYPE_F32, 1, 2024, &po);
+    tu_batch *tb = &prob[0].tb;
+    tu_rng *rng = &prob[0].rng;
+    tb->have_old = tb->have_ref = 1;
+    tb->is_mode = 1;
+    double lp[N]; /* a cheap stand-in for the policy's log-probs: bits are compared, not values */
+    for (int n = 0; n < N; n++) lp[n] = -6.0 + tu_uniform(rng);
+    tu_batch_fill_logp(tb, lp, 0.3, 0.3, rng);
+    for (int i = 0; i < N * V; i++)
+        log16[i] = fg_f32_to_bf16(log32[i] = (float)(2.0 * tu_normal(rng)));
 
     const int threads[3] = {1, 2, 4};
-    fg_context *ctx[3];
+    fg_context *ctx[3], *shared;
     for (int k = 0; k < 3; k++) {
         fg_context_options o;
         fg_context_options_init(&o);
@@ -163,6 +174,11 @@ int main(void)
             return tu_finish();
         }
     }
+    if (fg_context_create(NULL, &shared) != FG_OK) {
+        CHECK(0, "%s", "context with the default thread count");
+        return tu_finish();
+    }
+    int per_call_all_bitwise = 1;
     int linear_all_bitwise = 1;
     printf("%-16s %-5s %-8s %-8s  %s\n", "path", "dtype", "level", "threads",
            "outputs that differ from 1 thread (max |a-b|/max|b|)");
@@ -172,14 +188,24 @@ int main(void)
                 if (path == P_LOGITS_INPLACE && dt == 0)
                     continue; /* in place is the bf16 case */
                 for (int k = 0; k < 3; k++) {
-                    fg_status st = run(ctx[k], path, (fg_dtype)dt, (fg_is_level)level, &R[k]);
+                    fg_status st = run(ctx[k], 0, path, (fg_dtype)dt, (fg_is_level)level, &R[k]);
                     CHECK(st == FG_OK, "%s %d threads: %s (%s)", P_NAME[path], threads[k],
                           fg_status_name(st), fg_last_error(ctx[k]));
                     /* same context, same thread count: same bits */
-                    st = run(ctx[k], path, (fg_dtype)dt, (fg_is_level)level, &again);
+                    st = run(ctx[k], 0, path, (fg_dtype)dt, (fg_is_level)level, &again);
                     CHECK(st == FG_OK && memcmp(&again, &R[k], sizeof again) == 0,
                           "%s %s %s: %d threads, a second call differs", P_NAME[path],
                           dt ? "bf16" : "f32", level ? "sequence" : "token", threads[k]);
+                    /* one context, the thread count given per call: the same bits
+                     * as the context created with that count */
+                    st = run(shared, threads[k], path, (fg_dtype)dt, (fg_is_level)level,
+                             &per_call);
+                    const int same = st == FG_OK && memcmp(&per_call, &R[k], sizeof per_call) == 0;
+                    per_call_all_bitwise &= same;
+                    CHECK(same, "%s %s %s: fg_exec.threads = %d on one context differs from a "
+                          "%d-thread context (%s)", P_NAME[path], dt ? "bf16" : "f32",
+                          level ? "sequence" : "token", threads[k], threads[k],
+                          fg_status_name(st));
                 }
                 for (int k = 1; k < 3; k++) {
                     double d[O_COUNT];
@@ -203,8 +229,12 @@ int main(void)
             }
     printf("fg_linear_grpo across thread counts: %s\n",
            linear_all_bitwise ? "bitwise identical" : "DIFFERS (see above)");
+    printf("threads per call (fg_exec) on one context vs one context per thread count: %s\n",
+           per_call_all_bitwise ? "bitwise identical" : "DIFFERS (see above)");
     for (int k = 0; k < 3; k++)
         fg_context_destroy(ctx[k]);
-    tu_batch_free(&tb);
+    fg_context_destroy(shared);
+    tu_problem_free(&prob[0]);
+    tu_problem_free(&prob[1]);
     return tu_finish();
 }

@@ -1,13 +1,108 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "fg_oracle.h"
 
 long tu_passed = 0;
 long tu_failed = 0;
 
+/* ------------------------------------------------------------ tolerances */
+
+#define TU_MAX_TOLERANCES 256
+
+typedef struct tol_record {
+    char name[80];
+    double tol;
+    double worst;
+    long checks;
+    char worst_case[160];
+} tol_record;
+
+static tol_record tol_table[TU_MAX_TOLERANCES];
+static int tol_count;
+
+static tol_record *tol_find(const char *name) {
+    for (int i = 0; i < tol_count; i++)
+        if (strcmp(tol_table[i].name, name) == 0) return &tol_table[i];
+    return NULL;
+}
+
+double tu_tol_worst(const char *name) {
+    const tol_record *r = tol_find(name);
+    return r ? r->worst : 0.0;
+}
+
+void tu_tol_check(const char *name, double err, double tol, const char *file, int line,
+                  const char *fmt, ...) {
+    char what[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (isnan(err)) err = INFINITY;
+    tol_record *r = tol_find(name);
+    if (!r) {
+        if (tol_count == TU_MAX_TOLERANCES) {
+            tu_failed++;
+            fprintf(stderr, "FAIL %s:%d: more than %d tolerance names\n", file, line,
+                    TU_MAX_TOLERANCES);
+            return;
+        }
+        r = &tol_table[tol_count++];
+        memset(r, 0, sizeof *r);
+        snprintf(r->name, sizeof r->name, "%s", name);
+        r->tol = tol;
+    }
+    if (r->tol != tol) {
+        tu_failed++;
+        fprintf(stderr, "FAIL %s:%d: tolerance '%s' used with %.3g and %.3g\n", file, line, name,
+                r->tol, tol);
+    }
+    r->checks++;
+    if (r->checks == 1 || err > r->worst) { /* errors are >= 0: worst starts at 0 */
+        r->worst = err;
+        snprintf(r->worst_case, sizeof r->worst_case, "%s", what);
+    }
+    if (err <= tol) {
+        tu_passed++;
+    } else {
+        tu_failed++;
+        fprintf(stderr, "FAIL %s:%d: %s: %s: error %.3g > tolerance %.3g\n", file, line, name, what,
+                err, tol);
+        fflush(stderr);
+    }
+}
+
+/* The table: a ratio tol / worst above 10 means the tolerance would let
+ * errors 10x larger than this run's through. Where a tolerance is the
+ * maximum over two CPU kinds (bf16 GEMMs differ between AVX-512 BF16 and
+ * AVX2 CPUs, see the comments at the tolerances), the other kind's worst is
+ * the binding one and the ratio printed here may exceed 10. */
+static void tol_print_table(void) {
+    if (tol_count == 0) return;
+    printf("\n%-46s %9s %11s %9s  %s\n", "tolerance", "tol", "worst", "tol/worst",
+           "worst case");
+    for (int i = 0; i < tol_count; i++) {
+        const tol_record *r = &tol_table[i];
+        char ratio[32];
+        if (r->worst > 0 && r->tol / r->worst > 1e6)
+            snprintf(ratio, sizeof ratio, ">1e6 !");
+        else if (r->worst > 0)
+            snprintf(ratio, sizeof ratio, "%.1f%s", r->tol / r->worst,
+                     r->tol / r->worst > 10.0 ? " !" : "");
+        else
+            snprintf(ratio, sizeof ratio, "%s", r->tol > 0 ? "inf !" : "exact");
+        printf("%-46s %9.2e %11.3e %9s  %s\n", r->name, r->tol, r->worst, ratio, r->worst_case);
+    }
+    printf("(! : tol > 10x the worst measured on this CPU)\n");
+}
+
 int tu_finish(void) {
+    tol_print_table();
     printf("%ld passed, %ld failed\n", tu_passed, tu_failed);
     fflush(stdout);
     return tu_failed > 0 ? 1 : 0;
@@ -69,6 +164,15 @@ void *tu_xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) {
         fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+void *tu_xmalloc_aligned(size_t n) {
+    void *p = aligned_alloc(64, (n + 63) & ~(size_t)63); /* size a multiple of the alignment */
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu aligned bytes)\n", n);
         exit(2);
     }
     return p;
@@ -246,4 +350,206 @@ int tu_bytes_are(const void *p, size_t n, unsigned char v) {
 
 void tu_fill_nan(float *p, size_t n) {
     for (size_t i = 0; i < n; i++) p[i] = NAN;
+}
+
+/* -------------------------------------------------------------- problems */
+
+void tu_problem_make(tu_problem *p, int64_t B, int64_t T, int64_t H, int64_t V, fg_dtype dtype,
+                     int with_bias, uint64_t seed) {
+    tu_problem_make_opts(p, B, T, H, V, dtype, with_bias, seed, NULL);
+}
+
+void tu_problem_make_opts(tu_problem *p, int64_t B, int64_t T, int64_t H, int64_t V,
+                          fg_dtype dtype, int with_bias, uint64_t seed,
+                          const tu_problem_opts *opts) {
+    tu_problem_opts o;
+    memset(&o, 0, sizeof o);
+    if (opts) o = *opts;
+    const double hs = o.hidden_scale > 0 ? o.hidden_scale : 1.0;
+    const double ws = o.weight_scale > 0 ? o.weight_scale : 3.0 / sqrt((double)H);
+    const double bs = o.bias_scale > 0 ? o.bias_scale : 0.5;
+    memset(p, 0, sizeof *p);
+    p->B = B;
+    p->T = T;
+    p->N = B * T;
+    p->H = H;
+    p->V = V;
+    p->dtype = dtype;
+    p->ldh = H + (o.hidden_pad > 0 ? o.hidden_pad : 0);
+    p->ldw = H + (o.weight_pad > 0 ? o.weight_pad : 0);
+    tu_rng_seed(&p->rng, seed);
+    const int64_t N = p->N;
+    p->hidden = tu_xmalloc(sizeof(double) * (size_t)(N * H));
+    p->weight = tu_xmalloc(sizeof(double) * (size_t)(V * H));
+    double *bias = tu_xmalloc(sizeof(double) * (size_t)V);
+    for (int64_t i = 0; i < N * H; i++) p->hidden[i] = hs * tu_normal(&p->rng);
+    for (int64_t i = 0; i < V * H; i++) p->weight[i] = ws * tu_normal(&p->rng);
+    /* drawn with or without a bias: the batch below is the same either way */
+    for (int64_t i = 0; i < V; i++) bias[i] = bs * tu_normal(&p->rng);
+    p->hidden_s = tu_store_matrix(p->hidden, N, H, p->ldh, dtype);
+    p->weight_s = tu_store_matrix(p->weight, V, H, p->ldw, dtype);
+    if (with_bias) {
+        p->bias = bias;
+        p->bias_s = tu_store_matrix(p->bias, 1, V, V, dtype);
+    } else {
+        free(bias);
+    }
+    if (!p->hidden_s || !p->weight_s || (with_bias && !p->bias_s)) {
+        fprintf(stderr, "out of memory storing a %lldx%lldx%lld problem\n", (long long)N,
+                (long long)H, (long long)V);
+        exit(2);
+    }
+    tu_batch_make(&p->tb, B, T, V, o.mask_pattern, &p->rng);
+}
+
+void tu_problem_restore(tu_problem *p) {
+    free(p->hidden_s);
+    free(p->weight_s);
+    free(p->bias_s);
+    p->hidden_s = tu_store_matrix(p->hidden, p->N, p->H, p->ldh, p->dtype);
+    p->weight_s = tu_store_matrix(p->weight, p->V, p->H, p->ldw, p->dtype);
+    p->bias_s = p->bias ? tu_store_matrix(p->bias, 1, p->V, p->V, p->dtype) : NULL;
+    if (!p->hidden_s || !p->weight_s || (p->bias && !p->bias_s)) {
+        fprintf(stderr, "out of memory storing a problem again\n");
+        exit(2);
+    }
+}
+
+fg_linear_inputs tu_problem_inputs(const tu_problem *p) {
+    fg_linear_inputs in;
+    memset(&in, 0, sizeof in);
+    in.hidden = (fg_matrix){p->hidden_s, p->dtype, p->N, p->H, p->ldh};
+    in.weight = (fg_matrix){p->weight_s, p->dtype, p->V, p->H, p->ldw};
+    in.bias = fg_vector_make(p->bias_s, p->dtype, p->bias_s ? p->V : 0);
+    return in;
+}
+
+int tu_problem_fill_logp(tu_problem *p, double temperature, double s_old, double s_ref) {
+    fg_loss_config plain;
+    tu_config_defaults(&plain);
+    plain.temperature = temperature;
+    tu_batch b = p->tb; /* the same arrays, viewed without old / ref / is_ratio */
+    b.have_old = b.have_ref = 0;
+    b.is_mode = 0;
+    fg_oracle_result r;
+    if (fg_oracle_linear(&plain, tu_batch_view(&b), p->hidden, p->weight, p->bias, p->H, p->V,
+                         &r) != 0)
+        return -1;
+    p->tb.have_old = p->tb.have_ref = 1;
+    p->tb.is_mode = 1;
+    tu_batch_fill_logp(&p->tb, r.logp, s_old, s_ref, &p->rng);
+    fg_oracle_result_free(&r);
+    return 0;
+}
+
+double *tu_problem_logits(const tu_problem *p) {
+    double *z = tu_xmalloc(sizeof(double) * (size_t)(p->N * p->V));
+    for (int64_t n = 0; n < p->N; n++)
+        for (int64_t v = 0; v < p->V; v++) {
+            double acc = p->bias ? p->bias[v] : 0.0;
+            for (int64_t h = 0; h < p->H; h++)
+                acc += p->hidden[n * p->H + h] * p->weight[v * p->H + h];
+            z[n * p->V + v] = acc;
+        }
+    return z;
+}
+
+void tu_problem_free(tu_problem *p) {
+    free(p->hidden);
+    free(p->weight);
+    free(p->bias);
+    free(p->hidden_s);
+    free(p->weight_s);
+    free(p->bias_s);
+    tu_batch_free(&p->tb);
+    memset(p, 0, sizeof *p);
+}
+
+/* -------------------------------------------------------- linear outputs */
+
+void tu_linear_outs_make(tu_linear_outs *o, int64_t N, int64_t H, int64_t V, int with_grad_bias) {
+    memset(o, 0, sizeof *o);
+    o->N = N;
+    o->H = H;
+    o->V = V;
+    o->logp = tu_xmalloc(sizeof(float) * (size_t)N);
+    o->entropy = tu_xmalloc(sizeof(float) * (size_t)N);
+    o->grad_hidden = tu_xmalloc(sizeof(float) * (size_t)(N * H));
+    o->grad_weight = tu_xmalloc(sizeof(float) * (size_t)(V * H));
+    o->out.logp = o->logp;
+    o->out.entropy = o->entropy;
+    o->out.grad_hidden = fg_matrix_make(o->grad_hidden, FG_DTYPE_F32, N, H);
+    o->out.grad_weight = fg_matrix_make(o->grad_weight, FG_DTYPE_F32, V, H);
+    if (with_grad_bias) {
+        o->grad_bias = tu_xmalloc(sizeof(float) * (size_t)V);
+        o->out.grad_bias = fg_vector_make(o->grad_bias, FG_DTYPE_F32, V);
+    }
+}
+
+void tu_linear_outs_fill(tu_linear_outs *o, unsigned char v) {
+    memset(&o->out.loss, v, sizeof o->out.loss);
+    memset(&o->out.metrics, v, sizeof o->out.metrics);
+    memset(o->logp, v, sizeof(float) * (size_t)o->N);
+    memset(o->entropy, v, sizeof(float) * (size_t)o->N);
+    memset(o->grad_hidden, v, sizeof(float) * (size_t)(o->N * o->H));
+    memset(o->grad_weight, v, sizeof(float) * (size_t)(o->V * o->H));
+    if (o->grad_bias) memset(o->grad_bias, v, sizeof(float) * (size_t)o->V);
+}
+
+int tu_linear_outs_are(const tu_linear_outs *o, unsigned char v) {
+    return tu_bytes_are(&o->out.loss, sizeof o->out.loss, v) &&
+           tu_bytes_are(&o->out.metrics, sizeof o->out.metrics, v) &&
+           tu_bytes_are(o->logp, sizeof(float) * (size_t)o->N, v) &&
+           tu_bytes_are(o->entropy, sizeof(float) * (size_t)o->N, v) &&
+           tu_bytes_are(o->grad_hidden, sizeof(float) * (size_t)(o->N * o->H), v) &&
+           tu_bytes_are(o->grad_weight, sizeof(float) * (size_t)(o->V * o->H), v) &&
+           (!o->grad_bias || tu_bytes_are(o->grad_bias, sizeof(float) * (size_t)o->V, v));
+}
+
+int tu_linear_outs_same(const tu_linear_outs *a, const tu_linear_outs *b) {
+    if (a->N != b->N || a->H != b->H || a->V != b->V || !a->grad_bias != !b->grad_bias) return 0;
+    return memcmp(&a->out.loss, &b->out.loss, sizeof a->out.loss) == 0 &&
+           memcmp(&a->out.metrics, &b->out.metrics, sizeof a->out.metrics) == 0 &&
+           memcmp(a->logp, b->logp, sizeof(float) * (size_t)a->N) == 0 &&
+           memcmp(a->entropy, b->entropy, sizeof(float) * (size_t)a->N) == 0 &&
+           memcmp(a->grad_hidden, b->grad_hidden, sizeof(float) * (size_t)(a->N * a->H)) == 0 &&
+           memcmp(a->grad_weight, b->grad_weight, sizeof(float) * (size_t)(a->V * a->H)) == 0 &&
+           (!a->grad_bias || memcmp(a->grad_bias, b->grad_bias, sizeof(float) * (size_t)a->V) == 0);
+}
+
+void tu_linear_outs_free(tu_linear_outs *o) {
+    free(o->logp);
+    free(o->entropy);
+    free(o->grad_hidden);
+    free(o->grad_weight);
+    free(o->grad_bias);
+    memset(o, 0, sizeof *o);
+}
+
+int tu_bf16_gemms_native(void)
+{
+    static int answer = -1;
+    if (answer >= 0)
+        return answer;
+    uint16_t hidden[8] = {0}, weight[4 * 8] = {0};
+    int64_t token = 0;
+    uint8_t mask = 1;
+    float adv = 0.0f;
+    fg_batch b = {1, 1, &token, &mask, &adv, NULL, NULL, NULL, 0};
+    fg_linear_inputs in = {fg_matrix_make(hidden, FG_DTYPE_BF16, 1, 8),
+                           fg_matrix_make(weight, FG_DTYPE_BF16, 4, 8), {NULL, FG_DTYPE_BF16, 0}, 0, 0};
+    fg_linear_outputs out;
+    memset(&out, 0, sizeof out);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    fg_linear_plan_info plan;
+    fg_context *ctx = NULL;
+    if (fg_context_create(NULL, &ctx) != FG_OK ||
+        fg_linear_grpo_plan(ctx, NULL, &cfg, &in, &b, &out, NULL, &plan) != FG_OK) {
+        fprintf(stderr, "tu_bf16_gemms_native: %s\n", ctx ? fg_last_error(ctx) : "no context");
+        abort();
+    }
+    fg_context_destroy(ctx);
+    answer = plan.gemm_dtype == FG_DTYPE_BF16;
+    return answer;
 }

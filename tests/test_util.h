@@ -1,8 +1,11 @@
 /*
  * Small shared helpers for the fusedgrpo tests: a seeded RNG, a CHECK macro
- * that counts and reports failures, random batches with odd sizes and ragged
- * masks, storage of double data as f32 / bf16 matrices (with row padding), and
- * error measures.
+ * that counts and reports failures, named tolerances that record the worst
+ * error they see (TOL_CHECK), random batches with odd sizes and ragged masks,
+ * random LM-head problems (tu_problem: stored hidden / weight / bias, their
+ * double values for the oracle, a batch), output buffers for fg_linear_grpo,
+ * storage of double data as f32 / bf16 matrices (with row padding), and error
+ * measures.
  */
 #ifndef FG_TEST_UTIL_H
 #define FG_TEST_UTIL_H
@@ -33,8 +36,29 @@ extern long tu_failed;
         }                                                                        \
     } while (0)
 
-/* Prints "N passed, M failed" as the last line; returns the exit code. */
+/* Prints the tolerance table (when TOL_CHECK was used), then "N passed, M
+ * failed" as the last line; returns the exit code. */
 int tu_finish(void);
+
+/* -------------------------------------------------------------- tolerances */
+
+/* TOL_CHECK(name, err, tol, fmt, args...): err <= tol as a CHECK (NaN fails),
+ * with the formatted text saying which case it was. Every tolerance of the
+ * suite goes through it, under a name: the worst err seen per name (and the
+ * case it came from) is kept, and tu_finish prints
+ *     tolerance | tol | worst measured | tol / worst | worst case
+ * so a tolerance that has drifted far above what the code achieves (no teeth)
+ * shows. A name stands for one tolerance: using it with two values fails. */
+#define TOL_CHECK(name, err, tol, ...) \
+    tu_tol_check((name), (err), (tol), __FILE__, __LINE__, __VA_ARGS__)
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 6, 7)))
+#endif
+void tu_tol_check(const char *name, double err, double tol, const char *file, int line,
+                  const char *fmt, ...);
+/* The worst error recorded under name so far (0 if none). */
+double tu_tol_worst(const char *name);
 
 /* --------------------------------------------------------------------- rng */
 
@@ -113,5 +137,78 @@ int tu_bytes_are(const void *p, size_t n, unsigned char v);
 void tu_fill_nan(float *p, size_t n);
 
 void *tu_xmalloc(size_t n); /* aborts the test on failure */
+/* 64-byte aligned, for caller workspaces (fg_exec.workspace); free() it. */
+void *tu_xmalloc_aligned(size_t n);
+
+/* 1 when this CPU's GEMMs multiply bf16 natively (the plan's gemm_dtype):
+ * the library then rounds dlogits to bf16 for the gradient GEMMs, and bf16
+ * gradients carry ~2^-9 relative error; else they are as close as f32 ones. */
+int tu_bf16_gemms_native(void);
+
+/* ----------------------------------------------------------------- problems */
+
+/* A random LM-head problem: hidden [N, H], weight [V, H], bias [V] drawn from
+ * normals, stored in `dtype` (rows ldh / ldw elements apart, padding columns
+ * NaN so that reading them shows), and the stored (rounded) values in double
+ * for the oracle; plus a tu_batch (ragged mask, see tu_batch_make) over V.
+ * The same seed gives the same values before rounding for every dtype, so
+ * f32 and bf16 runs see the same problem. */
+typedef struct tu_problem_opts {
+    double hidden_scale;  /* <= 0: 1                                            */
+    double weight_scale;  /* <= 0: 3 / sqrt(H), logits of a few units           */
+    double bias_scale;    /* <= 0: 0.5                                          */
+    int64_t hidden_pad;   /* extra (NaN) columns per stored hidden row          */
+    int64_t weight_pad;   /* extra (NaN) columns per stored weight row          */
+    int mask_pattern;     /* tu_batch_make's pattern                            */
+} tu_problem_opts;
+
+typedef struct tu_problem {
+    int64_t B, T, N, H, V;
+    fg_dtype dtype;
+    int64_t ldh, ldw;
+    double *hidden, *weight; /* [N, H], [V, H]: the stored values, contiguous   */
+    double *bias;            /* [V], or NULL for a problem without a bias       */
+    void *hidden_s, *weight_s, *bias_s; /* stored in dtype (bias_s NULL: none)  */
+    tu_batch tb;
+    tu_rng rng; /* continues the problem's stream (tu_problem_fill_logp)       */
+} tu_problem;
+
+/* Aborts the test on allocation failure. opts may be NULL (the defaults). */
+void tu_problem_make(tu_problem *p, int64_t B, int64_t T, int64_t H, int64_t V, fg_dtype dtype,
+                     int with_bias, uint64_t seed);
+void tu_problem_make_opts(tu_problem *p, int64_t B, int64_t T, int64_t H, int64_t V,
+                          fg_dtype dtype, int with_bias, uint64_t seed,
+                          const tu_problem_opts *opts);
+/* Stores the double values again (after a test edited p->hidden, p->weight
+ * or p->bias), rounding them to p->dtype in place. */
+void tu_problem_restore(tu_problem *p);
+/* The stored inputs as fg_linear_inputs (unsharded). */
+fg_linear_inputs tu_problem_inputs(const tu_problem *p);
+/* old_logp / ref_logp / is_ratio drawn around the oracle's own log-probs of
+ * the problem at this temperature (tu_batch_fill_logp), so that ratios
+ * straddle the clip bounds; sets have_old = have_ref = 1 and is_mode = 1.
+ * Returns 0, or -1 if the oracle failed. */
+int tu_problem_fill_logp(tu_problem *p, double temperature, double s_old, double s_ref);
+/* The [N, V] logits hidden · weightᵀ + bias in double (malloc'd). */
+double *tu_problem_logits(const tu_problem *p);
+void tu_problem_free(tu_problem *p);
+
+/* ------------------------------------------------------- linear outputs */
+
+/* Contiguous fg_linear_grpo outputs: logp, entropy, grad_hidden, grad_weight
+ * and (with_grad_bias) grad_bias, with `out` pointing at them. */
+typedef struct tu_linear_outs {
+    int64_t N, H, V;
+    float *logp, *entropy, *grad_hidden, *grad_weight, *grad_bias;
+    fg_linear_outputs out;
+} tu_linear_outs;
+
+void tu_linear_outs_make(tu_linear_outs *o, int64_t N, int64_t H, int64_t V, int with_grad_bias);
+/* Every output byte (loss and metrics included) set to / still equal to v. */
+void tu_linear_outs_fill(tu_linear_outs *o, unsigned char v);
+int tu_linear_outs_are(const tu_linear_outs *o, unsigned char v);
+/* Bitwise equal results. */
+int tu_linear_outs_same(const tu_linear_outs *a, const tu_linear_outs *b);
+void tu_linear_outs_free(tu_linear_outs *o);
 
 #endif

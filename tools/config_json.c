@@ -1,28 +1,36 @@
-/* Config -> JSON object, driven by the key table: see config_json.h. */
-#include "config_json.h"
+/* Config -> JSON, driven by the key table, and JSON lines: see config.h. */
+#include <cjson/cJSON.h>
 
-#include "units.h"
+#include "config.h"
 
 #include <string.h>
 
-void ft_config_json(ft_json *j, const char *key, const ft_config *cfg)
+cJSON *ft_config_json(const ft_config *cfg)
 {
-    ft_json_object_begin(j, key);
+    cJSON *o = cJSON_CreateObject();
     for (size_t i = 0; i < ft_config_key_count(); i++) {
         const char *k = ft_config_key_name(i);
         char val[128];
         double d;
-        int b;
+        uint64_t bytes;
         ft_config_format(cfg, k, val, sizeof val);
-        uint64_t bytes = 0;
-        if (strcmp(k, "memory_budget") == 0 && ft_parse_bytes(val, &bytes) == 0)
-            ft_json_num(j, k, (double)bytes);
-        else if (ft_config_key_is_numeric(k) && ft_parse_double(val, &d) == 0)
-            ft_json_num(j, k, d);
-        else if ((strcmp(val, "true") == 0 || strcmp(val, "false") == 0) && ft_parse_bool(val, &b) == 0)
-            ft_json_bool(j, k, b);
+        if (ft_parse_bytes(val, &bytes) == 0) /* whole numbers, and memory_budget: 128MiB */
+            cJSON_AddNumberToObject(o, k, (double)bytes);
+        else if (ft_parse_double(val, &d) == 0)
+            cJSON_AddNumberToObject(o, k, d);
+        else if (strcmp(val, "true") == 0 || strcmp(val, "false") == 0)
+            cJSON_AddBoolToObject(o, k, val[0] == 't');
         else
-            ft_json_str(j, k, val);
+            cJSON_AddStringToObject(o, k, val);
     }
-    ft_json_object_end(j);
+    return o;
+}
+
+int ft_json_write_line(FILE *f, cJSON *obj)
+{
+    char *text = f ? cJSON_PrintUnformatted(obj) : NULL; /* NaN and Inf print as null */
+    int rc = !f || (text && fprintf(f, "%s\n", text) > 0 && fflush(f) == 0) ? 0 : -1;
+    cJSON_free(text);
+    cJSON_Delete(obj);
+    return rc;
 }

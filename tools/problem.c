@@ -1,9 +1,6 @@
-/* The shared-memory input arena: see problem.h. */
+/* The input mapping and where its contents come from: see problem.h. */
 #define _GNU_SOURCE
 #include "problem.h"
-
-#include "bf16.h"
-#include "config.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -11,135 +8,75 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define ARENA_MAGIC "FGPROB01"
-#define ALIGN 4096u /* page-aligned tensors: no false sharing of pages, aligned loads */
+#define ALIGN 4096u /* page-aligned tensors: aligned loads, no shared pages */
 
-typedef struct arena_header {
-    char magic[8];
-    ft_problem_shape s;
-    uint64_t bytes;
-} arena_header;
-
-size_t ft_dtype_size(int dtype) { return dtype == FT_DTYPE_BF16 ? 2 : 4; }
+size_t ft_dtype_size(int dtype) { return dtype == FG_DTYPE_BF16 ? 2 : 4; }
 
 float ft_load(const void *data, int dtype, int64_t i)
 {
-    return dtype == FT_DTYPE_BF16 ? ft_bf16_to_f32(((const uint16_t *)data)[i])
-                                  : ((const float *)data)[i];
+    return dtype == FG_DTYPE_BF16 ? fg_bf16_to_f32(((const uint16_t *)data)[i]) : ((const float *)data)[i];
 }
 
 void ft_store(void *data, int dtype, int64_t i, float v)
 {
-    if (dtype == FT_DTYPE_BF16)
-        ((uint16_t *)data)[i] = ft_f32_to_bf16(v);
+    if (dtype == FG_DTYPE_BF16)
+        ((uint16_t *)data)[i] = fg_f32_to_bf16(v);
     else
         ((float *)data)[i] = v;
 }
 
+void *ft_big_alloc(size_t bytes)
+{
+    void *p = bytes == 0 ? MAP_FAILED
+                         : mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void ft_big_free(void *p, size_t bytes)
+{
+    if (p != NULL && bytes != 0)
+        munmap(p, bytes);
+}
+
 static size_t round_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
-/* Offsets of every tensor; returns the total size, 0 on overflow. */
-static size_t layout(const ft_problem_shape *s, size_t off[9])
+int ft_problem_create(const ft_config *cfg, ft_problem *p, char *err, size_t errlen)
 {
-    const double limit = 1.0e18;
-    double n = (double)s->batch * (double)s->seq_len;
-    double es = (double)ft_dtype_size(s->dtype);
-    double sizes[9] = {
-        n * (double)s->hidden * es,                    /* hidden     */
-        (double)s->vocab * (double)s->hidden * es,     /* weight     */
-        s->has_bias ? (double)s->vocab * es : 0,       /* bias       */
-        n * 8,                                         /* token_ids  */
-        n,                                             /* mask       */
-        (double)s->batch * 4,                          /* advantages */
-        s->has_old ? n * 4 : 0,                        /* old_logp   */
-        s->has_ref ? n * 4 : 0,                        /* ref_logp   */
+    memset(p, 0, sizeof *p);
+    p->s = *cfg;
+    const ft_config *s = cfg;
+    const double n = (double)s->batch * (double)s->seq_len, es = (double)ft_dtype_size(s->dtype);
+    const double sizes[9] = {
+        n * (double)s->hidden * es,                /* hidden     */
+        (double)s->vocab * (double)s->hidden * es, /* weight     */
+        s->use_bias ? (double)s->vocab * es : 0,   /* bias       */
+        n * 8, n, (double)s->batch * 4,            /* token_ids, mask, advantages */
+        s->use_old_logp ? n * 4 : 0, s->use_ref_logp ? n * 4 : 0,
         s->is_ratio == FT_ISR_TOKEN ? n * 4 : s->is_ratio == FT_ISR_SEQUENCE ? (double)s->batch * 4 : 0,
     };
-    size_t pos = ALIGN; /* page 0: the header */
+    size_t off[9], pos = 0;
     for (int i = 0; i < 9; i++) {
-        if (!(sizes[i] < limit))
-            return 0;
+        if (!(sizes[i] < 1.0e18))
+            return ft_error(err, errlen, "the inputs of this shape are too large to allocate");
         off[i] = pos;
         pos += round_up((size_t)sizes[i]);
     }
-    return pos;
-}
-
-static void bind(ft_problem *p, const size_t off[9])
-{
-    char *b = p->base;
+    /* Shared, so that bench's forked children see what a child generated. */
+    void *base = mmap(NULL, pos, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (base == MAP_FAILED)
+        return ft_error(err, errlen, "cannot map %zu bytes of inputs: %s", pos, strerror(errno));
+    char *b = p->base = base;
+    p->bytes = pos;
     p->hidden = b + off[0];
     p->weight = b + off[1];
-    p->bias = p->s.has_bias ? b + off[2] : NULL;
+    p->bias = s->use_bias ? b + off[2] : NULL;
     p->token_ids = (int64_t *)(b + off[3]);
     p->mask = (uint8_t *)(b + off[4]);
     p->advantages = (float *)(b + off[5]);
-    p->old_logp = p->s.has_old ? (float *)(b + off[6]) : NULL;
-    p->ref_logp = p->s.has_ref ? (float *)(b + off[7]) : NULL;
-    p->is_ratio = p->s.is_ratio != FT_ISR_NONE ? (float *)(b + off[8]) : NULL;
-}
-
-int ft_problem_create(const ft_problem_shape *s, ft_problem *p, char *err, size_t errlen)
-{
-    memset(p, 0, sizeof *p);
-    p->fd = -1;
-    p->s = *s;
-    size_t off[9];
-    size_t bytes = layout(s, off);
-    if (bytes == 0) {
-        snprintf(err, errlen, "the inputs of this shape are too large to allocate");
-        return -1;
-    }
-    /* Not close-on-exec: bench's children inherit the descriptor. */
-    int fd = memfd_create("fusedgrpo-inputs", 0);
-    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) {
-        snprintf(err, errlen, "cannot create a %zu-byte shared input arena: %s", bytes, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (base == MAP_FAILED) {
-        snprintf(err, errlen, "cannot map %zu bytes of inputs: %s", bytes, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    p->fd = fd;
-    p->base = base;
-    p->bytes = bytes;
-    arena_header *h = base;
-    memcpy(h->magic, ARENA_MAGIC, 8);
-    h->s = *s;
-    h->bytes = bytes;
-    bind(p, off);
-    return 0;
-}
-
-int ft_problem_map_fd(int fd, ft_problem *p, char *err, size_t errlen)
-{
-    memset(p, 0, sizeof *p);
-    p->fd = -1;
-    arena_header h;
-    if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, ARENA_MAGIC, 8) != 0) {
-        snprintf(err, errlen, "descriptor %d is not an input arena", fd);
-        return -1;
-    }
-    size_t off[9];
-    if (layout(&h.s, off) != h.bytes) {
-        snprintf(err, errlen, "input arena layout mismatch");
-        return -1;
-    }
-    void *base = mmap(NULL, h.bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (base == MAP_FAILED) {
-        snprintf(err, errlen, "cannot map the input arena: %s", strerror(errno));
-        return -1;
-    }
-    p->s = h.s;
-    p->fd = fd;
-    p->base = base;
-    p->bytes = h.bytes;
-    p->read_only = 1;
-    bind(p, off);
+    p->old_logp = s->use_old_logp ? (float *)(b + off[6]) : NULL;
+    p->ref_logp = s->use_ref_logp ? (float *)(b + off[7]) : NULL;
+    p->is_ratio = s->is_ratio != FT_ISR_NONE ? (float *)(b + off[8]) : NULL;
     return 0;
 }
 
@@ -147,10 +84,16 @@ void ft_problem_destroy(ft_problem *p)
 {
     if (p->base)
         munmap(p->base, p->bytes);
-    if (p->fd >= 0)
-        close(p->fd);
     memset(p, 0, sizeof *p);
-    p->fd = -1;
+}
+
+void ft_problem_seal(ft_problem *p)
+{
+    mprotect(p->base, p->bytes, PROT_READ);
+    volatile unsigned char sink = 0;
+    for (size_t i = 0; i < p->bytes; i += ALIGN)
+        sink ^= ((const unsigned char *)p->base)[i];
+    (void)sink;
 }
 
 int64_t ft_problem_tokens(const ft_problem *p) { return p->s.batch * p->s.seq_len; }
@@ -161,4 +104,16 @@ int64_t ft_problem_unmasked(const ft_problem *p)
     for (int64_t i = 0; i < total; i++)
         n += p->mask[i] != 0;
     return n;
+}
+
+int ft_problem_make(const char *dir, ft_config *cfg, int empty, ft_problem *p, char *err, size_t errlen)
+{
+    if (dir ? ft_problem_load_dir(dir, cfg, p, err, errlen) != 0
+            : ft_config_check(cfg, err, errlen) != 0 || ft_problem_create(cfg, p, err, errlen) != 0)
+        return -1;
+    if (dir ? ft_config_check(cfg, err, errlen) != 0 : !empty && ft_synth_fill(p, cfg, err, errlen) != 0) {
+        ft_problem_destroy(p);
+        return -1;
+    }
+    return 0;
 }

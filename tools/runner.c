@@ -1,25 +1,16 @@
 /* One impl on one problem: see runner.h. */
 #include "runner.h"
 
-#include "bigbuf.h"
-#include "stats.h"
-
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
-int ft_loss_config_from(const ft_config *cfg, fg_loss_config *out, char *err, size_t errlen)
+void ft_loss_config_from(const ft_config *cfg, fg_loss_config *out)
 {
     fg_loss_config_init(out);
-    /* Go through the names so the tool never depends on enum order. */
-    const char *level = cfg->importance_sampling_level ? "sequence" : "token";
-    if (fg_loss_type_parse(ft_loss_type_name(cfg->loss_type), &out->loss_type) != FG_OK ||
-        fg_is_level_parse(level, &out->importance_sampling_level) != FG_OK) {
-        snprintf(err, errlen, "the library does not know loss_type '%s' / level '%s'",
-                 ft_loss_type_name(cfg->loss_type), level);
-        return -1;
-    }
+    out->loss_type = (fg_loss_type)cfg->loss_type; /* the config holds the library's values */
+    out->importance_sampling_level = (fg_is_level)cfg->importance_sampling_level;
     out->temperature = cfg->temperature;
     out->epsilon_low = cfg->epsilon_low;
     out->epsilon_high = isnan(cfg->epsilon_high) ? -1.0 : cfg->epsilon_high;
@@ -31,168 +22,117 @@ int ft_loss_config_from(const ft_config *cfg, fg_loss_config *out, char *err, si
     out->sapo_temperature_neg = cfg->sapo_temperature_neg;
     out->use_bias_correction_kl = cfg->use_bias_correction_kl;
     out->entropy_coef = cfg->entropy_coef;
-    return 0;
-}
-
-int ft_context_from(const ft_config *cfg, fg_context **out, char *err, size_t errlen)
-{
-    fg_context_options o;
-    fg_context_options_init(&o);
-    o.threads = (int)cfg->threads;
-    o.memory_budget = (size_t)cfg->memory_budget;
-    o.check_finite = cfg->check_finite;
-    fg_status st = fg_context_create(&o, out);
-    if (st != FG_OK) {
-        snprintf(err, errlen, "fg_context_create: %s", fg_status_name(st));
-        return -1;
-    }
-    /* The tool's own GEMMs and loops use the same thread count. */
-    if (cfg->threads > 0)
-        omp_set_num_threads((int)cfg->threads);
-    return 0;
 }
 
 void ft_batch_from(const ft_problem *p, fg_batch *out)
 {
-    memset(out, 0, sizeof *out);
-    out->batch = p->s.batch;
-    out->seq_len = p->s.seq_len;
-    out->token_ids = p->token_ids;
-    out->mask = p->mask;
-    out->advantages = p->advantages;
-    out->old_logp = p->old_logp;
-    out->ref_logp = p->ref_logp;
-    out->is_ratio = p->is_ratio;
-    out->is_ratio_per_sequence = p->s.is_ratio == FT_ISR_SEQUENCE;
+    *out = (fg_batch){p->s.batch, p->s.seq_len, p->token_ids, p->mask, p->advantages, p->old_logp,
+                      p->ref_logp, p->is_ratio, p->s.is_ratio == FT_ISR_SEQUENCE};
 }
 
-static fg_outputs outputs(const ft_runner *r);
-static int lib_error(ft_runner *r, const char *what, fg_status st);
-
-/* memory_budget: min. The planner's smallest budget for this very call. */
-static int use_min_budget(ft_runner *r)
+/* "what: FG_ERR_X: message" for a failed library call. */
+static int lib_error(ft_runner *r, const char *what, fg_status st)
 {
-    fg_outputs o = outputs(r);
-    fg_linear_plan_info plan;
-    fg_status st = fg_linear_grpo_plan(r->ctx, &r->lopts, &r->loss, &r->lin, &r->batch, &o, &plan);
-    if (st != FG_OK)
-        return lib_error(r, "fg_linear_grpo_plan", st);
-    if (plan.min_budget_bytes > 0 &&
-        (st = fg_context_set_memory_budget(r->ctx, plan.min_budget_bytes)) != FG_OK)
-        return lib_error(r, "fg_context_set_memory_budget", st);
-    return 0;
+    const char *name = fg_status_name(st), *msg = r->ctx ? fg_last_error(r->ctx) : "";
+    const int named = strncmp(msg, name, strlen(name)) == 0; /* messages start with the name */
+    return ft_error(r->err, sizeof r->err, "%s: %s%s%s", what, named ? "" : name,
+                    named || !*msg ? "" : ": ", msg);
 }
 
-static fg_dtype lib_dtype(int dtype) { return dtype == FT_DTYPE_BF16 ? FG_DTYPE_BF16 : FG_DTYPE_F32; }
+static fg_linear_outputs linear_outputs(const ft_runner *r)
+{
+    const ft_config *s = &r->p->s;
+    return (fg_linear_outputs){0, {0}, r->logp, r->entropy,
+                               fg_matrix_make(r->grad_hidden, FG_DTYPE_F32, s->batch * s->seq_len, s->hidden),
+                               fg_matrix_make(r->grad_weight, FG_DTYPE_F32, s->vocab, s->hidden),
+                               fg_vector_make(r->grad_bias, FG_DTYPE_F32, r->grad_bias ? s->vocab : 0)};
+}
+
+/* The planner's view of a call with opts: for memory_budget min, first
+ * the smallest budget it runs with, then the plan at that budget. */
+static int plan(ft_runner *r, const fg_linear_options *opts, fg_exec *exec, fg_linear_plan_info *info)
+{
+    fg_linear_outputs o = linear_outputs(r);
+    fg_status st = fg_linear_grpo_plan(r->ctx, opts, &r->loss, &r->lin, &r->batch, &o, exec, info);
+    if (st == FG_OK && r->min_budget && info->min_budget_bytes > 0) {
+        exec->memory_budget = info->min_budget_bytes;
+        st = fg_linear_grpo_plan(r->ctx, opts, &r->loss, &r->lin, &r->batch, &o, exec, info);
+    }
+    return st == FG_OK ? 0 : lib_error(r, "fg_linear_grpo_plan", st);
+}
 
 int ft_runner_init(ft_runner *r, const ft_config *cfg, const ft_problem *p, int impl, int full_step)
 {
     memset(r, 0, sizeof *r);
     r->impl = impl;
     r->full_step = full_step;
+    r->min_budget = cfg->memory_budget == FT_BUDGET_MIN;
     r->p = p;
-    const ft_problem_shape *s = &p->s;
+    const ft_config *s = &p->s;
     const int64_t N = s->batch * s->seq_len, H = s->hidden, V = s->vocab;
-    if (ft_loss_config_from(cfg, &r->loss, r->err, sizeof r->err) != 0 ||
-        ft_context_from(cfg, &r->ctx, r->err, sizeof r->err) != 0)
-        return -1;
-
+    ft_loss_config_from(cfg, &r->loss);
     ft_batch_from(p, &r->batch);
-
-    fg_dtype dt = lib_dtype(s->dtype);
-    r->lin.hidden = fg_matrix_make(p->hidden, dt, N, H);
-    r->lin.weight = fg_matrix_make(p->weight, dt, V, H);
-    r->lin.bias = fg_vector_make(p->bias, dt, p->bias ? V : 0);
-    r->lin.vocab_start = 0;
-    r->lin.vocab_total = 0;
+    fg_context_options o;
+    fg_context_options_init(&o);
+    o.threads = (int)cfg->threads;
+    o.memory_budget = r->min_budget ? 0 : (size_t)cfg->memory_budget;
+    o.check_finite = cfg->check_finite;
+    fg_status st = fg_context_create(&o, &r->ctx);
+    if (st != FG_OK)
+        return ft_error(r->err, sizeof r->err, "fg_context_create: %s", fg_status_name(st));
+    if (cfg->threads > 0) /* the tool's own loops take the same thread count */
+        omp_set_num_threads((int)cfg->threads);
+    r->lin = (fg_linear_inputs){fg_matrix_make(p->hidden, s->dtype, N, H),
+                                fg_matrix_make(p->weight, s->dtype, V, H),
+                                fg_vector_make(p->bias, s->dtype, p->bias ? V : 0), 0, 0};
     r->lopts.impl = impl == FT_IMPL_BASELINE ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED;
     r->lopts.round_logits_to_input_dtype = impl == FT_IMPL_BASELINE && cfg->round_logits;
 
-    int grads = impl != FT_IMPL_LOGITS || full_step;
-    r->logp = ft_big_alloc((size_t)N * sizeof(float));
-    r->entropy = ft_big_alloc((size_t)N * sizeof(float));
-    r->output_bytes = 2 * (size_t)N * sizeof(float);
-    if (grads) {
-        r->grad_hidden = ft_big_alloc((size_t)(N * H) * sizeof(float));
-        r->grad_weight = ft_big_alloc((size_t)(V * H) * sizeof(float));
-        r->output_bytes += (size_t)(N * H + V * H) * sizeof(float);
-        if (p->bias) {
-            r->grad_bias = ft_big_alloc((size_t)V * sizeof(float));
-            r->output_bytes += (size_t)V * sizeof(float);
-        }
+    /* One pre-faulted mapping: logp, entropy, the gradients (when wanted),
+     * then the logits impl's logits, which are tool memory, not outputs. */
+    const int grads = impl != FT_IMPL_LOGITS || full_step;
+    const size_t n = (size_t)N, h = (size_t)H, v = (size_t)V, page = 4096;
+    const size_t zb = impl == FT_IMPL_LOGITS ? n * v * ft_dtype_size(s->dtype) : 0, gb = p->bias ? v * 4 : 0;
+    const size_t sizes[6] = {n * 4, n * 4, grads ? n * h * 4 : 0, grads ? v * h * 4 : 0, grads ? gb : 0, zb};
+    size_t off[6];
+    for (int k = 0; k < 6; k++) {
+        off[k] = r->buf_bytes;
+        r->buf_bytes += (sizes[k] + page - 1) / page * page;
     }
-    int failed = !r->logp || !r->entropy || (grads && (!r->grad_hidden || !r->grad_weight)) ||
-                 (grads && p->bias && !r->grad_bias);
-    if (impl == FT_IMPL_LOGITS && !failed) {
-        r->logits_bytes = (size_t)(N * V) * ft_dtype_size(s->dtype);
-        r->logits = ft_big_alloc(r->logits_bytes);
-        failed = r->logits == NULL ||
-                 ft_gemm_ws_reserve(&r->ws, ft_gemm_ws_need(s->dtype, s->dtype, N, V, H)) != 0;
-    }
-    if (failed) {
-        snprintf(r->err, sizeof r->err, "out of memory allocating the output buffers");
+    r->output_bytes = sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
+    r->logits_bytes = sizes[5];
+    if ((r->buf = ft_big_alloc(r->buf_bytes)) == NULL)
+        return ft_error(r->err, sizeof r->err, "out of memory for %zu bytes of outputs", r->buf_bytes);
+    float **outs[5] = {&r->logp, &r->entropy, &r->grad_hidden, &r->grad_weight, &r->grad_bias};
+    for (int k = 0; k < 5; k++)
+        *outs[k] = sizes[k] ? (float *)(r->buf + off[k]) : NULL;
+    r->logits = sizes[5] ? r->buf + off[5] : NULL;
+    /* Block-high chunks: the same oneDNN blocks as one whole product. */
+    if (impl == FT_IMPL_LOGITS &&
+        ft_gemm_init(&r->gemm, (int)cfg->threads, FG_BLOCK_LOGITS_M, r->err, sizeof r->err) != 0)
         return -1;
-    }
-    if (cfg->memory_budget == FT_BUDGET_MIN && impl != FT_IMPL_LOGITS)
-        return use_min_budget(r);
-    return 0;
-}
-
-static fg_outputs outputs(const ft_runner *r)
-{
-    fg_outputs o;
-    memset(&o, 0, sizeof o);
-    const ft_problem_shape *s = &r->p->s;
-    const int64_t N = s->batch * s->seq_len;
-    o.logp = r->logp;
-    o.entropy = r->entropy;
-    if (r->impl == FT_IMPL_LOGITS) {
-        /* In place: the same buffer, dtype and ld as the logits. */
-        o.grad_logits = fg_matrix_make(r->logits, lib_dtype(s->dtype), N, s->vocab);
-    } else {
-        o.grad_hidden = fg_matrix_make(r->grad_hidden, FG_DTYPE_F32, N, s->hidden);
-        o.grad_weight = fg_matrix_make(r->grad_weight, FG_DTYPE_F32, s->vocab, s->hidden);
-        o.grad_bias = fg_vector_make(r->grad_bias, FG_DTYPE_F32, r->grad_bias ? s->vocab : 0);
-    }
-    return o;
-}
-
-void ft_describe_status(const fg_context *ctx, fg_status st, char *buf, size_t n)
-{
-    const char *name = fg_status_name(st);
-    const char *msg = ctx ? fg_last_error(ctx) : "";
-    if (msg == NULL || *msg == '\0')
-        snprintf(buf, n, "%s", name);
-    else if (strncmp(msg, name, strlen(name)) == 0)
-        snprintf(buf, n, "%s", msg);
-    else
-        snprintf(buf, n, "%s: %s", name, msg);
-}
-
-static int lib_error(ft_runner *r, const char *what, fg_status st)
-{
-    char msg[900];
-    ft_describe_status(r->ctx, st, msg, sizeof msg);
-    snprintf(r->err, sizeof r->err, "%s: %s", what, msg);
-    return -1;
+    fg_linear_plan_info info;
+    return impl != FT_IMPL_LOGITS && r->min_budget ? plan(r, &r->lopts, &r->exec, &info) : 0;
 }
 
 int ft_runner_materialize_logits(ft_runner *r)
 {
-    const ft_problem_shape *s = &r->p->s;
-    return ft_gemm_logits(&r->ws, s->dtype, r->p->hidden, s->batch * s->seq_len, r->p->weight,
-                          r->p->bias, s->vocab, s->hidden, r->logits, s->dtype, r->err,
-                          sizeof r->err);
+    const ft_problem *p = r->p;
+    if (ft_gemm_logits(&r->gemm, p->s.dtype, p->hidden, ft_problem_tokens(p), p->s.dtype, p->weight,
+                       p->bias, p->s.vocab, p->s.hidden, p->s.dtype, r->logits) == 0)
+        return 0;
+    return ft_error(r->err, sizeof r->err, "tool logits GEMM: %s", r->gemm.err.msg);
 }
 
 int ft_runner_logits_kernel(ft_runner *r)
 {
-    const ft_problem_shape *s = &r->p->s;
-    fg_matrix logits = fg_matrix_make(r->logits, lib_dtype(s->dtype), s->batch * s->seq_len, s->vocab);
-    fg_outputs o = outputs(r);
-    double t0 = ft_now();
-    fg_status st = fg_logits_grpo(r->ctx, &r->loss, &logits, &r->batch, &o);
-    r->kernel_s = ft_now() - t0;
+    const ft_config *s = &r->p->s;
+    fg_matrix logits = fg_matrix_make(r->logits, s->dtype, s->batch * s->seq_len, s->vocab);
+    /* In place: grad_logits is the logits buffer, same dtype and ld. */
+    fg_logits_outputs o = {0, {0}, r->logp, r->entropy, logits};
+    double t0 = omp_get_wtime();
+    fg_status st = fg_logits_grpo(r->ctx, &r->loss, &logits, &r->batch, &o, &r->exec);
+    r->kernel_s = omp_get_wtime() - t0;
     if (st != FG_OK)
         return lib_error(r, "fg_logits_grpo", st);
     r->loss_value = o.loss;
@@ -200,12 +140,26 @@ int ft_runner_logits_kernel(ft_runner *r)
     return 0;
 }
 
+/* grad_bias[v] = sum over tokens of dlogits[n, v], in blocks of columns. */
+static void column_sums(const void *d, int dtype, int64_t N, int64_t V, float *out)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t v0 = 0; v0 < V; v0 += 256) {
+        const int64_t v1 = V - v0 < 256 ? V : v0 + 256;
+        for (int64_t v = v0; v < v1; v++)
+            out[v] = 0.0f;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t v = v0; v < v1; v++)
+                out[v] += ft_load(d, dtype, n * V + v);
+    }
+}
+
 int ft_runner_step(ft_runner *r)
 {
-    const ft_problem_shape *s = &r->p->s;
+    const ft_problem *p = r->p;
     if (r->impl != FT_IMPL_LOGITS) {
-        fg_outputs o = outputs(r);
-        fg_status st = fg_linear_grpo(r->ctx, &r->lopts, &r->loss, &r->lin, &r->batch, &o);
+        fg_linear_outputs o = linear_outputs(r);
+        fg_status st = fg_linear_grpo(r->ctx, &r->lopts, &r->loss, &r->lin, &r->batch, &o, &r->exec);
         if (st != FG_OK)
             return lib_error(r, "fg_linear_grpo", st);
         r->loss_value = o.loss;
@@ -216,42 +170,29 @@ int ft_runner_step(ft_runner *r)
         return -1;
     if (!r->full_step)
         return 0;
-    const int64_t N = s->batch * s->seq_len;
-    if (ft_gemm_grad_hidden(&r->ws, s->dtype, r->logits, r->p->weight, N, s->vocab, s->hidden,
-                            r->grad_hidden, r->err, sizeof r->err) != 0 ||
-        ft_gemm_grad_weight(&r->ws, s->dtype, r->logits, r->p->hidden, N, s->vocab, s->hidden,
-                            r->grad_weight, r->err, sizeof r->err) != 0)
-        return -1;
+    if (ft_gemm_backward(&r->gemm, p->s.dtype, r->logits, p->hidden, ft_problem_tokens(p), p->s.dtype,
+                         p->weight, p->s.vocab, p->s.hidden, r->grad_hidden, r->grad_weight, 0) != 0)
+        return ft_error(r->err, sizeof r->err, "tool backward GEMMs: %s", r->gemm.err.msg);
     if (r->grad_bias)
-        ft_colsum(s->dtype, r->logits, N, s->vocab, r->grad_bias);
+        column_sums(r->logits, p->s.dtype, ft_problem_tokens(p), p->s.vocab, r->grad_bias);
     return 0;
 }
 
-size_t ft_runner_tool_bytes(const ft_runner *r) { return r->logits_bytes + ft_gemm_ws_bytes(&r->ws); }
+size_t ft_runner_tool_bytes(const ft_runner *r) { return r->logits_bytes + ft_gemm_bytes(&r->gemm); }
 
-void ft_runner_release_buffers(ft_runner *r)
+int64_t ft_runner_fused_chunk_rows(ft_runner *r)
 {
-    if (r->p == NULL)
-        return;
-    const ft_problem_shape *s = &r->p->s;
-    const size_t N = (size_t)(s->batch * s->seq_len), H = (size_t)s->hidden, V = (size_t)s->vocab;
-    ft_big_free(r->logp, N * sizeof(float));
-    ft_big_free(r->entropy, N * sizeof(float));
-    ft_big_free(r->grad_hidden, N * H * sizeof(float));
-    ft_big_free(r->grad_weight, V * H * sizeof(float));
-    ft_big_free(r->grad_bias, V * sizeof(float));
-    ft_big_free(r->logits, r->logits_bytes);
-    r->logp = r->entropy = r->grad_hidden = r->grad_weight = r->grad_bias = NULL;
-    r->logits = NULL;
-    r->logits_bytes = 0;
-    ft_gemm_ws_free(&r->ws);
-    if (r->ctx)
-        fg_release_workspace(r->ctx);
+    const fg_linear_options fused = {FG_IMPL_FUSED, 0};
+    fg_exec exec = {0};
+    fg_linear_plan_info info;
+    return plan(r, &fused, &exec, &info) == 0 ? info.chunk_rows : 0;
 }
 
 void ft_runner_free(ft_runner *r)
 {
-    ft_runner_release_buffers(r);
+    ft_big_free(r->buf, r->buf_bytes);
+    if (r->gemm.cache)
+        ft_gemm_free(&r->gemm);
     fg_context_destroy(r->ctx);
     memset(r, 0, sizeof *r);
 }

@@ -225,7 +225,7 @@ def _fg_call_seconds(a):
     """Seconds the last fusedgrpo call spent inside the C library (its context's
     fg_memory_stats.call_seconds): the step minus this is the front end's cost."""
     import fusedgrpo as fg
-    return fg.memory_stats(a.threads, a.memory_budget)["call_seconds"]
+    return fg.memory_stats()["call_seconds"]
 
 
 def child(a):

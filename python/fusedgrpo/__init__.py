@@ -22,8 +22,9 @@ from . import _lib
 from ._lib import FusedGRPOError, LOSS_TYPES, LEVELS, METRIC_NAMES, library_path, include_dir
 
 __version__ = "0.1.0"
-__all__ = ["fused_linear_grpo", "logits_grpo", "GRPOResult", "FusedGRPOError", "LOSS_TYPES",
-           "LEVELS", "METRIC_NAMES", "f32_to_bf16_bits", "bf16_bits_to_f32", "memory_stats",
+__all__ = ["fused_linear_grpo", "fused_linear_grpo_plan", "logits_grpo", "GRPOResult",
+           "FusedGRPOError", "LOSS_TYPES", "LEVELS", "METRIC_NAMES", "f32_to_bf16_bits",
+           "bf16_bits_to_f32", "memory_stats", "reset_peak_memory", "release_workspace",
            "library_path", "include_dir", "__version__"]
 
 
@@ -86,7 +87,7 @@ def _dtype_id(dtype, *arrays) -> int:
     if dtype in ("bfloat16", "bf16"):
         return _lib.DTYPE_BF16
     raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"dtype must be 'float32' or 'bfloat16', got "
-                         f"{dtype!r}", 12)
+                         f"{dtype!r}")
 
 
 def _storage(a, dt: int, name: str) -> np.ndarray:
@@ -101,7 +102,7 @@ def _storage(a, dt: int, name: str) -> np.ndarray:
     elif a.dtype != np.float32:
         if a.dtype == np.uint16 or _is_bf16_dtype(a.dtype):
             raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH",
-                                 f"{name} is bfloat16 but another input is float32", 4)
+                                 f"{name} is bfloat16 but another input is float32")
         a = a.astype(np.float32)
     if a.ndim and (a.strides[-1] != a.itemsize):
         a = np.ascontiguousarray(a)
@@ -144,7 +145,7 @@ def _vec(a, dtype, shape, name):
     a = np.ascontiguousarray(a, dtype=dtype)
     if a.shape != shape:
         raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"{name} has shape {a.shape}, expected "
-                             f"{shape}", 4)
+                             f"{shape}")
     return a
 
 
@@ -152,12 +153,12 @@ def _batch_arrays(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, 
     tok = np.asarray(token_ids)
     if tok.shape != (B, T):
         raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"token_ids has shape {tok.shape}, "
-                             f"expected {(B, T)}", 4)
+                             f"expected {(B, T)}")
     tok = np.ascontiguousarray(tok, dtype=np.int64)
     m = np.asarray(mask)
     if m.shape != (B, T):
         raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"mask has shape {m.shape}, expected "
-                             f"{(B, T)}", 4)
+                             f"{(B, T)}")
     if m.dtype == np.bool_ and m.flags.c_contiguous:
         m = m.view(np.uint8)
     elif m.dtype != np.uint8 or not m.flags.c_contiguous:
@@ -182,6 +183,43 @@ def _ptr(a) -> int:
     return 0 if a is None else a.ctypes.data
 
 
+def _linear_operands(hidden, weight, bias, token_ids, mask, advantages, old_logp, ref_logp,
+                     is_ratio, dtype):
+    """(operands, request): the LM-head inputs in storage form, which the caller
+    keeps alive through the C call, and the keyword arguments of
+    _lib.linear_call / _lib.linear_plan that point at them."""
+    dt = _dtype_id(dtype, hidden, weight, bias)
+    h = _storage(hidden, dt, "hidden")
+    w = _storage(weight, dt, "weight")
+    if h.ndim != 3:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"hidden must be [B, T, H], got shape "
+                             f"{h.shape}")
+    if w.ndim != 2:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight must be [V, H], got shape "
+                             f"{w.shape}")
+    B, T, H = h.shape
+    V = w.shape[0]
+    if w.shape[1] != H:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight has {w.shape[1]} columns, hidden "
+                             f"has H = {H}")
+    h, ldh = _rows_view(h, 2)
+    w, ldw = _rows_view(w, 1)
+    b = None
+    if bias is not None:
+        b = np.ascontiguousarray(_storage(bias, dt, "bias"))
+        if b.shape != (V,):
+            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"bias has shape {b.shape}, expected "
+                                 f"{(V,)}")
+    tok, m, adv, old, ref, isr, per_seq = _batch_arrays(token_ids, mask, advantages, old_logp,
+                                                        ref_logp, is_ratio, B, T)
+    operands = (h, w, b, tok, m, adv, old, ref, isr)
+    request = dict(B=B, T=T, H=H, V=V, dtype=dt, hidden=_ptr(h), ld_hidden=ldh, weight=_ptr(w),
+                   ld_weight=ldw, bias=_ptr(b), token_ids=_ptr(tok), mask=_ptr(m),
+                   advantages=_ptr(adv), old_logp=_ptr(old), ref_logp=_ptr(ref),
+                   is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq)
+    return operands, request
+
+
 def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None, ref_logp=None,
                       *, bias=None, is_ratio=None, beta=0.0, epsilon_low=0.2, epsilon_high=None,
                       delta=None, temperature=1.0, loss_type="dapo",
@@ -195,50 +233,53 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
     hidden [B, T, H], weight [V, H], bias [V] (optional), token_ids / mask [B, T],
     advantages [B], old_logp / ref_logp [B, T], is_ratio [B, T] or [B].
     ``impl`` is "fused" (bounded working memory, ``memory_budget`` bytes, default
-    256 MiB) or "materialized" (the plain baseline). ``compute_grad=False`` skips
-    the two gradient GEMMs (loss, logp, entropy and metrics only).
+    256 MiB) or "materialized" (the plain baseline). ``threads``: OpenMP threads
+    of this call (default: OpenMP's). ``compute_grad=False`` skips the two
+    gradient GEMMs (loss, logp, entropy and metrics only).
     Returns a GRPOResult (grads in float32; grad_bias None without a bias).
     """
     loss_opts = _lib.loss_options(locals())
-    dt = _dtype_id(dtype, hidden, weight, bias)
-    h = _storage(hidden, dt, "hidden")
-    w = _storage(weight, dt, "weight")
-    if h.ndim != 3:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"hidden must be [B, T, H], got shape "
-                             f"{h.shape}", 4)
-    if w.ndim != 2:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight must be [V, H], got shape "
-                             f"{w.shape}", 4)
-    B, T, H = h.shape
-    V = w.shape[0]
-    if w.shape[1] != H:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight has {w.shape[1]} columns, hidden "
-                             f"has H = {H}", 4)
-    h, ldh = _rows_view(h, 2)
-    w, ldw = _rows_view(w, 1)
-    b = None
-    if bias is not None:
-        b = np.ascontiguousarray(_storage(bias, dt, "bias"))
-        if b.shape != (V,):
-            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"bias has shape {b.shape}, expected "
-                                 f"{(V,)}", 4)
-    tok, m, adv, old, ref, isr, per_seq = _batch_arrays(token_ids, mask, advantages, old_logp,
-                                                        ref_logp, is_ratio, B, T)
+    operands, request = _linear_operands(hidden, weight, bias, token_ids, mask, advantages,
+                                         old_logp, ref_logp, is_ratio, dtype)
+    B, T, H, V = (request[k] for k in "BTHV")
+    has_bias = operands[2] is not None
     cfg = _lib.make_config(**loss_opts)
     logp = np.empty((B, T), np.float32)
     ent = np.empty((B, T), np.float32)
     gh = np.empty((B, T, H), np.float32) if compute_grad else None
     gw = np.empty((V, H), np.float32) if compute_grad else None
-    gb = np.empty((V,), np.float32) if (compute_grad and b is not None) else None
-    ctx = _lib.get_context(threads, memory_budget)
+    gb = np.empty((V,), np.float32) if (compute_grad and has_bias) else None
     loss, metrics = _lib.linear_call(
-        ctx, cfg, impl, B=B, T=T, H=H, V=V, dtype=dt, hidden=_ptr(h), ld_hidden=ldh,
-        weight=_ptr(w), ld_weight=ldw, bias=_ptr(b), token_ids=_ptr(tok), mask=_ptr(m),
-        advantages=_ptr(adv), old_logp=_ptr(old), ref_logp=_ptr(ref), is_ratio=_ptr(isr),
-        is_ratio_per_sequence=per_seq, logp=_ptr(logp), entropy=_ptr(ent), grad_hidden=_ptr(gh),
-        grad_weight=_ptr(gw), grad_bias=_ptr(gb))
+        cfg, impl, _lib.make_exec(threads, memory_budget), **request, logp=_ptr(logp),
+        entropy=_ptr(ent), grad_hidden=_ptr(gh), grad_weight=_ptr(gw), grad_bias=_ptr(gb))
     return GRPOResult(loss=loss, logp=logp, entropy=ent, metrics=metrics, grad_hidden=gh,
                       grad_weight=gw, grad_bias=gb)
+
+
+def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp=None,
+                           ref_logp=None, *, bias=None, is_ratio=None, beta=0.0,
+                           epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
+                           loss_type="dapo", importance_sampling_level="token",
+                           max_completion_length=None, num_items_in_batch=None,
+                           sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
+                           use_bias_correction_kl=False, entropy_coef=0.0, dtype="float32",
+                           memory_budget=None, threads=None, impl="fused",
+                           compute_grad=True) -> dict:
+    """What ``fused_linear_grpo`` with the same arguments would hold, without
+    running it (the C planner, fg_linear_grpo_plan): a dict with chunk_rows,
+    chunks, working_bytes (the workspace the call holds, which memory_stats()
+    then reports as peak_bytes), fixed_bytes, chunk_bytes, gemm_scratch_bytes and
+    min_budget_bytes (the smallest memory_budget the call runs with). A budget
+    below that raises FusedGRPOError (FG_ERR_BUDGET_TOO_SMALL) whose ``.plan``
+    is that dict."""
+    loss_opts = _lib.loss_options(locals())
+    operands, request = _linear_operands(hidden, weight, bias, token_ids, mask, advantages,
+                                         old_logp, ref_logp, is_ratio, dtype)
+    has_bias = operands[2] is not None
+    return _lib.linear_plan(_lib.make_config(**loss_opts), impl,
+                            _lib.make_exec(threads, memory_budget),
+                            want_grad_hidden=compute_grad, want_grad_weight=compute_grad,
+                            want_grad_bias=compute_grad and has_bias, **request)
 
 
 def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=None, *,
@@ -259,12 +300,12 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
     lg = _storage(logits, dt, "logits")
     if lg.ndim != 3:
         raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"logits must be [B, T, V], got shape "
-                             f"{lg.shape}", 4)
+                             f"{lg.shape}")
     B, T, V = lg.shape
     if inplace and lg is not logits and not (isinstance(logits, np.ndarray)
                                             and lg.base is logits):
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", "inplace=True needs logits already in the "
-                             "storage dtype with a contiguous last axis", 12)
+                             "storage dtype with a contiguous last axis")
     lg, ldl = _rows_view(lg, 2)
     tok, m, adv, old, ref, isr, per_seq = _batch_arrays(token_ids, mask, advantages, old_logp,
                                                         ref_logp, is_ratio, B, T)
@@ -275,19 +316,33 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
         g, ldg, gdt = None, V, _lib.DTYPE_F32
     elif inplace:
         if not lg.flags.writeable:
-            raise FusedGRPOError("FG_ERR_UNSUPPORTED", "inplace=True needs writable logits", 12)
+            raise FusedGRPOError("FG_ERR_UNSUPPORTED", "inplace=True needs writable logits")
         g, ldg, gdt = lg, ldl, dt
     else:
         g, ldg, gdt = np.empty((B, T, V), np.float32), V, _lib.DTYPE_F32
-    ctx = _lib.get_context(threads, None)
     loss, metrics = _lib.logits_call(
-        ctx, cfg, B=B, T=T, V=V, dtype=dt, logits=_ptr(lg), ld_logits=ldl, token_ids=_ptr(tok),
-        mask=_ptr(m), advantages=_ptr(adv), old_logp=_ptr(old), ref_logp=_ptr(ref),
-        is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq, logp=_ptr(logp), entropy=_ptr(ent),
+        cfg, _lib.make_exec(threads), B=B, T=T, V=V, dtype=dt, logits=_ptr(lg), ld_logits=ldl,
+        token_ids=_ptr(tok), mask=_ptr(m), advantages=_ptr(adv), old_logp=_ptr(old),
+        ref_logp=_ptr(ref), is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq, logp=_ptr(logp),
+        entropy=_ptr(ent),
         grad_logits=_ptr(g), ld_grad_logits=ldg, grad_dtype=gdt)
     return GRPOResult(loss=loss, logp=logp, entropy=ent, metrics=metrics, grad_logits=g)
 
 
-def memory_stats(threads=None, memory_budget=None) -> dict:
-    """fg_get_memory_stats of the cached context for (threads, memory_budget)."""
-    return _lib.get_context(threads, memory_budget).memory_stats()
+def memory_stats() -> dict:
+    """fg_get_memory_stats of the calling thread's context (each thread has its
+    own): the working memory it holds now and held at its peak, and the
+    budget, chunking and timing of its last call."""
+    return _lib.thread_context().memory_stats()
+
+
+def reset_peak_memory():
+    """Restart memory_stats()'s peak_bytes from what the calling thread's
+    context holds now."""
+    _lib.thread_context().reset_peak_memory()
+
+
+def release_workspace():
+    """Free the workspace the calling thread's context keeps between calls (its
+    next call allocates it again)."""
+    _lib.thread_context().release_workspace()

@@ -19,7 +19,8 @@
 // Attributes: loss_type, level, impl (strings); beta, epsilon_low, epsilon_high,
 //   delta, temperature, sapo_temperature_pos, sapo_temperature_neg (f64);
 //   max_completion_length, use_bias_correction_kl, threads, memory_budget,
-//   vocab_shards, vocab_total (s64).
+//   vocab_shards, vocab_total (s64). threads (<= 0: OpenMP's default) and
+//   memory_budget (bytes, 0: the library's default) go into the call's fg_exec.
 //
 // Vocab sharding (vocab_shards > 1): weight holds rows [rank*V, rank*V + V) of
 // vocab_total; the library's communicator hook is served in-process: the
@@ -154,26 +155,26 @@ void AddCallTotals(double call_seconds, double gemm_seconds) {
 
 // ------------------------------------------------------------ context pool
 
-// A pool of contexts per (threads, budget, sharded): XLA may run the custom call
-// on several threads at once (one per host device); a context serves one at a
-// time. A sharded context owns the CommSlot its communicator points to.
+// XLA may run the custom call on several threads at once (one per host
+// device); a context serves one at a time, so calls take one from a pool and
+// put it back. Threads and budget are per call (fg_exec), so the only split is
+// whether the context carries the in-process communicator: a sharded context
+// owns the CommSlot its communicator points to.
 struct PoolEntry {
     fg_context *ctx = nullptr;
     CommSlot *slot = nullptr;
 };
-using PoolKey = std::pair<std::pair<int, size_t>, bool>;
 std::mutex g_pool_mu;
-std::map<PoolKey, std::vector<PoolEntry>> g_pool;
+std::vector<PoolEntry> g_pool[2];  // [sharded]
 
 struct PooledContext {
-    PoolKey key;
+    bool sharded;
     PoolEntry e;
     fg_status status = FG_OK;
-    PooledContext(int threads, size_t budget, bool sharded)
-        : key({threads, budget}, sharded) {
+    explicit PooledContext(bool is_sharded) : sharded(is_sharded) {
         {
             std::lock_guard<std::mutex> lock(g_pool_mu);
-            auto &v = g_pool[key];
+            auto &v = g_pool[sharded];
             if (!v.empty()) {
                 e = v.back();
                 v.pop_back();
@@ -182,8 +183,6 @@ struct PooledContext {
         }
         fg_context_options o;
         fg_context_options_init(&o);
-        o.threads = threads;
-        o.memory_budget = budget;
         if (sharded) {
             e.slot = new CommSlot();
             o.comm.allreduce = InProcessAllreduce;
@@ -197,7 +196,7 @@ struct PooledContext {
         if (e.slot)
             e.slot->group = nullptr;
         std::lock_guard<std::mutex> lock(g_pool_mu);
-        g_pool[key].push_back(e);
+        g_pool[sharded].push_back(e);
     }
 };
 
@@ -330,7 +329,7 @@ ffi::Error LinearGrpoImpl(ffi::AnyBuffer hidden, ffi::AnyBuffer weight, ffi::Any
     bt.is_ratio_per_sequence = is_ratio.element_count() && (int64_t)is_ratio.element_count() == B &&
                                !((int64_t)is_ratio.element_count() == N);
 
-    fg_outputs out;
+    fg_linear_outputs out;
     std::memset(&out, 0, sizeof out);
     out.logp = static_cast<float *>(logp->untyped_data());
     out.entropy = static_cast<float *>(entropy->untyped_data());
@@ -341,14 +340,21 @@ ffi::Error LinearGrpoImpl(ffi::AnyBuffer hidden, ffi::AnyBuffer weight, ffi::Any
     if (grad_bias->element_count())
         out.grad_bias = fg_vector_make(grad_bias->untyped_data(), FG_DTYPE_F32, V);
 
-    PooledContext pc((int)threads, (size_t)memory_budget, sharded);
+    if (memory_budget < 0)
+        return Fail(FG_ERR_INVALID_SIZE, "memory_budget must be >= 0 bytes (0: the default)");
+    fg_exec exec;
+    fg_exec_init(&exec);
+    exec.threads = (int)threads;
+    exec.memory_budget = (size_t)memory_budget;
+
+    PooledContext pc(sharded);
     if (pc.status != FG_OK || !pc.e.ctx)
         return Fail(pc.status, "fg_context_create failed");
     if (sharded) {
         pc.e.slot->group = GetGroup(group_id, (int)vocab_shards);
         pc.e.slot->rank = rank;
     }
-    fg_status st = fg_linear_grpo(pc.e.ctx, &lo, &cfg, &in, &bt, &out);
+    fg_status st = fg_linear_grpo(pc.e.ctx, &lo, &cfg, &in, &bt, &out, &exec);
     if (st != FG_OK)
         return Fail(st, fg_last_error(pc.e.ctx));
     *static_cast<float *>(loss->untyped_data()) = (float)out.loss;

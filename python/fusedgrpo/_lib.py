@@ -1,6 +1,8 @@
-"""ctypes bindings of include/fusedgrpo.h and the pointer-level call used by every
-front end (NumPy, PyTorch). Nothing here copies a big array: callers hand in
-raw pointers plus row strides; see ``linear_call`` and ``logits_call``.
+"""ctypes bindings of include/fusedgrpo.h and the pointer-level calls used by the
+NumPy and PyTorch front ends. Nothing here copies a big array: callers hand in
+raw pointers plus row strides; see ``linear_call``, ``linear_plan`` and
+``logits_call``. Each thread has its own fg_context (``thread_context``); the
+thread count and memory budget travel with every call in an fg_exec.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import inspect
 import os
 import threading
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint16,
-                    c_void_p, c_float, CFUNCTYPE)
+                    c_void_p, c_float)
 
 __all__ = ["FusedGRPOError", "library_path", "lib", "LOSS_TYPES", "LEVELS", "METRIC_NAMES"]
 
@@ -27,15 +29,17 @@ class FusedGRPOError(ValueError):
     (e.g. "FG_ERR_SHAPE_MISMATCH"), ``code`` its value, ``message`` the
     library's own message (fg_last_error)."""
 
-    def __init__(self, status: str, message: str, code: int = -1):
+    def __init__(self, status: str, message: str, code: int | None = None):
         text = message if message.startswith(status) else f"{status}: {message}"
         super().__init__(text)
         self.status = status
-        self.code = code
+        self.code = STATUS_CODES.get(status, -1) if code is None else code
         self.message = message
 
 
 # ------------------------------------------------------------------ structs
+# Restated from fusedgrpo.h; _check_abi compares every field's offset and
+# every size with the library's own (fg_abi_offsetof / fg_abi_sizeof).
 
 class fg_matrix(Structure):
     _fields_ = [("data", c_void_p), ("dtype", c_int), ("rows", c_int64), ("cols", c_int64),
@@ -65,13 +69,15 @@ class fg_metrics(Structure):
     _fields_ = [(n, c_double) for n in METRIC_NAMES]
 
 
-class fg_outputs(Structure):
+class fg_linear_outputs(Structure):
     _fields_ = [("loss", c_double), ("metrics", fg_metrics), ("logp", c_void_p),
                 ("entropy", c_void_p), ("grad_hidden", fg_matrix), ("grad_weight", fg_matrix),
-                ("grad_bias", fg_vector), ("grad_logits", fg_matrix)]
+                ("grad_bias", fg_vector)]
 
 
-ALLREDUCE_FN = CFUNCTYPE(c_int, c_void_p, POINTER(c_float), c_int64, c_int)
+class fg_logits_outputs(Structure):
+    _fields_ = [("loss", c_double), ("metrics", fg_metrics), ("logp", c_void_p),
+                ("entropy", c_void_p), ("grad_logits", fg_matrix)]
 
 
 class fg_communicator(Structure):
@@ -81,6 +87,11 @@ class fg_communicator(Structure):
 class fg_context_options(Structure):
     _fields_ = [("backend", c_int), ("threads", c_int), ("memory_budget", c_size_t),
                 ("check_finite", c_int), ("stream", c_void_p), ("comm", fg_communicator)]
+
+
+class fg_exec(Structure):
+    _fields_ = [("threads", c_int), ("memory_budget", c_size_t), ("workspace", c_void_p),
+                ("workspace_bytes", c_size_t)]
 
 
 class fg_memory_stats(Structure):
@@ -96,6 +107,23 @@ class fg_linear_inputs(Structure):
 
 class fg_linear_options(Structure):
     _fields_ = [("impl", c_int), ("round_logits_to_input_dtype", c_int)]
+
+
+class fg_linear_plan_info(Structure):
+    _fields_ = [("chunk_rows", c_int64), ("chunks", c_int64), ("working_bytes", c_size_t),
+                ("fixed_bytes", c_size_t), ("chunk_bytes", c_size_t),
+                ("gemm_scratch_bytes", c_size_t), ("min_budget_bytes", c_size_t),
+                ("gemm_dtype", c_int)]
+
+
+# Every struct the library reads or writes through a pointer from here. A
+# ctypes copy smaller than the C struct lets the library write past a Python
+# buffer (heap corruption that surfaces later, in the garbage collector), and
+# one with a field at another offset reads or writes the wrong field, so any
+# mismatch refuses to load.
+ABI_STRUCTS = (fg_matrix, fg_vector, fg_loss_config, fg_batch, fg_metrics, fg_linear_outputs,
+               fg_logits_outputs, fg_communicator, fg_context_options, fg_exec, fg_memory_stats,
+               fg_linear_inputs, fg_linear_options, fg_linear_plan_info)
 
 
 # ------------------------------------------------------------------ loading
@@ -138,7 +166,8 @@ def include_dir() -> str:
 
 def _load():
     # RTLD_GLOBAL: extensions loaded later (the JAX FFI handler) resolve fg_* here.
-    lib = ctypes.CDLL(library_path(), mode=ctypes.RTLD_GLOBAL)
+    path = library_path()
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     P = POINTER
     sig = {
         "fg_status_name": (c_char_p, [c_int]),
@@ -147,42 +176,57 @@ def _load():
         "fg_context_options_init": (None, [P(fg_context_options)]),
         "fg_context_create": (c_int, [P(fg_context_options), P(c_void_p)]),
         "fg_context_destroy": (None, [c_void_p]),
-        "fg_context_set_threads": (c_int, [c_void_p, c_int]),
-        "fg_context_set_memory_budget": (c_int, [c_void_p, c_size_t]),
+        "fg_exec_init": (None, [P(fg_exec)]),
         "fg_get_memory_stats": (c_int, [c_void_p, P(fg_memory_stats)]),
         "fg_reset_peak_memory": (None, [c_void_p]),
         "fg_release_workspace": (None, [c_void_p]),
         "fg_linear_grpo": (c_int, [c_void_p, P(fg_linear_options), P(fg_loss_config),
-                                   P(fg_linear_inputs), P(fg_batch), P(fg_outputs)]),
+                                   P(fg_linear_inputs), P(fg_batch), P(fg_linear_outputs),
+                                   P(fg_exec)]),
+        "fg_linear_grpo_plan": (c_int, [c_void_p, P(fg_linear_options), P(fg_loss_config),
+                                        P(fg_linear_inputs), P(fg_batch), P(fg_linear_outputs),
+                                        P(fg_exec), P(fg_linear_plan_info)]),
         "fg_logits_grpo": (c_int, [c_void_p, P(fg_loss_config), P(fg_matrix), P(fg_batch),
-                                   P(fg_outputs)]),
+                                   P(fg_logits_outputs), P(fg_exec)]),
         "fg_f32_to_bf16": (c_uint16, [c_float]),
         "fg_bf16_to_f32": (c_float, [c_uint16]),
         "fg_abi_sizeof": (c_size_t, [c_char_p]),
+        "fg_abi_offsetof": (c_int64, [c_char_p, c_char_p]),
     }
+    missing = [name for name in sig if not hasattr(lib, name)]
+    if missing:
+        raise ImportError(f"fusedgrpo: libfusedgrpo at {path} lacks {', '.join(missing)}: it is "
+                          "from another version than this package; rebuild or reinstall both")
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
         f.restype = res
         f.argtypes = args
-    _check_abi(lib)
+    _check_abi(lib, ABI_STRUCTS)
     return lib
 
 
-# Every struct the library reads or writes through a pointer from here. A
-# ctypes copy smaller than the C struct lets the library write past a Python
-# buffer (heap corruption that surfaces later, in the garbage collector), so a
-# mismatch refuses to load.
-ABI_STRUCTS = (fg_matrix, fg_vector, fg_loss_config, fg_batch, fg_metrics, fg_outputs,
-               fg_communicator, fg_context_options, fg_memory_stats, fg_linear_inputs,
-               fg_linear_options)
-
-
-def _check_abi(lib):
+def abi_mismatches(lib, structs) -> list:
+    """How the ctypes structs differ from the library's: one line per struct whose
+    size differs and per field whose offset differs or that the library lacks."""
     bad = []
-    for st in ABI_STRUCTS:
-        c_size = lib.fg_abi_sizeof(st.__name__.encode())
+    for st in structs:
+        name = st.__name__.encode()
+        c_size = lib.fg_abi_sizeof(name)
         if c_size != ctypes.sizeof(st):
             bad.append(f"{st.__name__}: library {c_size} bytes, binding {ctypes.sizeof(st)}")
+        for field, _ in st._fields_:
+            c_offset = lib.fg_abi_offsetof(name, field.encode())
+            py_offset = getattr(st, field).offset
+            if c_offset < 0:
+                bad.append(f"{st.__name__}.{field}: not in the library")
+            elif c_offset != py_offset:
+                bad.append(f"{st.__name__}.{field}: library offset {c_offset}, binding "
+                           f"{py_offset}")
+    return bad
+
+
+def _check_abi(lib, structs):
+    bad = abi_mismatches(lib, structs)
     if bad:
         raise ImportError("fusedgrpo: the ctypes structs do not match libfusedgrpo at "
                           f"{library_path()} ({'; '.join(bad)}); rebuild or reinstall both")
@@ -195,38 +239,44 @@ def status_name(code: int) -> str:
     return lib.fg_status_name(code).decode()
 
 
+def _status_codes() -> dict:
+    codes = {}
+    while (name := status_name(len(codes))) != "FG_ERR_UNKNOWN_STATUS":
+        codes[name] = len(codes)
+    return codes
+
+
+STATUS_CODES = _status_codes()  # "FG_ERR_SHAPE_MISMATCH" -> 4
+
+
 # ------------------------------------------------------------------ contexts
 
 class Context:
-    """One fg_context plus the lock that serializes its use (a context is used
-    by one thread at a time)."""
+    """One fg_context. A context serves one thread at a time; thread_context()
+    gives each thread its own."""
 
-    def __init__(self, threads: int = 0, memory_budget: int = 0, check_finite: bool = True,
-                 comm: fg_communicator | None = None):
-        opts = fg_context_options()
-        lib.fg_context_options_init(ctypes.byref(opts))
-        opts.threads = int(threads or 0)
-        opts.memory_budget = int(memory_budget or 0)
-        opts.check_finite = 1 if check_finite else 0
-        if comm is not None:
-            opts.comm = comm
+    def __init__(self):
         h = c_void_p()
-        st = lib.fg_context_create(ctypes.byref(opts), ctypes.byref(h))
+        st = lib.fg_context_create(None, ctypes.byref(h))
         if st != 0:
-            raise FusedGRPOError(status_name(st), "fg_context_create failed", st)
+            raise FusedGRPOError(status_name(st), "fg_context_create failed")
         self.handle = h
-        self.lock = threading.Lock()
 
     def check(self, st: int):
         if st != 0:
             msg = lib.fg_last_error(self.handle)
-            raise FusedGRPOError(status_name(st), msg.decode(errors="replace") if msg else "", st)
+            raise FusedGRPOError(status_name(st), msg.decode(errors="replace") if msg else "")
 
     def memory_stats(self) -> dict:
         s = fg_memory_stats()
-        with self.lock:
-            self.check(lib.fg_get_memory_stats(self.handle, ctypes.byref(s)))
+        self.check(lib.fg_get_memory_stats(self.handle, ctypes.byref(s)))
         return {n: getattr(s, n) for n, _ in fg_memory_stats._fields_}
+
+    def reset_peak_memory(self):
+        lib.fg_reset_peak_memory(self.handle)
+
+    def release_workspace(self):
+        lib.fg_release_workspace(self.handle)
 
     def __del__(self):
         h = getattr(self, "handle", None)
@@ -235,18 +285,31 @@ class Context:
             self.handle = None
 
 
-_contexts: dict = {}
-_contexts_lock = threading.Lock()
+_per_thread = threading.local()
 
 
-def get_context(threads=None, memory_budget=None) -> Context:
-    """The module-level cached context for (threads, memory_budget)."""
-    key = (int(threads or 0), int(memory_budget or 0))
-    with _contexts_lock:
-        c = _contexts.get(key)
-        if c is None:
-            c = _contexts[key] = Context(*key)
-        return c
+def thread_context() -> Context:
+    """The calling thread's context, made at its first call and destroyed with
+    the thread. Threads and budget are per call (make_exec), so one context per
+    thread serves every setting, and threads never wait for one another."""
+    ctx = getattr(_per_thread, "context", None)
+    if ctx is None:
+        ctx = _per_thread.context = Context()
+    return ctx
+
+
+def make_exec(threads=None, memory_budget=None) -> fg_exec:
+    """The per-call execution options: threads (None or <= 0: OpenMP's default)
+    and memory_budget in bytes (None or 0: the library's default, 256 MiB)."""
+    ex = fg_exec()
+    lib.fg_exec_init(ctypes.byref(ex))
+    ex.threads = int(threads or 0)
+    budget = int(memory_budget or 0)
+    if budget < 0:
+        raise FusedGRPOError("FG_ERR_INVALID_SIZE",
+                             f"memory_budget must be a number of bytes >= 0, got {memory_budget}")
+    ex.memory_budget = budget
+    return ex
 
 
 # ------------------------------------------------------------------ config
@@ -262,18 +325,18 @@ def make_config(*, loss_type="dapo", importance_sampling_level="token", beta=0.0
         cfg.loss_type = LOSS_TYPES.index(loss_type)
     except ValueError:
         raise FusedGRPOError("FG_ERR_UNKNOWN_LOSS_TYPE",
-                             f"unknown loss_type {loss_type!r}; one of {LOSS_TYPES}", 8) from None
+                             f"unknown loss_type {loss_type!r}; one of {LOSS_TYPES}") from None
     try:
         cfg.importance_sampling_level = LEVELS.index(importance_sampling_level)
     except ValueError:
         raise FusedGRPOError("FG_ERR_UNKNOWN_LEVEL",
                              f"unknown importance_sampling_level {importance_sampling_level!r}; "
-                             f"one of {LEVELS}", 9) from None
+                             f"one of {LEVELS}") from None
     cfg.temperature = float(temperature)
     cfg.epsilon_low = float(epsilon_low)
     cfg.epsilon_high = -1.0 if epsilon_high is None else float(epsilon_high)
     if delta is not None and not float(delta) > 0:
-        raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER", f"delta must be > 0, got {delta}", 10)
+        raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER", f"delta must be > 0, got {delta}")
     cfg.delta = 0.0 if delta is None else float(delta)
     cfg.beta = float(beta)
     cfg.max_completion_length = 0 if max_completion_length is None else int(max_completion_length)
@@ -301,50 +364,92 @@ def _mat(ptr, dtype, rows, cols, ld):
     return fg_matrix(ptr or None, dtype, rows, cols, ld)
 
 
-def linear_call(ctx: Context, cfg: fg_loss_config, impl: str, *, B, T, H, V, dtype,
-                hidden, ld_hidden, weight, ld_weight, bias, token_ids, mask, advantages,
-                old_logp, ref_logp, is_ratio, is_ratio_per_sequence, logp, entropy,
-                grad_hidden, grad_weight, grad_bias, vocab_start=0, vocab_total=0,
-                stats=False):
-    """fg_linear_grpo on raw addresses (ints; 0 = absent). Returns (loss, metrics)."""
-    try:
-        impl_id = IMPLS[impl]
-    except KeyError:
-        raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of "
-                             f"{tuple(IMPLS)}", 12) from None
-    o = fg_linear_options(impl_id, 0)
-    inp = fg_linear_inputs(_mat(hidden, dtype, B * T, H, ld_hidden),
-                           _mat(weight, dtype, V, H, ld_weight),
-                           fg_vector(bias or None, dtype, V), vocab_start, vocab_total)
-    bt = fg_batch(B, T, token_ids, mask, advantages, old_logp or None, ref_logp or None,
-                  is_ratio or None, 1 if is_ratio_per_sequence else 0)
-    out = fg_outputs()
+def _batch(B, T, token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
+           is_ratio_per_sequence):
+    return fg_batch(B, T, token_ids, mask, advantages, old_logp or None, ref_logp or None,
+                    is_ratio or None, 1 if is_ratio_per_sequence else 0)
+
+
+def _metrics(m: fg_metrics) -> dict:
+    return {n: getattr(m, n) for n in METRIC_NAMES}
+
+
+def _linear_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_weight, bias,
+                    token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
+                    is_ratio_per_sequence, logp, entropy, grad_hidden, grad_weight, grad_bias,
+                    vocab_start=0, vocab_total=0):
+    """(options, inputs, batch, outputs) of fg_linear_grpo on raw addresses."""
+    if impl not in IMPLS:
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of {tuple(IMPLS)}")
+    options = fg_linear_options(IMPLS[impl], 0)
+    inputs = fg_linear_inputs(_mat(hidden, dtype, B * T, H, ld_hidden),
+                              _mat(weight, dtype, V, H, ld_weight),
+                              fg_vector(bias or None, dtype, V), vocab_start, vocab_total)
+    batch = _batch(B, T, token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
+                   is_ratio_per_sequence)
+    out = fg_linear_outputs()
     out.logp = logp or None
     out.entropy = entropy or None
     out.grad_hidden = _mat(grad_hidden, DTYPE_F32, B * T, H, H)
     out.grad_weight = _mat(grad_weight, DTYPE_F32, V, H, H)
     out.grad_bias = fg_vector(grad_bias or None, DTYPE_F32, V)
-    with ctx.lock:
-        st = lib.fg_linear_grpo(ctx.handle, ctypes.byref(o), ctypes.byref(cfg), ctypes.byref(inp),
-                                ctypes.byref(bt), ctypes.byref(out))
+    return options, inputs, batch, out
+
+
+def linear_call(cfg: fg_loss_config, impl: str, exec_: fg_exec, **arrays):
+    """fg_linear_grpo on raw addresses (ints; 0 = absent; see _linear_request)
+    on the calling thread's context. Returns (loss, metrics)."""
+    options, inputs, batch, out = _linear_request(impl, **arrays)
+    ctx = thread_context()
+    ctx.check(lib.fg_linear_grpo(ctx.handle, ctypes.byref(options), ctypes.byref(cfg),
+                                 ctypes.byref(inputs), ctypes.byref(batch), ctypes.byref(out),
+                                 ctypes.byref(exec_)))
+    return out.loss, _metrics(out.metrics)
+
+
+# The planner only looks at which outputs are wanted (a non-NULL address) and
+# their shapes; it writes none of them (fusedgrpo.h). This stands in for the
+# gradient buffers, which the plan's caller need not allocate.
+_PLAN_PLACEHOLDER = (c_float * 1)()
+
+
+def linear_plan(cfg: fg_loss_config, impl: str, exec_: fg_exec, *, want_grad_hidden: bool,
+                want_grad_weight: bool, want_grad_bias: bool, **arrays) -> dict:
+    """fg_linear_grpo_plan for the call linear_call would make with these inputs,
+    gradients wanted as flagged. Returns fg_linear_plan_info as a dict; a budget
+    below min_budget_bytes raises FusedGRPOError with that dict as ``.plan``."""
+    wanted = ctypes.addressof(_PLAN_PLACEHOLDER)
+    options, inputs, batch, out = _linear_request(
+        impl, logp=0, entropy=0, grad_hidden=wanted if want_grad_hidden else 0,
+        grad_weight=wanted if want_grad_weight else 0,
+        grad_bias=wanted if want_grad_bias else 0, **arrays)
+    info = fg_linear_plan_info()
+    ctx = thread_context()
+    st = lib.fg_linear_grpo_plan(ctx.handle, ctypes.byref(options), ctypes.byref(cfg),
+                                 ctypes.byref(inputs), ctypes.byref(batch), ctypes.byref(out),
+                                 ctypes.byref(exec_), ctypes.byref(info))
+    plan = {n: getattr(info, n) for n, _ in fg_linear_plan_info._fields_}
+    try:
         ctx.check(st)
-    m = out.metrics
-    return out.loss, {n: getattr(m, n) for n in METRIC_NAMES}
+    except FusedGRPOError as e:
+        e.plan = plan
+        raise
+    return plan
 
 
-def logits_call(ctx: Context, cfg: fg_loss_config, *, B, T, V, dtype, logits, ld_logits,
+def logits_call(cfg: fg_loss_config, exec_: fg_exec, *, B, T, V, dtype, logits, ld_logits,
                 token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
                 is_ratio_per_sequence, logp, entropy, grad_logits, ld_grad_logits, grad_dtype):
-    bt = fg_batch(B, T, token_ids, mask, advantages, old_logp or None, ref_logp or None,
-                  is_ratio or None, 1 if is_ratio_per_sequence else 0)
+    """fg_logits_grpo on raw addresses on the calling thread's context. Returns
+    (loss, metrics)."""
+    batch = _batch(B, T, token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
+                   is_ratio_per_sequence)
     lg = _mat(logits, dtype, B * T, V, ld_logits)
-    out = fg_outputs()
+    out = fg_logits_outputs()
     out.logp = logp or None
     out.entropy = entropy or None
     out.grad_logits = _mat(grad_logits, grad_dtype, B * T, V, ld_grad_logits)
-    with ctx.lock:
-        st = lib.fg_logits_grpo(ctx.handle, ctypes.byref(cfg), ctypes.byref(lg), ctypes.byref(bt),
-                                ctypes.byref(out))
-        ctx.check(st)
-    m = out.metrics
-    return out.loss, {n: getattr(m, n) for n in METRIC_NAMES}
+    ctx = thread_context()
+    ctx.check(lib.fg_logits_grpo(ctx.handle, ctypes.byref(cfg), ctypes.byref(lg),
+                                 ctypes.byref(batch), ctypes.byref(out), ctypes.byref(exec_)))
+    return out.loss, _metrics(out.metrics)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from typing import NamedTuple
 
 import numpy as np
 import jax
@@ -107,25 +108,45 @@ def call_totals() -> dict:
 
 # ------------------------------------------------------------------ primitive call
 
-def _cfg(loss_type="dapo", importance_sampling_level="token", impl="fused", beta=0.0,
-         epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
-         sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, max_completion_length=None,
-         use_bias_correction_kl=False, threads=None, memory_budget=None):
+class _Static(NamedTuple):
+    """The call's static options: XLA FFI attributes (and the pure_callback's
+    arguments). Hashable, so it can be custom_vjp's nondiff argument."""
+    loss_type: str
+    importance_sampling_level: str
+    impl: str
+    beta: float
+    epsilon_low: float
+    epsilon_high: float          # < 0: epsilon_low
+    delta: float                 # <= 0: off
+    temperature: float
+    sapo_temperature_pos: float
+    sapo_temperature_neg: float
+    max_completion_length: int   # <= 0: T
+    use_bias_correction_kl: int
+    threads: int                 # <= 0: OpenMP's default
+    memory_budget: int           # bytes; 0: the library's default
+    vocab_shards: int = 1        # set by the sharded wrapper
+    vocab_total: int = 0
+
+
+def _static(loss_type="dapo", importance_sampling_level="token", impl="fused", beta=0.0,
+            epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
+            sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, max_completion_length=None,
+            use_bias_correction_kl=False, threads=None, memory_budget=None) -> _Static:
     if loss_type not in _lib.LOSS_TYPES:
-        raise FusedGRPOError("FG_ERR_UNKNOWN_LOSS_TYPE", f"unknown loss_type {loss_type!r}", 8)
+        raise FusedGRPOError("FG_ERR_UNKNOWN_LOSS_TYPE", f"unknown loss_type {loss_type!r}")
     if importance_sampling_level not in _lib.LEVELS:
         raise FusedGRPOError("FG_ERR_UNKNOWN_LEVEL",
-                             f"unknown importance_sampling_level {importance_sampling_level!r}",
-                             9)
+                             f"unknown importance_sampling_level {importance_sampling_level!r}")
     if delta is not None and not delta > 0:
-        raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER", f"delta must be > 0, got {delta}", 10)
-    return (loss_type, importance_sampling_level, impl, float(beta), float(epsilon_low),
-            -1.0 if epsilon_high is None else float(epsilon_high),
-            0.0 if delta is None else float(delta), float(temperature),
-            float(sapo_temperature_pos), float(sapo_temperature_neg),
-            0 if max_completion_length is None else int(max_completion_length),
-            1 if use_bias_correction_kl else 0, int(threads or 0), int(memory_budget or 0),
-            1, 0)  # vocab_shards, vocab_total: set by the sharded wrapper
+        raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER", f"delta must be > 0, got {delta}")
+    exec_ = _lib.make_exec(threads, memory_budget)  # the NumPy front end's checks
+    return _Static(loss_type, importance_sampling_level, impl, float(beta), float(epsilon_low),
+                   -1.0 if epsilon_high is None else float(epsilon_high),
+                   0.0 if delta is None else float(delta), float(temperature),
+                   float(sapo_temperature_pos), float(sapo_temperature_neg),
+                   0 if max_completion_length is None else int(max_completion_length),
+                   1 if use_bias_correction_kl else 0, exec_.threads, exec_.memory_budget)
 
 
 def _empty(dtype=jnp.float32):
@@ -143,19 +164,24 @@ def _out_types(B, T, H, V, need):
 def _callback_impl(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars,
                    shard):
     import fusedgrpo as fg
-    (lt, lvl, impl, beta, el, eh, delta, temp, sp, sn, mcl, bc, thr, bud, vs, vt) = cfg
     sc = np.asarray(scalars)
     r = fg.fused_linear_grpo(
         np.asarray(hidden), np.asarray(weight), np.asarray(tok), np.asarray(mask),
         np.asarray(adv), None if old.size == 0 else np.asarray(old),
         None if ref.size == 0 else np.asarray(ref), bias=None if bias.size == 0 else
-        np.asarray(bias), is_ratio=None if isr.size == 0 else np.asarray(isr), beta=beta,
-        epsilon_low=el, epsilon_high=None if eh < 0 else eh, delta=None if delta <= 0 else delta,
-        temperature=temp, loss_type=lt, importance_sampling_level=lvl,
-        max_completion_length=None if mcl <= 0 else mcl,
-        num_items_in_batch=None if sc[0] < 0 else float(sc[0]), sapo_temperature_pos=sp,
-        sapo_temperature_neg=sn, use_bias_correction_kl=bool(bc), entropy_coef=float(sc[1]),
-        memory_budget=bud or None, threads=thr or None, impl=impl, compute_grad=any(need))
+        np.asarray(bias), is_ratio=None if isr.size == 0 else np.asarray(isr), beta=cfg.beta,
+        epsilon_low=cfg.epsilon_low,
+        epsilon_high=None if cfg.epsilon_high < 0 else cfg.epsilon_high,
+        delta=None if cfg.delta <= 0 else cfg.delta, temperature=cfg.temperature,
+        loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
+        max_completion_length=None if cfg.max_completion_length <= 0
+        else cfg.max_completion_length,
+        num_items_in_batch=None if sc[0] < 0 else float(sc[0]),
+        sapo_temperature_pos=cfg.sapo_temperature_pos,
+        sapo_temperature_neg=cfg.sapo_temperature_neg,
+        use_bias_correction_kl=bool(cfg.use_bias_correction_kl), entropy_coef=float(sc[1]),
+        memory_budget=cfg.memory_budget, threads=cfg.threads, impl=cfg.impl,
+        compute_grad=any(need))
     z = np.zeros((0,), np.float32)
     return (np.float32(r.loss), np.array([r.metrics[n] for n in METRIC_NAMES], np.float32),
             r.logp, r.entropy, r.grad_hidden if need[0] else z,
@@ -180,16 +206,20 @@ def _prim(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalar
     types = _out_types(B, T, H, V, need)
     args = (hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars, shard)
     if backend() == "ffi":
-        (lt, lvl, impl, beta, el, eh, delta, temp, sp, sn, mcl, bc, thr, bud, vs, vt) = cfg
         call = jax.ffi.ffi_call(_TARGET, types, vmap_method="sequential")
-        return call(*args, loss_type=lt, level=lvl, impl=impl, beta=np.float64(beta),
-                    epsilon_low=np.float64(el), epsilon_high=np.float64(eh),
-                    delta=np.float64(delta), temperature=np.float64(temp),
-                    sapo_temperature_pos=np.float64(sp), sapo_temperature_neg=np.float64(sn),
-                    max_completion_length=np.int64(mcl), use_bias_correction_kl=np.int64(bc),
-                    threads=np.int64(thr), memory_budget=np.int64(bud),
-                    vocab_shards=np.int64(vs), vocab_total=np.int64(vt))
-    if cfg[14] > 1:
+        return call(*args, loss_type=cfg.loss_type, level=cfg.importance_sampling_level,
+                    impl=cfg.impl, beta=np.float64(cfg.beta),
+                    epsilon_low=np.float64(cfg.epsilon_low),
+                    epsilon_high=np.float64(cfg.epsilon_high), delta=np.float64(cfg.delta),
+                    temperature=np.float64(cfg.temperature),
+                    sapo_temperature_pos=np.float64(cfg.sapo_temperature_pos),
+                    sapo_temperature_neg=np.float64(cfg.sapo_temperature_neg),
+                    max_completion_length=np.int64(cfg.max_completion_length),
+                    use_bias_correction_kl=np.int64(cfg.use_bias_correction_kl),
+                    threads=np.int64(cfg.threads), memory_budget=np.int64(cfg.memory_budget),
+                    vocab_shards=np.int64(cfg.vocab_shards),
+                    vocab_total=np.int64(cfg.vocab_total))
+    if cfg.vocab_shards > 1:
         raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler "
                                   "(the pure_callback backend cannot do it)")
     return jax.pure_callback(functools.partial(_callback_impl, cfg, need), types, *args,
@@ -233,7 +263,7 @@ def _core_bwd(cfg, res, ct):
         # losses, but each shard's loss depends on every shard's weight rows
         # through the in-kernel all-reduce that JAX cannot see: the gradient for
         # this shard's inputs is that of the whole loss, i.e. nv times its share.
-        g = g * cfg[14]
+        g = g * cfg.vocab_shards
         gh = gh * keep
     dh_t, dw_t, db_t = box.dts
     dh = (gh * g).astype(dh_t)
@@ -273,7 +303,7 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, old_logp
     ``num_items_in_batch`` and ``entropy_coef`` may be traced values. With
     ``return_aux=True`` returns ``(loss, {"metrics": {...}, "logp", "entropy"})``
     (aux is not differentiable)."""
-    cfg = _cfg(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
+    cfg = _static(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
                delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
                max_completion_length, use_bias_correction_kl, threads, memory_budget)
     items = -1.0 if num_items_in_batch is None else num_items_in_batch
@@ -307,7 +337,7 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
     Gradients flow to hidden, weight and bias with their input shardings."""
     from jax.sharding import PartitionSpec as P
 
-    cfg = _cfg(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
+    cfg = _static(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
                delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
                max_completion_length, use_bias_correction_kl, threads, memory_budget)
     nb = mesh.shape[batch_axis] if batch_axis else 1
@@ -320,7 +350,7 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
     if nv > 1:
         if backend() != "ffi":
             raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler")
-        cfg = cfg[:14] + (nv, V_glob)
+        cfg = cfg._replace(vocab_shards=nv, vocab_total=V_glob)
     bspec = P(batch_axis) if batch_axis else P()
     vspec = P(vocab_axis) if vocab_axis else P()
     names = ["hidden", "weight", "token_ids", "mask", "advantages", "old_logp", "ref_logp",

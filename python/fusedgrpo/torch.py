@@ -18,7 +18,9 @@ Differences from Liger, by design (LOSS_SPEC.md is the contract):
   TRL also weight masked positions there. They agree at sequence level.
 - ``use_bias_correction_kl`` multiplies by the token-level ratio (spec); Liger
   uses the sequence ratio at sequence level.
-- "vespo" is not implemented (its vespo_* arguments are accepted and ignored).
+- "vespo" is not implemented: loss_type="vespo" and non-default vespo_*
+  arguments raise NotImplementedError; ``chunk_size`` other than Liger's
+  default raises ValueError (chunking is planned from ``memory_budget``).
 - Sequence-level "cispo"/"sapo" are allowed (Liger refuses them).
 """
 from __future__ import annotations
@@ -89,28 +91,36 @@ def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
 
 @torch.library.custom_op("fusedgrpo::linear_grpo", mutates_args=(), device_types="cpu")
 def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
-                advantages: Tensor, bias: Optional[Tensor], old_logp: Optional[Tensor],
-                ref_logp: Optional[Tensor], is_ratio: Optional[Tensor], loss_type: str,
-                importance_sampling_level: str, beta: float, epsilon_low: float,
-                epsilon_high: float, delta: float, temperature: float,
-                max_completion_length: int, num_items_in_batch: float,
-                sapo_temperature_pos: float, sapo_temperature_neg: float,
-                use_bias_correction_kl: bool, entropy_coef: float, need_grad_hidden: bool,
-                need_grad_weight: bool, need_grad_bias: bool, impl: str, threads: int,
-                memory_budget: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                             Tensor]:
-    """Returns (loss [], metrics [6] (METRIC_NAMES order), logp [B, T], entropy [B, T],
-    grad_hidden [B, T, H] or [0], grad_weight [V, H] or [0], grad_bias [V] or [0]),
-    all float32. epsilon_high < 0, delta <= 0, max_completion_length <= 0 and
-    num_items_in_batch < 0 mean the spec's defaults."""
+                advantages: Tensor, bias: Optional[Tensor] = None,
+                old_logp: Optional[Tensor] = None, ref_logp: Optional[Tensor] = None,
+                is_ratio: Optional[Tensor] = None, *, loss_type: str = "dapo",
+                importance_sampling_level: str = "token", beta: float = 0.0,
+                epsilon_low: float = 0.2, epsilon_high: Optional[float] = None,
+                delta: Optional[float] = None, temperature: float = 1.0,
+                max_completion_length: Optional[int] = None,
+                num_items_in_batch: Optional[float] = None, sapo_temperature_pos: float = 1.0,
+                sapo_temperature_neg: float = 1.05, use_bias_correction_kl: bool = False,
+                entropy_coef: float = 0.0, compute_grad_hidden: bool = True,
+                compute_grad_weight: bool = True, compute_grad_bias: bool = True,
+                impl: str = "fused", threads: Optional[int] = None,
+                memory_budget: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor,
+                                                              Tensor, Tensor, Tensor]:
+    """One C call: (loss [], metrics [6] (METRIC_NAMES order), logp [B, T],
+    entropy [B, T], grad_hidden [B, T, H], grad_weight [V, H], grad_bias [V]),
+    all float32; a gradient not computed (compute_grad_* False, or no bias) is
+    an empty [0] tensor. The tensors are positional (torch.library custom ops
+    take no keyword-only tensors; of them only hidden, weight and bias get
+    gradients), the options keyword-only: LOSS_SPEC.md's loss options, None
+    meaning the spec's default, and this call's execution options, threads
+    (None: OpenMP's default) and memory_budget (bytes, None: 256 MiB)."""
+    loss_opts = _lib.loss_options(locals())
     B, T, H = hidden.shape
     V = weight.shape[0]
     h = _compute_dtype(hidden.detach())
     w = _compute_dtype(weight.detach())
     if w.dtype != h.dtype:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH",
-                             f"weight dtype {weight.dtype} differs from hidden dtype {hidden.dtype}",
-                             4)
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight dtype {weight.dtype} differs from "
+                             f"hidden dtype {hidden.dtype}")
     h, ldh = _rows(h, 2)
     w, ldw = _rows(w, 1)
     b = None
@@ -131,51 +141,42 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
         if isr.numel() == B and tuple(isr.shape) != (B, T):
             isr = isr.reshape(B).contiguous()
             per_seq = True
-    cfg = _lib.make_config(
-        loss_type=loss_type, importance_sampling_level=importance_sampling_level, beta=beta,
-        epsilon_low=epsilon_low, epsilon_high=None if epsilon_high < 0 else epsilon_high,
-        delta=None if delta <= 0 else delta, temperature=temperature,
-        max_completion_length=None if max_completion_length <= 0 else max_completion_length,
-        num_items_in_batch=None if num_items_in_batch < 0 else num_items_in_batch,
-        sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
-        use_bias_correction_kl=use_bias_correction_kl, entropy_coef=entropy_coef)
+    cfg = _lib.make_config(**loss_opts)
     f32 = torch.float32
     logp = torch.empty((B, T), dtype=f32)
     ent = torch.empty((B, T), dtype=f32)
-    gh = torch.empty((B, T, H) if need_grad_hidden else (0,), dtype=f32)
-    gw = torch.empty((V, H) if need_grad_weight else (0,), dtype=f32)
-    gb = torch.empty((V,) if (need_grad_bias and b is not None) else (0,), dtype=f32)
+    gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=f32)
+    gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=f32)
+    gb = torch.empty((V,) if (compute_grad_bias and b is not None) else (0,), dtype=f32)
 
     def p(t):
         return 0 if t is None or t.numel() == 0 else t.data_ptr()
 
-    ctx = _lib.get_context(threads, memory_budget)
     loss, metrics = _lib.linear_call(
-        ctx, cfg, impl, B=B, T=T, H=H, V=V, dtype=_DT[h.dtype], hidden=p(h), ld_hidden=ldh,
-        weight=p(w), ld_weight=ldw, bias=p(b), token_ids=p(tok), mask=p(m), advantages=p(adv),
-        old_logp=p(old), ref_logp=p(ref), is_ratio=p(isr), is_ratio_per_sequence=per_seq,
-        logp=p(logp), entropy=p(ent), grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb))
+        cfg, impl, _lib.make_exec(threads, memory_budget), B=B, T=T, H=H, V=V,
+        dtype=_DT[h.dtype], hidden=p(h), ld_hidden=ldh, weight=p(w), ld_weight=ldw, bias=p(b),
+        token_ids=p(tok), mask=p(m), advantages=p(adv), old_logp=p(old), ref_logp=p(ref),
+        is_ratio=p(isr), is_ratio_per_sequence=per_seq, logp=p(logp), entropy=p(ent),
+        grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb))
     return (torch.tensor(loss, dtype=f32), torch.tensor([metrics[n] for n in METRIC_NAMES],
                                                         dtype=f32), logp, ent, gh, gw, gb)
 
 
 @linear_grpo.register_fake
-def _(hidden, weight, token_ids, mask, advantages, bias, old_logp, ref_logp, is_ratio,
-      loss_type, importance_sampling_level, beta, epsilon_low, epsilon_high, delta, temperature,
-      max_completion_length, num_items_in_batch, sapo_temperature_pos, sapo_temperature_neg,
-      use_bias_correction_kl, entropy_coef, need_grad_hidden, need_grad_weight, need_grad_bias,
-      impl, threads, memory_budget):
+def _(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None, ref_logp=None,
+      is_ratio=None, *, compute_grad_hidden=True, compute_grad_weight=True,
+      compute_grad_bias=True, **options):
     B, T, H = hidden.shape
     V = weight.shape[0]
     f32 = torch.float32
     e = hidden.new_empty
     return (e((), dtype=f32), e((6,), dtype=f32), e((B, T), dtype=f32), e((B, T), dtype=f32),
-            e((B, T, H) if need_grad_hidden else (0,), dtype=f32),
-            e((V, H) if need_grad_weight else (0,), dtype=f32),
-            e((V,) if (need_grad_bias and bias is not None) else (0,), dtype=f32))
+            e((B, T, H) if compute_grad_hidden else (0,), dtype=f32),
+            e((V, H) if compute_grad_weight else (0,), dtype=f32),
+            e((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=f32))
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, keyword_only_inputs, output):
     _, _, _, _, gh, gw, gb = output
     hidden, weight, bias = inputs[0], inputs[1], inputs[5]
     ctx.save_for_backward(gh, gw, gb)
@@ -204,7 +205,9 @@ def _backward(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb):
             dw = scaled(gw, ctx.dtypes[1])
         if gb.numel():
             db = scaled(gb, ctx.dtypes[2])
-    return (dh, dw, None, None, None, db) + (None,) * 22
+    # One gradient per positional input: hidden, weight, token_ids, mask,
+    # advantages, bias, old_logp, ref_logp, is_ratio (keyword-only ones take none).
+    return dh, dw, None, None, None, db, None, None, None
 
 
 linear_grpo.register_autograd(_backward, setup_context=_setup_context)
@@ -219,23 +222,56 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
                            use_bias_correction_kl=False, entropy_coef=0.0, impl="fused",
                            threads=None, memory_budget=None):
     """Functional form: (loss, metrics dict of 0-dim tensors, logp, entropy); the
-    loss is differentiable w.r.t. hidden, weight and bias."""
-    grad_on = torch.is_grad_enabled()
+    loss is differentiable w.r.t. hidden, weight and bias. Only the gradients of
+    the tensors that require one (with grad mode on) are computed."""
     if isinstance(num_items_in_batch, Tensor):
         num_items_in_batch = float(num_items_in_batch)
+    grad_on = torch.is_grad_enabled()
+    # The options spelled out: torch.compile traces this function, and dynamo
+    # cannot trace locals() (which the op itself, opaque to it, may use).
     loss, metrics, logp, ent, _, _, _ = linear_grpo(
         hidden, weight, token_ids, mask, advantages, bias, old_logp, ref_logp, is_ratio,
-        loss_type, importance_sampling_level, float(beta), float(epsilon_low),
-        -1.0 if epsilon_high is None else float(epsilon_high),
-        0.0 if delta is None else float(delta), float(temperature),
-        0 if max_completion_length is None else int(max_completion_length),
-        -1.0 if num_items_in_batch is None else float(num_items_in_batch),
-        float(sapo_temperature_pos), float(sapo_temperature_neg), bool(use_bias_correction_kl),
-        float(entropy_coef), grad_on and hidden.requires_grad,
-        grad_on and weight.requires_grad,
-        grad_on and bias is not None and bias.requires_grad, impl, int(threads or 0),
-        int(memory_budget or 0))
+        loss_type=loss_type, importance_sampling_level=importance_sampling_level, beta=beta,
+        epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
+        temperature=temperature, max_completion_length=max_completion_length,
+        num_items_in_batch=num_items_in_batch, sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg,
+        use_bias_correction_kl=use_bias_correction_kl, entropy_coef=entropy_coef,
+        compute_grad_hidden=grad_on and hidden.requires_grad,
+        compute_grad_weight=grad_on and weight.requires_grad,
+        compute_grad_bias=grad_on and bias is not None and bias.requires_grad, impl=impl,
+        threads=threads, memory_budget=memory_budget)
     return loss, {n: metrics[i] for i, n in enumerate(METRIC_NAMES)}, logp, ent
+
+
+# Liger's defaults for the constructor arguments fusedgrpo cannot honour
+# otherwise (liger_kernel 0.8: LigerFusedLinearGRPOLoss.__init__).
+_LIGER_CHUNK_SIZE = 1
+_LIGER_VESPO = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0,
+                "vespo_lambda_neg": 2.0}
+
+
+def _refuse_unsupported(*, compiled, chunk_size, loss_type, **vespo):
+    """Refuses the Liger arguments fusedgrpo has no counterpart for, unless their
+    value changes nothing (every other argument is honoured by the module)."""
+    if not isinstance(compiled, bool):
+        raise TypeError(f"compiled must be True or False, got {compiled!r}")
+    if chunk_size != _LIGER_CHUNK_SIZE:
+        raise ValueError(
+            f"chunk_size={chunk_size!r}: fusedgrpo does not chunk by sequences; the C library "
+            "plans its chunks (token rows) from a memory budget in bytes. Pass memory_budget= "
+            "instead (default 256 MiB; fusedgrpo.fused_linear_grpo_plan reports the chunks a "
+            "budget gives)")
+    if loss_type == "vespo":
+        raise NotImplementedError(
+            "loss_type='vespo': VESPO (gamma-weighted sequence-level policy loss) is not "
+            "implemented in the fusedgrpo C library (LOSS_SPEC.md); use Liger's "
+            "LigerFusedLinearGRPOLoss for it")
+    changed = {k: v for k, v in vespo.items() if v != _LIGER_VESPO[k]}
+    if changed:
+        raise NotImplementedError(
+            f"{', '.join(f'{k}={v!r}' for k, v in changed.items())}: VESPO's parameters, but "
+            "VESPO is not implemented in the fusedgrpo C library; leave them at their defaults")
 
 
 class FusedLinearGRPOLoss(torch.nn.Module):
@@ -246,10 +282,15 @@ class FusedLinearGRPOLoss(torch.nn.Module):
     old_per_token_logps=None, ref_input=None, ref_weight=None, ref_bias=None,
     vllm_is_ratio=None, num_items_in_batch=None) -> (loss, metrics).
 
-    ``compiled`` and ``chunk_size`` are accepted for compatibility and unused
-    (the C kernel chunks by ``memory_budget`` bytes). Extra keyword-only
-    arguments: entropy_coef, impl ("fused" / "materialized"), memory_budget,
-    threads, return_metrics_dict.
+    Liger's constructor arguments with no counterpart here are refused unless
+    they change nothing (see _refuse_unsupported): ``chunk_size`` only at its
+    default (fusedgrpo chunks by bytes of ``memory_budget``, not by sequences),
+    ``loss_type="vespo"`` and the ``vespo_*`` arguments only at their defaults
+    (VESPO is not implemented). ``compiled`` takes either value: it says whether
+    Liger torch.compiles its per-chunk loss, and the C kernel computes the same
+    thing either way. Extra keyword-only arguments: entropy_coef, impl
+    ("fused" / "materialized"), memory_budget (bytes), threads,
+    return_metrics_dict.
     """
 
     def __init__(self, beta: float = 0.04, compiled: bool = True, use_ref_model: bool = True,
@@ -264,6 +305,9 @@ class FusedLinearGRPOLoss(torch.nn.Module):
                  memory_budget: Optional[int] = None, threads: Optional[int] = None,
                  return_metrics_dict: bool = False):
         super().__init__()
+        _refuse_unsupported(compiled=compiled, chunk_size=chunk_size, loss_type=loss_type,
+                            vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos,
+                            vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg)
         if sapo_temperature_pos <= 0:
             raise ValueError(f"sapo_temperature_pos must be positive, got {sapo_temperature_pos}")
         if sapo_temperature_neg <= 0:
@@ -272,14 +316,15 @@ class FusedLinearGRPOLoss(torch.nn.Module):
             raise ValueError(f"delta must be positive, got {delta}")
         if loss_type not in _lib.LOSS_TYPES:
             raise FusedGRPOError("FG_ERR_UNKNOWN_LOSS_TYPE",
-                                 f"unknown loss_type {loss_type!r}; one of {_lib.LOSS_TYPES}", 8)
+                                 f"unknown loss_type {loss_type!r}; one of {_lib.LOSS_TYPES}")
         if importance_sampling_level not in _lib.LEVELS:
             raise FusedGRPOError("FG_ERR_UNKNOWN_LEVEL", f"unknown importance_sampling_level "
-                                 f"{importance_sampling_level!r}", 9)
+                                 f"{importance_sampling_level!r}")
+        if impl not in _lib.IMPLS:
+            raise FusedGRPOError("FG_ERR_UNSUPPORTED",
+                                 f"unknown impl {impl!r}; one of {tuple(_lib.IMPLS)}")
         self.beta = beta
-        self.compiled = compiled
         self.use_ref_model = use_ref_model
-        self.chunk_size = chunk_size
         self.epsilon_low = epsilon_low
         self.epsilon_high = epsilon_high
         self.loss_type = loss_type

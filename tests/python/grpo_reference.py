@@ -117,26 +117,32 @@ def loss_of(logp, ent, *, base_logp, mask, adv, old_logp, ref_logp, is_ratio, cf
         L = L + cfg.beta * kl
     L = np.where(m > 0, L, 0.0)
     tot = max(m.sum(), 1.0)
-    if lt in ("grpo", "sapo"):
-        loss = np.mean((m * L).sum(1) / np.maximum(cnt, 1.0))
-    elif lt == "bnpo":
-        loss = (m * L).sum() / tot
-    elif lt == "dr_grpo":
-        mcl = T if cfg.max_completion_length is None else cfg.max_completion_length
-        loss = (m * L).sum() / (B * mcl)
-    elif lt in ("dapo", "cispo"):
-        items = tot if cfg.num_items_in_batch is None else cfg.num_items_in_batch
-        loss = (m * L).sum() / max(items, 1.0)
-    elif lt == "luspo":
-        loss = np.mean((m * L).sum(1))
-    if cfg.entropy_coef != 0:
-        loss = loss - cfg.entropy_coef * (m * ent).sum() / tot
-    return loss, dict(ratio=ratio, kl=kl)
+
+    def reduce(per_token):
+        if lt in ("grpo", "sapo"):
+            return np.mean((m * per_token).sum(1) / np.maximum(cnt, 1.0))
+        if lt == "bnpo":
+            return (m * per_token).sum() / tot
+        if lt == "dr_grpo":
+            mcl = T if cfg.max_completion_length is None else cfg.max_completion_length
+            return (m * per_token).sum() / (B * mcl)
+        if lt in ("dapo", "cispo"):
+            items = tot if cfg.num_items_in_batch is None else cfg.num_items_in_batch
+            return (m * per_token).sum() / max(items, 1.0)
+        return np.mean((m * per_token).sum(1))  # luspo
+
+    entropy_term = cfg.entropy_coef * (m * ent).sum() / tot
+    loss = reduce(L) - entropy_term
+    # The loss with every term's magnitude: the scale a float32 sum of these
+    # terms is accurate to (the loss itself may nearly cancel).
+    magnitude = reduce(np.abs(L)) + abs(entropy_term)
+    return loss, dict(ratio=ratio, kl=kl, magnitude=magnitude)
 
 
 def reference(hidden, weight, token_ids, mask, advantages, old_logp=None, ref_logp=None, *,
               bias=None, is_ratio=None, fd_step=1e-6, **kw):
-    """Loss, metrics, logp, entropy and the three gradients, in float64."""
+    """Loss, metrics, logp, entropy and the three gradients, in float64.
+    loss_scale: the loss of the terms' magnitudes, what its error is relative to."""
     cfg = Config(**kw)
     h = np.asarray(hidden, np.float64)
     W = np.asarray(weight, np.float64)
@@ -205,6 +211,6 @@ def reference(hidden, weight, token_ids, mask, advantages, old_logp=None, ref_lo
         cispo_clip_ratio=float(((ratio > eh) & m).sum() / tot) if cfg.loss_type == "cispo"
         else 0.0,
     )
-    return dict(loss=float(loss), logp=logp, entropy=ent, metrics=metrics,
-                grad_hidden=grad_hidden, grad_weight=grad_weight, grad_bias=grad_bias,
-                grad_logits=dlogits, dlogp=g)
+    return dict(loss=float(loss), loss_scale=float(parts["magnitude"]), logp=logp, entropy=ent,
+                metrics=metrics, grad_hidden=grad_hidden, grad_weight=grad_weight,
+                grad_bias=grad_bias, grad_logits=dlogits, dlogp=g)

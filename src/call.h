@@ -1,0 +1,49 @@
+/*
+ * What one call of an entry point runs with: the context's settings merged
+ * with the caller's fg_exec (threads, budget, workspace), the error sink, the
+ * arena and the GEMM cache. The context hands it down (fg_call_begin) and
+ * takes back the call's statistics (fg_call_end); the drivers below read
+ * only this, never the context itself.
+ */
+#ifndef FG_CALL_H
+#define FG_CALL_H
+
+#include "error.h"
+#include "gemm_onednn.h"
+#include "workspace.h"
+
+typedef struct fg_call {
+    fg_error *err;
+    int threads;         /* this call's thread count (>= 1)                     */
+    size_t budget;       /* the fused path's cap                                  */
+    int check_finite;
+    fg_communicator comm;
+    fg_gemm_cache *gemm;
+    fg_arena *arena;     /* the context's, or `borrowed`                          */
+    /* Statistics the driver fills for fg_memory_stats. */
+    fg_gemm_stats gemm_stats;
+    int64_t chunk_rows, chunks;
+    /* Private to context.c. */
+    struct fg_context *ctx;
+    fg_arena borrowed; /* the caller's workspace, if any */
+    int saved_threads;
+    int ran; /* reserved its memory: outputs are being written */
+    double t0;
+} fg_call;
+
+/* Resolves exec against ctx's settings and checks it (a misaligned or empty
+ * caller workspace is refused). Clears ctx's error. Sets the OpenMP thread
+ * count for the call. On failure nothing needs ending. */
+fg_status fg_call_begin(struct fg_context *ctx, const fg_exec *exec, fg_call *call);
+
+/* The call's working memory: `bytes` from the caller's workspace (which
+ * must hold them) or from the context's arena (mapped once, kept for reuse).
+ * FG_ERR_BUDGET_TOO_SMALL / FG_ERR_OUT_OF_MEMORY with a message. */
+fg_status fg_call_reserve(fg_call *call, size_t bytes);
+void *fg_call_take(fg_call *call, size_t bytes);
+
+/* Restores the caller's OpenMP thread count and, if the call got as far as
+ * its memory, records its statistics on the context. Returns st. */
+fg_status fg_call_end(fg_call *call, fg_status st);
+
+#endif

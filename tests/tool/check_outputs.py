@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""The tool's JSON outputs parse, and bench/plot_bench.py draws them.
+
+gradcheck --json must be one JSON object with the documented keys; bench
+--json must be JSON lines, one per impl and sweep point, with the timing,
+memory and roofline keys; plot_bench.py must turn them into a PNG (that part
+is skipped, with a message, when matplotlib is not installed).
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+fg, config, work, plot = sys.argv[1:5]
+os.makedirs(work, exist_ok=True)
+gj, bj, png = (os.path.join(work, n) for n in ("gradcheck.json", "bench.jsonl", "bench.png"))
+
+
+def run(*cmd):
+    r = subprocess.run(list(cmd), capture_output=True, text=True)
+    print(r.stdout, r.stderr)
+    if r.returncode != 0:
+        sys.exit(f"{cmd[:2]} exited with {r.returncode}")
+
+
+run(fg, "gradcheck", "--config", config, "--set", "impl=logits", "--json", gj)
+g = json.load(open(gj))
+for key in ("loss_ref", "loss_kernel", "abs_diff_loss", "logp_max_abs", "max_abs_diff_dlogits",
+            "max_rel_diff_dlogits", "gates", "pass", "config"):
+    assert key in g, key
+assert g["pass"] is True and g["impl"] == "logits" and g["config"]["impl"] == "logits"
+assert g["config"]["loss_type"] == "dapo" and g["config"]["memory_budget"] == "min"
+assert all(gate["pass"] for gate in g["gates"])
+
+run(fg, "bench", "--config", config, "--set", "steps=2", "--sweep", "seq_len=4,9",
+    "--impls", "fused,baseline", "--json", bj)
+lines = [json.loads(line) for line in open(bj)]
+assert [(d["impl"], d["seq_len"]) for d in lines] == [
+    ("fused", 4), ("baseline", 4), ("fused", 9), ("baseline", 9)], lines
+for d in lines:
+    assert d["ok"] and d["config"]["impl"] == d["impl"], d
+    for key in ("cold_s", "step_s_mean", "step_s_p50", "step_s_p90", "peak_work_bytes",
+                "rss_work_bytes", "gflops", "roofline_s", "chunked_gemm_s", "roofline_ratio",
+                "flops_per_step", "fused_chunk_rows"):
+        assert isinstance(d[key], (int, float)), key
+    assert d["step_s_p50"] > 0 and d["peak_work_bytes"] > 0
+    assert d["roofline_s"] > 0 and d["chunked_gemm_s"] > 0 and d["fused_chunk_rows"] >= 1
+    assert abs(d["roofline_ratio"] - d["roofline_s"] / d["step_s_p50"]) <= 1e-9 * d["roofline_ratio"]
+    assert d["flops_per_step"] == 6 * d["unmasked_tokens"] * d["hidden"] * d["vocab"]
+# memory_budget: min is one token row a chunk, for every impl's chunked roofline.
+assert all(d["fused_chunk_rows"] == 1 for d in lines), [d["fused_chunk_rows"] for d in lines]
+assert lines[0]["chunk_rows"] == 1 and lines[1]["chunks"] == 1
+
+if importlib.util.find_spec("matplotlib") is None:
+    print("matplotlib not available: plot_bench.py not checked")
+else:
+    run(sys.executable, plot, bj, "-o", png)
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n", "not a PNG"
+print("json outputs and plot: OK")

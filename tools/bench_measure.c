@@ -1,0 +1,212 @@
+/*
+ * One impl's measurements, in a child process of its own (bench.c says why).
+ * Inputs (the parent's shared mapping, sealed read-only) and outputs are
+ * faulted in before any timing. The first step is timed alone (cold_s:
+ * workspace allocation, oneDNN kernel generation); `warmup` counts it, and
+ * `steps` timed steps follow. Times in seconds, sizes in bytes.
+ *
+ * Then the roofline: the step's three GEMMs alone through the library's GEMM
+ * layer (gemm.h), on the tool's own buffers allocated after the steps (so
+ * outside both memory peaks): at full shape over the unmasked tokens as the
+ * materialized baseline issues them (roofline_s), and in the fused path's
+ * chunk rows as the planner picks them for this call (chunked_gemm_s).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+
+#include "runner.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void num(cJSON *j, const char *key, double v) { cJSON_AddNumberToObject(j, key, v); }
+
+/* A "VmHWM"/"VmRSS" field of /proc/self/status in bytes; -1 if absent. */
+static double proc_status_bytes(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, field, strlen(field)) == 0 && line[strlen(field)] == ':')
+            sscanf(line + strlen(field) + 1, "%lld", &kb);
+    if (f)
+        fclose(f);
+    return kb < 0 ? -1.0 : (double)kb * 1024.0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Percentile q of n samples (sorted in place), interpolated as numpy.percentile's default. */
+static double percentile(double *x, int64_t n, double q)
+{
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    const double pos = q * (double)(n - 1);
+    const int64_t lo = (int64_t)pos, hi = lo + 1 < n ? lo + 1 : lo;
+    return x[lo] + (x[hi] - x[lo]) * (pos - (double)lo);
+}
+
+/* The three products of a step over `total` token rows, `rows` at a time,
+ * on buffers for `rows` rows: the median wall time over roofline_reps, after
+ * a dry pass that makes the primitives and scratch; NaN with a note on failure. */
+static double time_gemms(const ft_config *cfg, const ft_problem *p, int64_t rows, int64_t total,
+                         double *bytes_max, char *note, size_t notelen)
+{
+    const int64_t H = p->s.hidden, V = p->s.vocab, reps = cfg->roofline_reps;
+    const int dt = p->s.dtype;
+    ft_gemm g;
+    if (ft_gemm_init(&g, (int)cfg->threads, rows, note, notelen) != 0)
+        return NAN;
+    /* As the library's driver: bf16 operands only where oneDNN multiplies
+     * bf16 natively, else f32; f32 dlogits overwrite the logits in place. */
+    const int cmp = dt == FG_DTYPE_BF16 && g.native_bf16 ? FG_DTYPE_BF16 : FG_DTYPE_F32;
+    const size_t r = (size_t)rows, h_bytes = r * (size_t)H * ft_dtype_size(cmp), z_bytes = r * (size_t)V * 4,
+                 dl_bytes = cmp == FG_DTYPE_F32 ? 0 : r * (size_t)V * 2, gh_bytes = r * (size_t)H * 4,
+                 bytes = h_bytes + z_bytes + dl_bytes + gh_bytes + (size_t)V * (size_t)H * 4;
+    char *h = ft_big_alloc(bytes);
+    double *t = malloc((size_t)reps * sizeof *t), median = NAN;
+    int rc = h && t ? 0 : ft_error(g.err.msg, sizeof g.err.msg, "out of memory for %zu bytes", bytes);
+    char *z = rc ? NULL : h + h_bytes, *dl = rc || !dl_bytes ? z : z + z_bytes;
+    float *gh = rc ? NULL : (float *)(z + z_bytes + dl_bytes);
+    float *gw = rc ? NULL : (float *)((char *)gh + gh_bytes);
+    for (int64_t i = 0; rc == 0 && i < rows * H; i++)
+        ft_store(h, cmp, i, ft_load(p->hidden, dt, i));
+    for (int64_t k = -1; k < reps && rc == 0; k++) {
+        const double t0 = omp_get_wtime();
+        g.dry = k < 0;
+        for (int64_t r0 = 0; r0 < total && rc == 0; r0 += rows) {
+            const int64_t m = total - r0 < rows ? total - r0 : rows;
+            rc = ft_gemm_logits(&g, cmp, h, m, dt, p->weight, p->bias, V, H, FG_DTYPE_F32, z) ||
+                 ft_gemm_backward(&g, cmp, dl, h, m, dt, p->weight, V, H, gh, gw, r0 > 0);
+        }
+        if (k >= 0)
+            t[k] = omp_get_wtime() - t0;
+    }
+    if (rc == 0)
+        median = percentile(t, reps, 0.5);
+    else
+        snprintf(note, notelen, "no roofline: %s", g.err.msg);
+    *bytes_max = fmax(*bytes_max, (double)(bytes + ft_gemm_bytes(&g)));
+    free(t);
+    ft_big_free(h, bytes);
+    ft_gemm_free(&g);
+    return median;
+}
+
+/* The steps and the memory figures into j; 0, or -1 with err. */
+static int time_steps(const ft_config *cfg, ft_runner *r, cJSON *j, double fixed_bytes, double flops,
+                      char *err, size_t errlen)
+{
+    const int64_t warm = cfg->warmup > 1 ? cfg->warmup : 1, n = cfg->steps;
+    const int tty = isatty(STDERR_FILENO), logits = r->impl == FT_IMPL_LOGITS;
+    double *t = malloc((size_t)n * sizeof *t), mean = 0, kernel = 0, gemm = 0, call = 0;
+    for (int64_t i = 0; t && i < warm + n; i++) {
+        const double t0 = omp_get_wtime();
+        if (ft_runner_step(r) != 0) {
+            free(t);
+            return ft_error(err, errlen, "%s", r->err);
+        }
+        const double dt = omp_get_wtime() - t0;
+        fg_memory_stats ms = {0};
+        fg_get_memory_stats(r->ctx, &ms);
+        if (i == 0)
+            num(j, "cold_s", dt);
+        if (i >= warm) {
+            t[i - warm] = dt;
+            mean += dt / (double)n;
+            kernel += r->kernel_s / (double)n;
+            gemm += ms.gemm_seconds / (double)n;
+            call += ms.call_seconds / (double)n;
+        }
+        if (tty) /* progress, on a terminal only: logs stay free of it */
+            fprintf(stderr, "\r%-9s step %lld/%lld  %.3g s\033[K", ft_impl_name(r->impl),
+                    (long long)i + 1, (long long)(warm + n), dt);
+    }
+    if (tty)
+        fputs("\r\033[K", stderr);
+    if (t == NULL)
+        return ft_error(err, errlen, "out of memory");
+    /* Memory before the roofline, whose own buffers would count. */
+    const double hwm = proc_status_bytes("VmHWM"), p50 = percentile(t, n, 0.5);
+    fg_memory_stats ms = {0};
+    fg_get_memory_stats(r->ctx, &ms);
+    num(j, "steps", (double)n);
+    num(j, "step_s_mean", mean);
+    num(j, "step_s_p50", p50);
+    num(j, "step_s_p90", percentile(t, n, 0.9));
+    num(j, "step_s_min", t[0]);
+    num(j, "step_s_max", t[n - 1]);
+    num(j, logits ? "kernel_s_mean" : "gemm_s_mean", logits ? kernel : gemm); /* the library's own timing */
+    if (!logits)
+        num(j, "call_s_mean", call);
+    num(j, "peak_work_bytes", (double)(ms.peak_bytes + ft_runner_tool_bytes(r))); /* counted + the tool's */
+    num(j, "lib_peak_bytes", (double)ms.peak_bytes);
+    num(j, "tool_bytes", (double)ft_runner_tool_bytes(r)); /* logits impl: logits + GEMM scratch */
+    num(j, "rss_peak_bytes", hwm);
+    num(j, "rss_work_bytes", hwm - fixed_bytes); /* VmHWM - inputs - outputs */
+    num(j, "chunk_rows", (double)ms.chunk_rows);
+    num(j, "chunks", (double)ms.chunks);
+    num(j, "lib_gemm_flops", (double)ms.gemm_flops);
+    num(j, "gflops", p50 > 0 ? flops / p50 / 1e9 : 0.0);
+    num(j, "loss", r->loss_value); /* the last step's, a sanity value */
+    free(t);
+    return 0;
+}
+
+int ft_bench_measure(void *arg, void *out)
+{
+    const ft_bench_job *job = arg;
+    const ft_config *cfg = job->cfg;
+    ft_problem *p = job->p;
+    cJSON *j = cJSON_CreateObject();
+    char note[1024] = "";
+    num(j, "rss_base_bytes", proc_status_bytes("VmRSS"));
+    ft_problem_seal(p);
+    const int64_t n = ft_problem_unmasked(p);
+    const double flops = 6.0 * (double)n * (double)p->s.hidden * (double)p->s.vocab;
+    num(j, "tokens", (double)ft_problem_tokens(p));
+    num(j, "unmasked_tokens", (double)n);
+    num(j, "flops_per_step", flops);
+    num(j, "input_bytes", (double)p->bytes);
+    ft_runner r;
+    int ok = ft_runner_init(&r, cfg, p, job->impl, 1) == 0;
+    if (!ok) {
+        snprintf(note, sizeof note, "%s", r.err);
+    } else {
+        num(j, "output_bytes", (double)r.output_bytes);
+        ok = time_steps(cfg, &r, j, (double)p->bytes + (double)r.output_bytes, flops, note, sizeof note) == 0;
+    }
+    const int64_t chunk = ok ? ft_runner_fused_chunk_rows(&r) : 0;
+    if (ok && chunk <= 0)
+        snprintf(note, sizeof note, "no chunked roofline: %.900s", r.err);
+    num(j, "fused_chunk_rows", (double)chunk);
+    /* Every buffer goes first: the child never holds a step's memory and the
+     * roofline's at once (at the headline shape both would not fit). */
+    ft_runner_free(&r);
+    double full = 0, chunked = 0, bytes = 0;
+    if (ok && cfg->roofline_reps > 0 && n > 0) { /* a failure leaves a note */
+        full = time_gemms(cfg, p, n, n, &bytes, note, sizeof note);
+        chunked = chunk > 0 ? time_gemms(cfg, p, chunk, n, &bytes, note, sizeof note) : NAN;
+    }
+    const cJSON *median = cJSON_GetObjectItem(j, "step_s_p50");
+    num(j, "roofline_s", full);
+    num(j, "chunked_gemm_s", chunked);
+    num(j, "roofline_ratio", median && full > 0 ? full / median->valuedouble : full);
+    num(j, "roofline_bytes", bytes); /* the roofline's own buffers, not the library's */
+    cJSON_AddBoolToObject(j, "ok", ok);
+    if (note[0])
+        cJSON_AddStringToObject(j, "error", note);
+    char *text = cJSON_PrintUnformatted(j);
+    snprintf(out, FT_BENCH_RESULT_BYTES, "%s", text ? text : "{}");
+    cJSON_free(text);
+    cJSON_Delete(j);
+    return ok ? 0 : 1;
+}
