@@ -659,7 +659,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     in.vocab_total = vocab_total;
     const fg_linear_options lo = {path == 0 ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED, round_logits};
     fg_linear_outputs lin_out = {out.loss,        out.metrics,     out.logp,     out.entropy,
-                                 out.grad_hidden, out.grad_weight, out.grad_bias};
+                                 out.grad_hidden, out.grad_weight, out.grad_bias, 0};
     fg_logits_outputs log_out = {out.loss, out.metrics, out.logp, out.entropy, out.grad_logits};
     if (ws_mode == 1) {
         workspace = malloc(4096 + 128);

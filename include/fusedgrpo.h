@@ -179,8 +179,13 @@ typedef struct fg_linear_outputs {
     float *logp;           /* [B, T]; 0 at masked positions                        */
     float *entropy;        /* [B, T]; 0 at masked positions                        */
     fg_matrix grad_hidden; /* [B*T, H] float32; zero rows at masked positions      */
-    fg_matrix grad_weight; /* [V, H] float32 (overwritten, not accumulated)        */
+    fg_matrix grad_weight; /* [V, H] float32                                       */
     fg_vector grad_bias;   /* [V] float32                                          */
+    int accumulate;        /* 0: grad_weight and grad_bias are overwritten. 1: the
+                              call adds its gradient to them (micro-batches,
+                              gradient accumulation): the first chunk's GEMM sums
+                              into the caller's buffer, so no extra V x H buffer
+                              or pass. grad_hidden is always overwritten.       */
 } fg_linear_outputs;
 
 /* Caller-owned results of fg_logits_grpo; the same rules. */

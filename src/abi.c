@@ -23,7 +23,7 @@
     X(T, cispo_clip_ratio)
 #define FIELDS_fg_linear_outputs(X, T)                                                             \
     X(T, loss) X(T, metrics) X(T, logp) X(T, entropy) X(T, grad_hidden) X(T, grad_weight)         \
-    X(T, grad_bias)
+    X(T, grad_bias) X(T, accumulate)
 #define FIELDS_fg_logits_outputs(X, T)                                                             \
     X(T, loss) X(T, metrics) X(T, logp) X(T, entropy) X(T, grad_logits)
 #define FIELDS_fg_communicator(X, T) X(T, allreduce) X(T, user)

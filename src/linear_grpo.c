@@ -38,6 +38,7 @@ typedef struct linear_plan {
     int dl_alias; /* dlogits overwrite the f32 logits in place */
     int64_t H, V, Nc, chunks;
     int want_gh, want_gw, want_gb, any_grad, two_sweeps;
+    int accumulate; /* grad_weight and grad_bias += this call's gradient */
     int has_bias;
     int sharded; /* weight holds vocab rows [vocab_start, vocab_start + V) */
     int64_t vocab_start;
@@ -390,7 +391,7 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
                    (size_t)p->H * sizeof(float));
     }
     if (p->want_gw) {
-        fg_gemm_shape s3 = shape_dweight(p, m, !first_backward_chunk);
+        fg_gemm_shape s3 = shape_dweight(p, m, p->accumulate || !first_backward_chunk);
         if ((st = fg_gemm_run(call->gemm, &s3, L->dlogits, L->hbuf, L->out->grad_weight.data, NULL,
                               L->scratch, p->gemm_workers, &call->gemm_stats, call->err)) != FG_OK)
             return st;
@@ -398,8 +399,9 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     return FG_OK;
 }
 
-/* Zeroes what no chunk writes: masked rows of grad_hidden, the bias
- * accumulator, and grad_weight when no token is unmasked. */
+/* Zeroes what no chunk writes: masked rows of grad_hidden and, unless the
+ * call accumulates into them, the bias accumulator and grad_weight when no
+ * token is unmasked. */
 static void zero_unwritten(const linear_call *L, const fg_batch *batch)
 {
     const linear_plan *p = &L->p;
@@ -407,6 +409,8 @@ static void zero_unwritten(const linear_call *L, const fg_batch *batch)
     if (p->want_gh)
         fg_zero_masked_rows(&L->c, batch->batch * batch->seq_len, out->grad_hidden.data,
                             (size_t)out->grad_hidden.ld * sizeof(float), (size_t)p->H * sizeof(float));
+    if (p->accumulate)
+        return;
     if (p->want_gb)
         memset(out->grad_bias.data, 0, (size_t)p->V * sizeof(float));
     if (p->want_gw && L->c.n_active == 0)
@@ -465,6 +469,7 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const fg_l
     p->want_gw = out->grad_weight.data != NULL;
     p->want_gb = out->grad_bias.data != NULL;
     p->any_grad = p->want_gh || p->want_gw || p->want_gb;
+    p->accumulate = out->accumulate != 0;
     p->n_active = n_active;
     p->fixed_bytes = fg_common_workspace_bytes(batch->batch, batch->batch * batch->seq_len);
     return p->n_active > 0 ? plan_chunks(call, p, agree && p->sharded) : FG_OK;

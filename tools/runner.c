@@ -45,7 +45,7 @@ static fg_linear_outputs linear_outputs(const ft_runner *r)
     return (fg_linear_outputs){0, {0}, r->logp, r->entropy,
                                fg_matrix_make(r->grad_hidden, FG_DTYPE_F32, s->batch * s->seq_len, s->hidden),
                                fg_matrix_make(r->grad_weight, FG_DTYPE_F32, s->vocab, s->hidden),
-                               fg_vector_make(r->grad_bias, FG_DTYPE_F32, r->grad_bias ? s->vocab : 0)};
+                               fg_vector_make(r->grad_bias, FG_DTYPE_F32, r->grad_bias ? s->vocab : 0), 0};
 }
 
 /* The planner's view of a call with opts: for memory_budget min, first

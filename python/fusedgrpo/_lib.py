@@ -72,7 +72,7 @@ class fg_metrics(Structure):
 class fg_linear_outputs(Structure):
     _fields_ = [("loss", c_double), ("metrics", fg_metrics), ("logp", c_void_p),
                 ("entropy", c_void_p), ("grad_hidden", fg_matrix), ("grad_weight", fg_matrix),
-                ("grad_bias", fg_vector)]
+                ("grad_bias", fg_vector), ("accumulate", c_int)]
 
 
 class fg_logits_outputs(Structure):
