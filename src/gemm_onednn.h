@@ -53,6 +53,11 @@ typedef struct fg_gemm_shape {
 #define FG_BLOCK_DHIDDEN_N 256
 #define FG_BLOCK_DWEIGHT_M 1024
 
+/* The most a converted bf16 weight tile holds (tile path only): >= 1024
+ * weight rows at H = 4096, enough for the per-tile GEMMs to run at full
+ * speed. Drivers size tiles below it (fg_gemm_shape.tile_bytes). */
+#define FG_TILE_CAP_BYTES ((size_t)32 << 20)
+
 typedef struct fg_gemm_cache fg_gemm_cache;
 
 /* An engine, per-worker streams and up to FG_GEMM_CACHE_SLOTS block

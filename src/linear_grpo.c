@@ -37,7 +37,7 @@ typedef struct linear_plan {
     fg_dtype logit_t, dlogit_t;
     int dl_alias; /* dlogits overwrite the f32 logits in place */
     int64_t H, V, Nc, chunks;
-    int want_gh, want_gw, want_gb, any_grad, two_sweeps;
+    int want_gh, want_gw, want_gb, any_grad;
     int accumulate; /* grad_weight and grad_bias += this call's gradient */
     int has_bias;
     int sharded; /* weight holds vocab rows [vocab_start, vocab_start + V) */
@@ -45,7 +45,6 @@ typedef struct linear_plan {
     int64_t w_ld, gw_ld;
     int64_t n_active;     /* unmasked tokens: the rows the chunks cover            */
     size_t fixed_bytes;   /* per-call [B, T] arrays (fg_common_workspace_bytes)    */
-    size_t tile_bytes;    /* bf16 tile path: one converted weight tile (tile_cap)  */
     fg_gemm_scratch gemm; /* GEMM scratch of the chosen chunk sizes               */
     int gemm_workers;     /* threads the GEMMs run on: the scratchpads held        */
     size_t scratch_bytes; /* fg_gemm_scratch_bytes(gemm, gemm_workers)             */
@@ -59,14 +58,13 @@ typedef struct linear_plan {
 #define PLAN_GEMM_WORKERS 8
 
 /* Converted weight tiles (CPUs without native bf16 GEMMs) scale with the
- * chunk: half its logits, at most 32 MiB (>= 1024 weight rows at H = 4096,
- * enough for the per-tile GEMMs to run at full speed). Everything the call
+ * chunk: half its logits, at most FG_TILE_CAP_BYTES. Everything the call
  * holds is then a function of the chunk rows alone, so the smallest budget is
  * the need of a one-row chunk. */
 static size_t tile_cap(const linear_plan *p, int64_t m)
 {
-    const size_t half_logits = (size_t)m * (size_t)p->V * sizeof(float) / 2, cap = (size_t)32 << 20;
-    return half_logits < cap ? half_logits : cap;
+    const size_t half_logits = (size_t)m * (size_t)p->V * sizeof(float) / 2;
+    return half_logits < FG_TILE_CAP_BYTES ? half_logits : FG_TILE_CAP_BYTES;
 }
 
 static fg_gemm_shape shape_logits(const linear_plan *p, int64_t m)
@@ -363,17 +361,23 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     const fg_loss_plan *plan = &L->c.plan;
     if (p->sharded && mode != SWEEP_BACKWARD) {
         /* Statistics need every shard: merge, then (token level) the backward. */
-        if ((st = fg_sweep_forward_sharded(call->threads, &call->comm, call->err, plan, &rows, L->inv_temp, &L->c.ta, L->stats,
-                                           &L->bad)) != FG_OK)
+        if ((st = fg_sweep_forward_sharded(call->threads, &call->comm, call->err, plan, &rows,
+                                           L->inv_temp, &L->c.ta, L->stats, &L->bad)) != FG_OK)
             return st;
         if (mode == SWEEP_FORWARD)
             return FG_OK;
         mode = SWEEP_BACKWARD;
     }
     switch (mode) {
-    case SWEEP_FORWARD: L->bad |= fg_sweep_forward(call->threads, plan, &rows, L->inv_temp, &L->c.ta); return FG_OK;
-    case SWEEP_BACKWARD: fg_sweep_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta); break;
-    case SWEEP_BOTH: L->bad |= fg_sweep_forward_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta); break;
+    case SWEEP_FORWARD:
+        L->bad |= fg_sweep_forward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+        return FG_OK;
+    case SWEEP_BACKWARD:
+        fg_sweep_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+        break;
+    case SWEEP_BOTH:
+        L->bad |= fg_sweep_forward_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+        break;
     }
     if (p->want_gb)
         fg_sweep_column_sums(call->threads, &rows, (float *)L->out->grad_bias.data);

@@ -6,9 +6,8 @@
 #include <omp.h>
 #include <stdio.h>
 
-/* Cap of one converted bf16 weight tile: the library's own (linear_grpo.c),
- * >= 1024 weight rows at H = 4096, enough for full-speed tile products. */
-#define TILE_BYTES ((size_t)32 << 20)
+/* Converted bf16 weight tiles at the library's cap (gemm_onednn.h). */
+#define TILE_BYTES FG_TILE_CAP_BYTES
 
 int ft_gemm_init(ft_gemm *g, int threads, int64_t chunk_rows, char *err, size_t errlen)
 {
