@@ -374,6 +374,64 @@ fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg,
                          const fg_matrix *logits, const fg_batch *batch,
                          fg_logits_outputs *out, const fg_exec *exec);
 
+/* ---------------------------------------------------- log-probs of the head */
+
+/*
+ * The LM head's log-probs alone, for the passes a training loop makes besides
+ * the loss (the old and reference policies) and for any loss this library does
+ * not compute (the backward of the caller's own loss through them).
+ *   z = (hidden · weightᵀ + bias) / temperature
+ *   logp[n] = z[n, token_ids[n]] − logsumexp(z[n, :]),
+ *   entropy[n] = −Σ_v p_v log p_v,  p = softmax(z[n, :])
+ * at unmasked tokens; 0 at masked ones. Fused: chunks of token rows within the
+ * budget, one GEMM per token; the logits are never whole. Vocab sharding and
+ * fg_exec as for fg_linear_grpo.
+ */
+
+/* The token side of a batch: the first four fields of fg_batch. */
+typedef struct fg_tokens {
+    int64_t batch;            /* B >= 1                                    */
+    int64_t seq_len;          /* T >= 1                                    */
+    const int64_t *token_ids; /* [B, T]; read only where mask != 0         */
+    const uint8_t *mask;      /* [B, T]; nonzero = a token to score        */
+} fg_tokens;
+
+/*
+ * linear_logprobs_forward
+ *   in : hidden [B*T, H], weight [V, H], bias [V]?, tokens [B, T]
+ *   out: logp [B, T]?, entropy [B, T]? (at least one)
+ * No advantages, no loss, no gradients; temperature > 0 as in fg_loss_config.
+ */
+fg_status fg_linear_logprobs(fg_context *ctx, const fg_linear_options *opts, double temperature,
+                             const fg_linear_inputs *in, const fg_tokens *tokens, float *logp,
+                             float *entropy, const fg_exec *exec);
+
+/* Gradient outputs of fg_linear_logprobs_backward; the rules of fg_linear_outputs. */
+typedef struct fg_linear_grads {
+    fg_matrix grad_hidden; /* [B*T, H] float32; zero rows at masked positions      */
+    fg_matrix grad_weight; /* [V, H] float32                                       */
+    fg_vector grad_bias;   /* [V] float32                                          */
+    int accumulate;        /* as fg_linear_outputs.accumulate                      */
+} fg_linear_grads;
+
+/*
+ * linear_logprobs_backward: the gradient of a caller's loss L(logp, entropy)
+ * with respect to the LM head's inputs, given the caller's per-token
+ *   grad_logp[n] = ∂L/∂logp[n]  and  grad_entropy[n] = ∂L/∂entropy[n]
+ * ([B, T]; read at unmasked tokens only; grad_entropy NULL: 0). The logits are
+ * recomputed chunk by chunk (one more GEMM per token than the fused loss: 4 in
+ * all with the forward pass), and per vocab entry v of token n
+ *   ∂L/∂z[n, v] = grad_logp[n]·(δ_v,tok − p_v) − grad_entropy[n]·p_v·(log p_v + entropy[n])
+ * goes through the two gradient GEMMs (divided by the temperature).
+ *   in : hidden, weight, bias?, tokens, grad_logp [B, T], grad_entropy [B, T]?
+ *   out: grad_hidden [B*T, H]?, grad_weight [V, H]?, grad_bias [V]? (at least one)
+ */
+fg_status fg_linear_logprobs_backward(fg_context *ctx, const fg_linear_options *opts,
+                                      double temperature, const fg_linear_inputs *in,
+                                      const fg_tokens *tokens, const float *grad_logp,
+                                      const float *grad_entropy, fg_linear_grads *out,
+                                      const fg_exec *exec);
+
 /* ------------------------------------------------------------- bindings */
 
 /* Layout of the public structs for foreign-function bindings (ctypes, cffi)

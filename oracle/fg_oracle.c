@@ -276,6 +276,48 @@ static double *linear_logits(const double *hidden, const double *weight, const d
 
 /* ---------------------------------------------------------------- backward */
 
+/* d loss / d logits [N, V] from each token's d loss / d logp (g) and
+ * d loss / d entropy (e), through the softmax at this temperature. */
+static void chain_logits(const fg_batch *bt, const double *logits, int64_t V, double temperature,
+                         const double *lse, const double *entropy, const double *g,
+                         const double *e, double *grad_logits) {
+    const int64_t N = bt->batch * bt->seq_len;
+    for (int64_t n = 0; n < N; n++) {
+        if (tok_masked(bt, n)) continue;
+        const double H = entropy[n];
+        const int64_t tok = bt->token_ids[n];
+        for (int64_t v = 0; v < V; v++) {
+            const double logpv = logits[n * V + v] / temperature - lse[n];
+            const double p = exp(logpv);
+            const double dz = g[n] * ((v == tok ? 1.0 : 0.0) - p) - e[n] * p * (logpv + H);
+            grad_logits[n * V + v] = dz / temperature;
+        }
+    }
+}
+
+/* grad_hidden, grad_weight, grad_bias (when bias) from d loss / d logits. */
+static int chain_linear(const fg_batch *batch, const double *hidden, const double *weight,
+                        const double *bias, int64_t H, int64_t V, fg_oracle_result *out) {
+    const int64_t N = batch->batch * batch->seq_len;
+    out->grad_hidden = calloc((size_t)N * (size_t)H, sizeof(double));
+    out->grad_weight = calloc((size_t)V * (size_t)H, sizeof(double));
+    if (bias) out->grad_bias = calloc((size_t)V, sizeof(double));
+    if (!out->grad_hidden || !out->grad_weight || (bias && !out->grad_bias)) return -1;
+    const double *gl = out->grad_logits;
+    for (int64_t n = 0; n < N; n++) {
+        if (batch->mask[n] == 0) continue;
+        for (int64_t v = 0; v < V; v++) {
+            const double d = gl[n * V + v];
+            for (int64_t h = 0; h < H; h++) {
+                out->grad_hidden[n * H + h] += d * weight[v * H + h];
+                out->grad_weight[v * H + h] += d * hidden[n * H + h];
+            }
+            if (bias) out->grad_bias[v] += d;
+        }
+    }
+    return 0;
+}
+
 static int logits_core(const fg_loss_config *cfg, const fg_batch *bt, const double *logits,
                        int64_t V, fg_oracle_result *out) {
     const int64_t N = bt->batch * bt->seq_len;
@@ -300,17 +342,8 @@ static int logits_core(const fg_loss_config *cfg, const fg_batch *bt, const doub
         fg_oracle_result_free(out);
         return -1;
     }
-    for (int64_t n = 0; n < N; n++) {
-        if (tok_masked(bt, n)) continue;
-        const double g = out->dlogp[n], e = out->dentropy[n], H = out->entropy[n];
-        const int64_t tok = bt->token_ids[n];
-        for (int64_t v = 0; v < V; v++) {
-            const double logpv = logits[n * V + v] / cfg->temperature - lse[n];
-            const double p = exp(logpv);
-            const double dz = g * ((v == tok ? 1.0 : 0.0) - p) - e * p * (logpv + H);
-            out->grad_logits[n * V + v] = dz / cfg->temperature;
-        }
-    }
+    chain_logits(bt, logits, V, cfg->temperature, lse, out->entropy, out->dlogp, out->dentropy,
+                 out->grad_logits);
     free(lse);
     return 0;
 }
@@ -337,26 +370,56 @@ int fg_oracle_linear(const fg_loss_config *cfg, const fg_batch *batch, const dou
         return -1;
     }
     free(lg);
-    out->grad_hidden = calloc((size_t)N * (size_t)H, sizeof(double));
-    out->grad_weight = calloc((size_t)V * (size_t)H, sizeof(double));
-    if (bias) out->grad_bias = calloc((size_t)V, sizeof(double));
-    if (!out->grad_hidden || !out->grad_weight || (bias && !out->grad_bias)) {
+    if (chain_linear(batch, hidden, weight, bias, H, V, out) != 0) {
         fg_oracle_result_free(out);
         return -1;
     }
-    const double *gl = out->grad_logits;
-    for (int64_t n = 0; n < N; n++) {
-        if (batch->mask[n] == 0) continue;
-        for (int64_t v = 0; v < V; v++) {
-            const double d = gl[n * V + v];
-            for (int64_t h = 0; h < H; h++) {
-                out->grad_hidden[n * H + h] += d * weight[v * H + h];
-                out->grad_weight[v * H + h] += d * hidden[n * H + h];
+    return 0;
+}
+
+int fg_oracle_linear_head(const fg_batch *batch, const double *hidden, const double *weight,
+                          const double *bias, int64_t H, int64_t V, double temperature,
+                          const double *dlogp, const double *dentropy, fg_oracle_result *out) {
+    if (!out) return -1;
+    memset(out, 0, sizeof(*out));
+    if (!batch || !hidden || !weight || H <= 0 || V <= 0 || !(temperature > 0) ||
+        batch->batch <= 0 || batch->seq_len <= 0 || !batch->token_ids || !batch->mask)
+        return -1;
+    const int64_t N = batch->batch * batch->seq_len;
+    for (int64_t n = 0; n < N; n++)
+        if (!tok_masked(batch, n) && (batch->token_ids[n] < 0 || batch->token_ids[n] >= V))
+            return -1;
+    fg_loss_config cfg; /* all_forward reads the temperature only */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.temperature = temperature;
+    double *lg = linear_logits(hidden, weight, bias, N, H, V);
+    double *lse = calloc((size_t)N, sizeof(double));
+    out->logp = calloc((size_t)N, sizeof(double));
+    out->entropy = calloc((size_t)N, sizeof(double));
+    out->dlogp = calloc((size_t)N, sizeof(double));
+    out->dentropy = calloc((size_t)N, sizeof(double));
+    int rc = -1;
+    if (lg && lse && out->logp && out->entropy && out->dlogp && out->dentropy) {
+        all_forward(&cfg, batch, lg, V, out->logp, out->entropy, lse);
+        rc = 0;
+        if (dlogp) {
+            for (int64_t n = 0; n < N; n++) {
+                out->dlogp[n] = tok_masked(batch, n) ? 0.0 : dlogp[n];
+                out->dentropy[n] = tok_masked(batch, n) || !dentropy ? 0.0 : dentropy[n];
             }
-            if (bias) out->grad_bias[v] += d;
+            out->grad_logits = calloc((size_t)N * (size_t)V, sizeof(double));
+            rc = out->grad_logits ? 0 : -1;
+            if (rc == 0) {
+                chain_logits(batch, lg, V, temperature, lse, out->entropy, out->dlogp,
+                             out->dentropy, out->grad_logits);
+                rc = chain_linear(batch, hidden, weight, bias, H, V, out);
+            }
         }
     }
-    return 0;
+    free(lg);
+    free(lse);
+    if (rc != 0) fg_oracle_result_free(out);
+    return rc;
 }
 
 static double linear_loss_impl(const fg_loss_config *cfg, const fg_batch *batch,

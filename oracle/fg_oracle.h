@@ -48,6 +48,15 @@ int fg_oracle_linear(const fg_loss_config *cfg, const fg_batch *batch,
                      const double *hidden, const double *weight, const double *bias,
                      int64_t H, int64_t V, fg_oracle_result *out);
 
+/* The LM head's log-probs alone (fg_linear_logprobs and its backward): logp
+ * and entropy of every unmasked token of batch (token_ids and mask only are
+ * read) at this temperature; with dlogp [N] given (dentropy [N] or NULL: 0),
+ * also grad_logits, grad_hidden, grad_weight and grad_bias of a loss whose
+ * per-token derivatives those are. loss and metrics stay 0. */
+int fg_oracle_linear_head(const fg_batch *batch, const double *hidden, const double *weight,
+                          const double *bias, int64_t H, int64_t V, double temperature,
+                          const double *dlogp, const double *dentropy, fg_oracle_result *out);
+
 /* Forward only (the scalar loss), for finite differences. */
 double fg_oracle_linear_loss(const fg_loss_config *cfg, const fg_batch *batch,
                              const double *hidden, const double *weight,

@@ -9,12 +9,10 @@ size_t fg_common_workspace_bytes(int64_t B, int64_t N)
            fg_ws_round((size_t)N * sizeof(int64_t)) + 4 * fg_ws_round((size_t)N * sizeof(float));
 }
 
-void fg_common_init(fg_arena *arena, fg_common *c, const fg_loss_config *cfg,
-                    const fg_batch *batch)
+/* The per-token arrays and the list of unmasked rows. */
+static void init_tokens(fg_arena *arena, fg_common *c, const fg_batch *batch)
 {
-    const int64_t B = batch->batch, N = batch->batch * batch->seq_len;
-    double *scratch = fg_arena_take(arena, (size_t)fg_loss_plan_scratch_doubles(B) * sizeof(double));
-    fg_loss_plan_init(&c->plan, cfg, batch, scratch);
+    const int64_t N = batch->batch * batch->seq_len;
     c->active = fg_arena_take(arena, (size_t)N * sizeof(int64_t));
     c->ta.logp = fg_arena_take(arena, (size_t)N * sizeof(float));
     c->ta.entropy = fg_arena_take(arena, (size_t)N * sizeof(float));
@@ -28,12 +26,33 @@ void fg_common_init(fg_arena *arena, fg_common *c, const fg_loss_config *cfg,
     }
 }
 
+void fg_common_init(fg_arena *arena, fg_common *c, const fg_loss_config *cfg,
+                    const fg_batch *batch)
+{
+    const int64_t B = batch->batch;
+    double *scratch = fg_arena_take(arena, (size_t)fg_loss_plan_scratch_doubles(B) * sizeof(double));
+    fg_loss_plan_init(&c->plan, cfg, batch, scratch);
+    init_tokens(arena, c, batch);
+}
+
+void fg_common_init_external(fg_arena *arena, fg_common *c, const fg_batch *batch,
+                             const float *dlogp, const float *dentropy)
+{
+    /* The loss scratch is taken all the same: the arena's layout, and so
+     * fg_common_workspace_bytes, is the same for every kind of call. */
+    (void)fg_arena_take(arena, (size_t)fg_loss_plan_scratch_doubles(batch->batch) * sizeof(double));
+    fg_loss_plan_init_external(&c->plan, batch, dlogp, dentropy);
+    init_tokens(arena, c, batch);
+}
+
 void fg_common_finish(fg_common *c, const fg_batch *batch, double *loss, fg_metrics *metrics,
                       float *logp, float *entropy)
 {
     const int64_t N = batch->batch * batch->seq_len;
-    fg_loss_prepare_sequences(&c->plan, c->ta.logp); /* no-op if the backward ran it */
-    fg_loss_evaluate(&c->plan, c->ta.logp, c->ta.entropy, loss, metrics);
+    if (loss) {
+        fg_loss_prepare_sequences(&c->plan, c->ta.logp); /* no-op if the backward ran it */
+        fg_loss_evaluate(&c->plan, c->ta.logp, c->ta.entropy, loss, metrics);
+    }
     if (logp)
         memcpy(logp, c->ta.logp, (size_t)N * sizeof(float));
     if (entropy)

@@ -25,14 +25,20 @@ typedef struct fg_common {
 void fg_common_init(fg_arena *arena, fg_common *c, const fg_loss_config *cfg,
                     const fg_batch *batch);
 
+/* The same for a caller's own loss (fg_loss_plan_init_external): dlogp and
+ * dentropy may be NULL (the forward-only log-prob pass). */
+void fg_common_init_external(fg_arena *arena, fg_common *c, const fg_batch *batch,
+                             const float *dlogp, const float *dentropy);
+
 /* Zeroes row n of a [N, ...] output (row_bytes at base + n * stride_bytes)
  * for every masked token n: the complement of the active list, so the mask
  * is not read again. */
 void fg_zero_masked_rows(const fg_common *c, int64_t N, void *base, size_t stride_bytes,
                          size_t row_bytes);
 
-/* The outputs every entry point shares: loss and metrics always, the
- * per-token logp and entropy when wanted (NULL: not). */
+/* The outputs every entry point shares: loss and metrics (loss NULL: the
+ * loss is the caller's, nothing is evaluated), the per-token logp and
+ * entropy when wanted (NULL: not). */
 void fg_common_finish(fg_common *c, const fg_batch *batch, double *loss, fg_metrics *metrics,
                       float *logp, float *entropy);
 

@@ -29,6 +29,21 @@
 #include "row_kernels.h"
 #include "validate.h"
 
+/* What a call computes: the configured loss (fg_linear_grpo), or the head's
+ * log-probs alone: forward only (fg_linear_logprobs), or the backward of the
+ * caller's own loss through them (fg_linear_logprobs_backward). The head-only
+ * kinds carry a default loss config holding their temperature and a batch
+ * view of their tokens without advantages. */
+enum call_kind { KIND_LOSS, KIND_LOGPROBS, KIND_LOGPROBS_BACKWARD };
+
+typedef struct linear_request {
+    enum call_kind kind;
+    const fg_loss_config *cfg;
+    const fg_batch *batch;
+    const fg_tokens *tokens;          /* head-only kinds                    */
+    const float *dlogp, *dentropy;    /* KIND_LOGPROBS_BACKWARD             */
+} linear_request;
+
 typedef struct linear_plan {
     int fused;
     fg_dtype in_t;    /* storage of hidden, weight, bias                          */
@@ -233,11 +248,12 @@ static int is_sharded(const fg_linear_inputs *in)
 /* Every check of the call; the NaN/Inf scan of the inputs only when `scan`
  * (the plan query reads shapes, not values). */
 static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
-                                 const fg_loss_config *cfg, const fg_linear_inputs *in,
-                                 const fg_batch *batch, const fg_linear_outputs *out, int scan,
-                                 int64_t *n_active)
+                                 const linear_request *req, const fg_linear_inputs *in,
+                                 const fg_linear_outputs *out, int scan, int64_t *n_active)
 {
     fg_error *err = call->err;
+    const fg_loss_config *cfg = req->cfg;
+    const fg_batch *batch = req->batch;
     fg_status st;
     if (!in)
         return fg_fail(err, FG_ERR_NULL_ARGUMENT, "in is NULL");
@@ -270,7 +286,17 @@ static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
             return fg_fail(err, FG_ERR_NULL_ARGUMENT,
                            "a vocab-sharded weight needs a communicator (fg_context_options.comm)");
     }
-    if ((st = fg_validate_batch(err, cfg, batch, sharded ? in->vocab_total : V, n_active)) != FG_OK)
+    const int64_t vocab = sharded ? in->vocab_total : V;
+    if (req->kind == KIND_LOSS) {
+        st = fg_validate_batch(err, cfg, batch, vocab, n_active);
+    } else {
+        if (req->kind == KIND_LOGPROBS_BACKWARD && !req->dlogp)
+            return fg_fail(err, FG_ERR_NULL_ARGUMENT, "grad_logp is NULL");
+        const fg_token_input reads[2] = {{"grad_logp", req->dlogp},
+                                         {"grad_entropy", req->dentropy}};
+        st = fg_validate_tokens(err, req->tokens, vocab, reads, 2, n_active);
+    }
+    if (st != FG_OK)
         return st;
     const int64_t N = batch->batch * batch->seq_len;
     if (in->hidden.rows != N)
@@ -288,6 +314,12 @@ static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
         (out->grad_weight.data && out->grad_weight.dtype != FG_DTYPE_F32) ||
         (out->grad_bias.data && out->grad_bias.dtype != FG_DTYPE_F32))
         return fg_fail(err, FG_ERR_UNSUPPORTED, "gradients are written in float32 only");
+    if (req->kind == KIND_LOGPROBS && !out->logp && !out->entropy)
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "logp and entropy are both NULL: nothing to compute");
+    if (req->kind == KIND_LOGPROBS_BACKWARD && !out->grad_hidden.data && !out->grad_weight.data &&
+        !out->grad_bias.data)
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT,
+                       "grad_hidden, grad_weight and grad_bias are all NULL: nothing to compute");
     if (o->round_logits_to_input_dtype && o->impl == FG_IMPL_FUSED)
         return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "round_logits_to_input_dtype is a materialized-baseline option");
@@ -492,18 +524,17 @@ static size_t plan_total(const linear_plan *p)
  * agrees on the chunk size with the other shards (a collective); the plan
  * query (0) reads shapes and the mask only. */
 static fg_status check_and_plan(fg_call *call, const fg_linear_options *opts,
-                                const fg_loss_config *cfg, const fg_linear_inputs *in,
-                                const fg_batch *batch, const fg_linear_outputs *out, int is_call,
-                                linear_plan *p)
+                                const linear_request *req, const fg_linear_inputs *in,
+                                const fg_linear_outputs *out, int is_call, linear_plan *p)
 {
     memset(p, 0, sizeof *p);
     const fg_linear_options fused = {FG_IMPL_FUSED, 0};
     const fg_linear_options *o = opts ? opts : &fused;
     int64_t n_active = 0;
-    fg_status st = validate_linear(call, o, cfg, in, batch, out, is_call, &n_active);
+    fg_status st = validate_linear(call, o, req, in, out, is_call, &n_active);
     if (st != FG_OK)
         return st;
-    return plan_call(call, o, in, batch, out, n_active, is_call, p);
+    return plan_call(call, o, in, req->batch, out, n_active, is_call, p);
 }
 
 fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
@@ -520,7 +551,8 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
     if (!info)
         return fg_call_end(&call, fg_fail(call.err, FG_ERR_NULL_ARGUMENT, "info is NULL"));
     linear_plan p;
-    const fg_status plan_st = check_and_plan(&call, opts, cfg, in, batch, out, 0, &p);
+    const linear_request req = {KIND_LOSS, cfg, batch, NULL, NULL, NULL};
+    const fg_status plan_st = check_and_plan(&call, opts, &req, in, out, 0, &p);
     if (plan_st != FG_OK && !(plan_st == FG_ERR_BUDGET_TOO_SMALL && p.n_active > 0))
         return fg_call_end(&call, plan_st); /* an argument error: info is not written */
     fg_linear_plan_info r;
@@ -546,9 +578,11 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
     return fg_call_end(&call, plan_st);
 }
 
-fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
-                         const fg_loss_config *cfg, const fg_linear_inputs *in,
-                         const fg_batch *batch, fg_linear_outputs *out, const fg_exec *exec)
+/* Runs a request: checks, plan, the arena, then the sweeps; outputs are
+ * written only once every check has passed and the arena is in hand. */
+static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
+                                const linear_request *req, const fg_linear_inputs *in,
+                                fg_linear_outputs *out, const fg_exec *exec)
 {
     if (!ctx)
         return FG_ERR_NULL_ARGUMENT;
@@ -559,17 +593,21 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
     linear_call L;
     memset(&L, 0, sizeof L);
     linear_plan *p = &L.p;
-    if ((st = check_and_plan(&call, opts, cfg, in, batch, out, 1, p)) != FG_OK ||
+    if ((st = check_and_plan(&call, opts, req, in, out, 1, p)) != FG_OK ||
         (st = fg_call_reserve(&call, plan_total(p))) != FG_OK)
         return fg_call_end(&call, st);
     /* All checks passed and all resources are in hand: outputs are written
      * from here on. */
+    const fg_batch *batch = req->batch;
     call.chunk_rows = p->Nc;
     call.chunks = p->chunks;
-    fg_common_init(call.arena, &L.c, cfg, batch);
+    if (req->kind == KIND_LOSS)
+        fg_common_init(call.arena, &L.c, req->cfg, batch);
+    else
+        fg_common_init_external(call.arena, &L.c, batch, req->dlogp, req->dentropy);
     L.in = in;
     L.out = out;
-    L.inv_temp = (float)(1.0 / cfg->temperature);
+    L.inv_temp = (float)(1.0 / req->cfg->temperature);
     if (p->n_active > 0) {
         L.logits = fg_call_take(&call, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->logit_t));
         L.dlogits = L.logits;
@@ -585,10 +623,87 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
     zero_unwritten(&L, batch);
     if (p->n_active > 0)
         st = run_sweeps(&call, &L);
-    fg_common_finish(&L.c, batch, &out->loss, &out->metrics, out->logp, out->entropy);
+    const int loss = req->kind == KIND_LOSS;
+    fg_common_finish(&L.c, batch, loss ? &out->loss : NULL, loss ? &out->metrics : NULL,
+                     out->logp, out->entropy);
     if (st == FG_OK && L.bad)
         st = fg_fail(call.err, FG_ERR_NONFINITE_INPUT,
                      "the logits came out NaN or Inf (hidden, weight or bias hold NaN/Inf and "
                      "the finite check was off); results are invalid");
     return fg_call_end(&call, st);
+}
+
+fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
+                         const fg_loss_config *cfg, const fg_linear_inputs *in,
+                         const fg_batch *batch, fg_linear_outputs *out, const fg_exec *exec)
+{
+    const linear_request req = {KIND_LOSS, cfg, batch, NULL, NULL, NULL};
+    return linear_execute(ctx, opts, &req, in, out, exec);
+}
+
+/* A head-only request: a default config with the temperature, a batch view
+ * of the tokens (an empty one when tokens is NULL: validation reports it). */
+static void head_request(linear_request *req, enum call_kind kind, fg_loss_config *cfg,
+                         fg_batch *batch, double temperature, const fg_tokens *tokens,
+                         const float *dlogp, const float *dentropy)
+{
+    fg_loss_config_init(cfg);
+    cfg->temperature = temperature;
+    memset(batch, 0, sizeof *batch);
+    if (tokens) {
+        batch->batch = tokens->batch;
+        batch->seq_len = tokens->seq_len;
+        batch->token_ids = tokens->token_ids;
+        batch->mask = tokens->mask;
+    }
+    req->kind = kind;
+    req->cfg = cfg;
+    req->batch = batch;
+    req->tokens = tokens;
+    req->dlogp = dlogp;
+    req->dentropy = dentropy;
+}
+
+fg_status fg_linear_logprobs(fg_context *ctx, const fg_linear_options *opts, double temperature,
+                             const fg_linear_inputs *in, const fg_tokens *tokens, float *logp,
+                             float *entropy, const fg_exec *exec)
+{
+    fg_loss_config cfg;
+    fg_batch batch;
+    linear_request req;
+    head_request(&req, KIND_LOGPROBS, &cfg, &batch, temperature, tokens, NULL, NULL);
+    fg_linear_outputs out;
+    memset(&out, 0, sizeof out);
+    out.logp = logp;
+    out.entropy = entropy;
+    return linear_execute(ctx, opts, &req, in, &out, exec);
+}
+
+fg_status fg_linear_logprobs_backward(fg_context *ctx, const fg_linear_options *opts,
+                                      double temperature, const fg_linear_inputs *in,
+                                      const fg_tokens *tokens, const float *grad_logp,
+                                      const float *grad_entropy, fg_linear_grads *grads,
+                                      const fg_exec *exec)
+{
+    fg_loss_config cfg;
+    fg_batch batch;
+    linear_request req;
+    head_request(&req, KIND_LOGPROBS_BACKWARD, &cfg, &batch, temperature, tokens, grad_logp,
+                 grad_entropy);
+    fg_linear_outputs out;
+    memset(&out, 0, sizeof out);
+    if (grads) {
+        out.grad_hidden = grads->grad_hidden;
+        out.grad_weight = grads->grad_weight;
+        out.grad_bias = grads->grad_bias;
+        out.accumulate = grads->accumulate;
+    } else if (ctx) {
+        /* validated like every argument; reported through the call */
+        fg_call call;
+        fg_status st = fg_call_begin(ctx, exec, &call);
+        if (st != FG_OK)
+            return st;
+        return fg_call_end(&call, fg_fail(call.err, FG_ERR_NULL_ARGUMENT, "out is NULL"));
+    }
+    return linear_execute(ctx, opts, &req, in, &out, exec);
 }

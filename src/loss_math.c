@@ -66,6 +66,21 @@ void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batc
     p->entropy_weight = cfg->entropy_coef / total1;
 }
 
+void fg_loss_plan_init_external(fg_loss_plan *p, const fg_batch *batch, const float *dlogp,
+                                const float *dentropy)
+{
+    memset(p, 0, sizeof *p);
+    p->type = FG_LOSS_GRPO; /* unused: the loss is the caller's */
+    p->level = FG_LEVEL_TOKEN;
+    p->B = batch->batch;
+    p->T = batch->seq_len;
+    p->token_ids = batch->token_ids;
+    p->mask = batch->mask;
+    p->external = 1;
+    p->ext_dlogp = dlogp;
+    p->ext_dentropy = dentropy;
+}
+
 /* One token's unweighted loss L and its partial derivatives: through the
  * policy ratio (dL_dr) and directly through logp (dL_dlogp: CISPO's logp
  * factor and the KL term). The spec's per-token formula, in one place. */
@@ -181,6 +196,8 @@ void fg_loss_prepare_sequences(fg_loss_plan *p, const float *logp)
 
 float fg_loss_dlogp(const fg_loss_plan *p, int64_t n, float logp)
 {
+    if (p->external)
+        return p->ext_dlogp ? p->ext_dlogp[n] : 0.0f;
     const int64_t b = n / p->T;
     const double w = p->seq_weight[b];
     const double ratio = policy_ratio(p, b, n, logp);

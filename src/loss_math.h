@@ -33,6 +33,11 @@ typedef struct fg_loss_plan {
     double *seq_log_ratio; /* [B] sequence level: Σ_t m (logp − old) / count   */
     double *seq_dratio;    /* [B] sequence level: Σ_t m ∂L_t/∂ratio_b          */
     int sequences_ready;   /* fg_loss_prepare_sequences has run                 */
+    /* A caller's own loss (fg_linear_logprobs_backward): d loss/d logp and
+     * d loss/d entropy of every token are given ([B*T]; NULL: 0), and the
+     * loss itself is the caller's. */
+    int external;
+    const float *ext_dlogp, *ext_dentropy;
 } fg_loss_plan;
 
 /* Doubles of scratch the plan needs (caller-provided, from the workspace). */
@@ -41,6 +46,12 @@ static inline int64_t fg_loss_plan_scratch_doubles(int64_t B) { return 4 * B; }
 /* cfg and batch are assumed validated. */
 void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batch *batch,
                        double *scratch);
+
+/* The plan of a caller's own loss: only the per-token derivatives it
+ * gives (either may be NULL for 0), token level, no loss to evaluate.
+ * batch supplies B, T and the mask (no advantages). */
+void fg_loss_plan_init_external(fg_loss_plan *p, const fg_batch *batch, const float *dlogp,
+                                const float *dentropy);
 
 /* Sequence level only (no-op otherwise): sequence ratios and the per-sequence
  * sum of ∂L/∂ratio, from every token's logp ([B*T], masked entries ignored).
@@ -51,8 +62,14 @@ void fg_loss_prepare_sequences(fg_loss_plan *p, const float *logp);
  * only that token's logp. Sequence level: after fg_loss_prepare_sequences. */
 float fg_loss_dlogp(const fg_loss_plan *p, int64_t n, float logp);
 
-/* d loss / d entropy for an unmasked token (the same for all of them). */
-static inline float fg_loss_dentropy(const fg_loss_plan *p) { return (float)-p->entropy_weight; }
+/* d loss / d entropy for unmasked token n: the entropy bonus's (the same for
+ * every token), or the caller's. */
+static inline float fg_loss_dentropy(const fg_loss_plan *p, int64_t n)
+{
+    if (p->external)
+        return p->ext_dentropy ? p->ext_dentropy[n] : 0.0f;
+    return (float)-p->entropy_weight;
+}
 
 /* The scalar loss and the metrics from every token's logp and entropy, summed
  * in a fixed order in double. Sequence level: after fg_loss_prepare_sequences. */

@@ -57,23 +57,57 @@ static fg_status nonfinite_token(fg_error *err, const char *name, const float *x
                    (long long)(i % T), (double)x[i]);
 }
 
+/* B, T and the token and mask pointers of a batch. */
+static fg_status check_token_shape(fg_error *err, int64_t B, int64_t T, const int64_t *ids,
+                                   const uint8_t *mask, const char *what)
+{
+    if (B <= 0 || T <= 0)
+        return fg_fail(err, FG_ERR_INVALID_SIZE, "batch (B=%lld) and seq_len (T=%lld) must be >= 1",
+                       (long long)B, (long long)T);
+    size_t n, bytes;
+    if (!fg_mul_size((size_t)B, (size_t)T, &n) || n > (size_t)INT64_MAX ||
+        !fg_mul_size(n, sizeof(int64_t), &bytes))
+        return fg_fail(err, FG_ERR_SIZE_OVERFLOW, "B*T = %lld*%lld overflows", (long long)B,
+                       (long long)T);
+    if (!ids)
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "%s->token_ids is NULL", what);
+    if (!mask)
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "%s->mask is NULL", what);
+    return FG_OK;
+}
+
+/* The one pass over the mask before outputs are written: the unmasked token
+ * ids, the per-token inputs that are read there (NULL entries skipped), and
+ * the count of unmasked tokens. */
+static fg_status scan_unmasked(fg_error *err, int64_t B, int64_t T, const int64_t *ids,
+                               const uint8_t *mask, int64_t vocab, const fg_token_input *reads,
+                               int n_reads, int64_t *n_active)
+{
+    int64_t active = 0;
+    for (int64_t i = 0; i < B * T; i++) {
+        if (!mask[i])
+            continue;
+        active++;
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return fg_fail(err, FG_ERR_TOKEN_OUT_OF_RANGE,
+                           "token_ids[%lld, %lld] = %lld is outside [0, %lld)", (long long)(i / T),
+                           (long long)(i % T), (long long)ids[i], (long long)vocab);
+        for (int k = 0; k < n_reads; k++)
+            if (reads[k].x && !isfinite(reads[k].x[i]))
+                return nonfinite_token(err, reads[k].name, reads[k].x, i, T);
+    }
+    *n_active = active;
+    return FG_OK;
+}
+
 fg_status fg_validate_batch(fg_error *err, const fg_loss_config *cfg, const fg_batch *b,
                             int64_t vocab, int64_t *n_active)
 {
     if (!b)
         return fg_fail(err, FG_ERR_NULL_ARGUMENT, "batch is NULL");
-    if (b->batch <= 0 || b->seq_len <= 0)
-        return fg_fail(err, FG_ERR_INVALID_SIZE, "batch (B=%lld) and seq_len (T=%lld) must be >= 1",
-                       (long long)b->batch, (long long)b->seq_len);
-    size_t n, bytes;
-    if (!fg_mul_size((size_t)b->batch, (size_t)b->seq_len, &n) || n > (size_t)INT64_MAX ||
-        !fg_mul_size(n, sizeof(int64_t), &bytes))
-        return fg_fail(err, FG_ERR_SIZE_OVERFLOW, "B*T = %lld*%lld overflows",
-                       (long long)b->batch, (long long)b->seq_len);
-    if (!b->token_ids)
-        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "batch->token_ids is NULL");
-    if (!b->mask)
-        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "batch->mask is NULL");
+    fg_status st = check_token_shape(err, b->batch, b->seq_len, b->token_ids, b->mask, "batch");
+    if (st != FG_OK)
+        return st;
     if (!b->advantages)
         return fg_fail(err, FG_ERR_NULL_ARGUMENT, "batch->advantages is NULL");
     if (cfg->beta != 0 && !b->ref_logp)
@@ -83,35 +117,30 @@ fg_status fg_validate_batch(fg_error *err, const fg_loss_config *cfg, const fg_b
         if (!isfinite(b->advantages[i]))
             return fg_fail(err, FG_ERR_NONFINITE_INPUT, "advantages[%lld] is %g", (long long)i,
                            (double)b->advantages[i]);
-    const float *ref = cfg->beta != 0 ? b->ref_logp : NULL;
-    const float *ratio = b->is_ratio && !b->is_ratio_per_sequence ? b->is_ratio : NULL;
     if (b->is_ratio && b->is_ratio_per_sequence)
         for (int64_t i = 0; i < b->batch; i++)
             if (!isfinite(b->is_ratio[i]))
                 return fg_fail(err, FG_ERR_NONFINITE_INPUT, "is_ratio[%lld] is %g",
                                (long long)i, (double)b->is_ratio[i]);
-    /* The one pass over the mask before outputs are written: token ids and
-     * the per-token inputs that are read, and the count of unmasked tokens. */
-    const int64_t T = b->seq_len;
-    int64_t active = 0;
-    for (int64_t i = 0; i < (int64_t)n; i++) {
-        if (!b->mask[i])
-            continue;
-        active++;
-        if (b->token_ids[i] < 0 || b->token_ids[i] >= vocab)
-            return fg_fail(err, FG_ERR_TOKEN_OUT_OF_RANGE,
-                           "token_ids[%lld, %lld] = %lld is outside [0, %lld)",
-                           (long long)(i / T), (long long)(i % T), (long long)b->token_ids[i],
-                           (long long)vocab);
-        if (b->old_logp && !isfinite(b->old_logp[i]))
-            return nonfinite_token(err, "old_logp", b->old_logp, i, T);
-        if (ref && !isfinite(ref[i]))
-            return nonfinite_token(err, "ref_logp", ref, i, T);
-        if (ratio && !isfinite(ratio[i]))
-            return nonfinite_token(err, "is_ratio", ratio, i, T);
-    }
-    *n_active = active;
-    return FG_OK;
+    const fg_token_input reads[3] = {
+        {"old_logp", b->old_logp},
+        {"ref_logp", cfg->beta != 0 ? b->ref_logp : NULL},
+        {"is_ratio", b->is_ratio && !b->is_ratio_per_sequence ? b->is_ratio : NULL}};
+    return scan_unmasked(err, b->batch, b->seq_len, b->token_ids, b->mask, vocab, reads, 3,
+                         n_active);
+}
+
+fg_status fg_validate_tokens(fg_error *err, const fg_tokens *tok, int64_t vocab,
+                             const fg_token_input *reads, int n_reads, int64_t *n_active)
+{
+    if (!tok)
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "tokens is NULL");
+    fg_status st = check_token_shape(err, tok->batch, tok->seq_len, tok->token_ids, tok->mask,
+                                     "tokens");
+    if (st != FG_OK)
+        return st;
+    return scan_unmasked(err, tok->batch, tok->seq_len, tok->token_ids, tok->mask, vocab, reads,
+                         n_reads, n_active);
 }
 
 fg_status fg_validate_matrix(fg_error *err, const char *name, const fg_matrix *m, int64_t rows,

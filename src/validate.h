@@ -16,6 +16,18 @@ fg_status fg_validate_config(fg_error *err, const fg_loss_config *cfg);
 fg_status fg_validate_batch(fg_error *err, const fg_loss_config *cfg, const fg_batch *batch,
                             int64_t vocab, int64_t *n_active);
 
+/* A per-token [B, T] input read at unmasked positions (x NULL: not read). */
+typedef struct fg_token_input {
+    const char *name;
+    const float *x;
+} fg_token_input;
+
+/* The token side of a log-prob pass: sizes, pointers, unmasked ids in
+ * [0, vocab), and NaN/Inf in `reads` at unmasked positions; one pass over
+ * the mask. *n_active: the unmasked tokens. */
+fg_status fg_validate_tokens(fg_error *err, const fg_tokens *tokens, int64_t vocab,
+                             const fg_token_input *reads, int n_reads, int64_t *n_active);
+
 /* A matrix view: data, dtype, positive sizes, ld >= cols, no byte overflow,
  * and the expected shape (a negative expectation is not checked). */
 fg_status fg_validate_matrix(fg_error *err, const char *name, const fg_matrix *m,

@@ -56,9 +56,12 @@ void fg_arena_release(fg_arena *a, size_t *held)
 fg_status fg_arena_reserve(fg_arena *a, size_t bytes, size_t keep_limit, size_t *held)
 {
     a->used = 0;
-    /* Keep the arena when it fits without hoarding: a fused call after a
-     * materialized one must not sit on the baseline's N x V arena. */
-    if (keep_limit < (bytes > SIZE_MAX / 2 ? SIZE_MAX : 2 * bytes))
+    /* Keep the arena when it fits without hoarding. keep_limit is the call's
+     * budget: a call within its budget never holds more (a fused call after a
+     * larger-budget or materialized one must not sit on that arena). A call
+     * that needs more than the budget (the materialized path, which has none)
+     * keeps up to twice its need. */
+    if (bytes > keep_limit)
         keep_limit = bytes > SIZE_MAX / 2 ? SIZE_MAX : 2 * bytes;
     if (bytes <= a->capacity && a->capacity <= keep_limit)
         return FG_OK;

@@ -24,7 +24,8 @@ typedef struct fg_arena {
 } fg_arena;
 
 /* An owned arena holding at least `bytes`, reset. Kept when it fits and is
- * at most max(2 * bytes, keep_limit), else remapped (the old one is unmapped
+ * at most keep_limit (the call's budget), or at most 2 * bytes when bytes
+ * exceeds keep_limit; else remapped (the old one is unmapped
  * first, so a failed remap holds none). *held is the count of held bytes:
  * it moves by the change in mapping. FG_ERR_OUT_OF_MEMORY on failure. */
 fg_status fg_arena_reserve(fg_arena *a, size_t bytes, size_t keep_limit, size_t *held);
