@@ -40,10 +40,15 @@
     X(T, chunk_rows) X(T, chunks) X(T, working_bytes) X(T, fixed_bytes) X(T, chunk_bytes)         \
     X(T, gemm_scratch_bytes) X(T, min_budget_bytes) X(T, gemm_dtype)
 
+#define FIELDS_fg_tokens(X, T) X(T, batch) X(T, seq_len) X(T, token_ids) X(T, mask)
+#define FIELDS_fg_linear_grads(X, T)                                                               \
+    X(T, grad_hidden) X(T, grad_weight) X(T, grad_bias) X(T, accumulate)
+
 #define STRUCTS(S)                                                                                 \
     S(fg_matrix) S(fg_vector) S(fg_loss_config) S(fg_batch) S(fg_metrics) S(fg_linear_outputs)    \
     S(fg_logits_outputs) S(fg_communicator) S(fg_context_options) S(fg_exec) S(fg_memory_stats)   \
-    S(fg_linear_inputs) S(fg_linear_options) S(fg_linear_plan_info)
+    S(fg_linear_inputs) S(fg_linear_options) S(fg_linear_plan_info) S(fg_tokens)                  \
+    S(fg_linear_grads)
 
 typedef struct abi_field {
     const char *type, *field;

@@ -123,11 +123,11 @@ static void check_case(fg_context *ctx, fg_dtype dt, int materialized, double te
               (long long)ms.chunks);
     }
     int masked_nonzero = 0;
-    /* worst measured (Zen 5): logp 1.4e-7, entropy 6.9e-7 (bf16 inputs are
+    /* worst measured: logp 1.4e-7, entropy 6.9e-7 (Zen 5), 1.5e-6 (AVX2) (bf16 inputs are
      * rounded alike for the oracle) */
     TOL_CHECK("logprobs/logp", token_err(logp, ref.logp, p.tb.mask, &masked_nonzero), 1e-6,
               "%s %s T=%g bias=%d", dname, iname, temperature, with_bias);
-    TOL_CHECK("logprobs/entropy", token_err(ent, ref.entropy, p.tb.mask, &masked_nonzero), 2e-6,
+    TOL_CHECK("logprobs/entropy", token_err(ent, ref.entropy, p.tb.mask, &masked_nonzero), 5e-6,
               "%s %s T=%g bias=%d", dname, iname, temperature, with_bias);
     CHECK(!masked_nonzero, "%s %s: masked log-probs or entropies not 0", dname, iname);
 
