@@ -161,7 +161,7 @@ int main(int argc, char **argv)
     fg_loss_config cfg;
     fg_loss_config_init(&cfg);
     cfg.beta = 0.04;
-    fg_batch batch = {B, T, ids, mask, adv, NULL, NULL, NULL, 0};
+    fg_batch batch = {B, T, ids, mask, adv, NULL, NULL, NULL, 0, NULL};
     fg_linear_inputs in = {fg_matrix_make(hidden, dtype, N, H), fg_matrix_make(weight, dtype, V, H),
                            {NULL, dtype, 0}, 0, 0};
     fg_context_options o;

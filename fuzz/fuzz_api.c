@@ -609,7 +609,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* ---- the call */
     fg_batch batch = {B, T, tok, mask, adv, have_old ? old : NULL, have_ref ? ref : NULL,
-                      is_mode ? isr : NULL, is_mode == 2};
+                      is_mode ? isr : NULL, is_mode == 2, NULL};
     any_outputs out;
     memset(&out.loss, SENT, sizeof out.loss);
     memset(&out.metrics, SENT, sizeof out.metrics);

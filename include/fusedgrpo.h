@@ -107,6 +107,7 @@ typedef enum fg_loss_type {
     FG_LOSS_LUSPO,
     FG_LOSS_CISPO,
     FG_LOSS_SAPO,
+    FG_LOSS_VESPO,
     FG_LOSS_TYPE_COUNT
 } fg_loss_type;
 
@@ -116,8 +117,9 @@ typedef enum fg_is_level {
     FG_LEVEL_COUNT
 } fg_is_level;
 
-/* Hyper-parameters, LOSS_SPEC.md names. fg_loss_config_init() sets the spec's
- * defaults; the sentinels below stand for the spec's "defaults to ...". */
+/* Hyper-parameters, docs/LOSS_SPEC.md names (TRL 1.16's GRPOConfig names).
+ * fg_loss_config_init() sets the spec's defaults; the sentinels below stand
+ * for the spec's "defaults to ...". */
 typedef struct fg_loss_config {
     fg_loss_type loss_type;                /* default FG_LOSS_DAPO                       */
     fg_is_level importance_sampling_level; /* default FG_LEVEL_TOKEN                     */
@@ -132,11 +134,22 @@ typedef struct fg_loss_config {
     double sapo_temperature_neg;           /* default 1.05                               */
     int use_bias_correction_kl;            /* default 0                                  */
     double entropy_coef;                   /* default 0                                  */
+    double vespo_k_pos;                    /* default 2.0  (vespo's gamma weight, A >= 0) */
+    double vespo_lambda_pos;               /* default 3.0                                */
+    double vespo_k_neg;                    /* default 3.0  (A < 0)                       */
+    double vespo_lambda_neg;               /* default 2.0                                */
+    double off_policy_mask_threshold;      /* +INFINITY: off (default); else drop the
+                                              policy term of sequences with A < 0 whose
+                                              mean (sampling_logp - logp) exceeds it    */
+    double top_entropy_quantile;           /* 1: off (default); in [0, 1): the policy
+                                              term and the entropy bonus act only on
+                                              tokens at or above this quantile of the
+                                              batch's entropies                         */
 } fg_loss_config;
 
 void fg_loss_config_init(fg_loss_config *cfg);
 
-/* "grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo"; "token", "sequence".
+/* "grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo"; "token", "sequence".
  * Return FG_ERR_UNKNOWN_LOSS_TYPE / FG_ERR_UNKNOWN_LEVEL for anything else. */
 fg_status fg_loss_type_parse(const char *name, fg_loss_type *out);
 fg_status fg_is_level_parse(const char *name, fg_is_level *out);
@@ -156,18 +169,28 @@ typedef struct fg_batch {
     const float *ref_logp;     /* [B, T] or NULL; required when beta != 0              */
     const float *is_ratio;     /* NULL, [B, T], or [B] when is_ratio_per_sequence      */
     int is_ratio_per_sequence;
+    const float *sampling_logp; /* [B, T] or NULL (= old_logp): the sampler's log-probs,
+                                   read by the off-policy mask only; NaN allowed (a token
+                                   the sampler could not score counts 0)               */
 } fg_batch;
 
 /* ----------------------------------------------------------------- outputs */
 
-/* Masked token means over the whole batch (LOSS_SPEC.md "Metrics"). */
+/* TRL 1.16's logged metrics (docs/LOSS_SPEC.md "Metrics"): masked token means
+ * over the batch, or means over sequences for per-sequence quantities. A
+ * metric that does not apply to the loss type is 0. */
 typedef struct fg_metrics {
-    double kl;                /* 0 when beta == 0                   */
+    double kl;                  /* 0 when beta == 0                                   */
     double entropy;
-    double clip_ratio_low;
+    double clip_ratio_low;      /* clipped types (grpo, bnpo, dr_grpo, dapo, luspo)   */
     double clip_ratio_high;
     double clip_ratio_region;
-    double cispo_clip_ratio;  /* 0 unless loss_type == FG_LOSS_CISPO */
+    double cispo_clip_ratio;    /* cispo: ratio > epsilon_high and A > 0              */
+    double clip_ratio_low_min;  /* clipped types: min over sequences of their low-clip
+                                   fraction (NaN when every sequence is masked)       */
+    double clip_ratio_high_max; /* max over sequences of their high-clip fraction     */
+    double vespo_phi_seq_mean;  /* vespo: mean of the gamma weight over sequences     */
+    double policy_loss;         /* the loss without the entropy bonus                 */
 } fg_metrics;
 
 /* Caller-owned results of fg_linear_grpo. Any pointer may be NULL (data ==

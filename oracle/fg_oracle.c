@@ -17,37 +17,79 @@
 
 static int tok_masked(const fg_batch *b, int64_t n) { return b->mask[n] == 0; }
 
+/* The entropy threshold of top_entropy_quantile q < 1 over the unmasked
+ * tokens' detached entropies: the (1 − q) quantile with linear interpolation
+ * between order statistics (torch.quantile); +inf when no token is unmasked. */
+static double entropy_threshold(const fg_batch *bt, const double *ent, double q) {
+    const int64_t N = bt->batch * bt->seq_len;
+    double *v = malloc((size_t)(N > 0 ? N : 1) * sizeof(double));
+    if (!v) return NAN;
+    int64_t m = 0;
+    for (int64_t n = 0; n < N; n++)
+        if (!tok_masked(bt, n)) v[m++] = ent[n];
+    double thr = INFINITY;
+    if (m > 0) {
+        for (int64_t i = 1; i < m; i++) { /* insertion sort: the oracle is small */
+            const double x = v[i];
+            int64_t j = i - 1;
+            while (j >= 0 && v[j] > x) {
+                v[j + 1] = v[j];
+                j--;
+            }
+            v[j + 1] = x;
+        }
+        const double pos = (1.0 - q) * (double)(m - 1);
+        const int64_t lo = (int64_t)floor(pos);
+        const int64_t hi = lo + 1 < m ? lo + 1 : m - 1;
+        thr = v[lo] + (pos - (double)lo) * (v[hi] - v[lo]);
+    }
+    free(v);
+    return thr;
+}
+
+static double clamp(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
 /*
- * The spec's loss from per-token values. logp_det is the stop-gradient copy of
- * logp: it stands for `old` when there is no old_logp, and for every
- * stop_gradient quantity (cispo's weight). absval != 0: aggregate |L_t| and
- * |c|*entropy instead (the loss's natural scale, used by the tests' relative
- * error when the loss cancels). token_loss (may be NULL): L_t per token.
+ * The spec's loss from per-token values. logp_det and ent_det are the
+ * stop-gradient copies of logp and entropy: logp_det stands for `old` when
+ * there is no old_logp and feeds every stop_gradient quantity (cispo's
+ * weight, vespo's gamma weight, the off-policy mask); ent_det decides the
+ * high-entropy mask. absval != 0: aggregate |L_t| and |c|*entropy instead
+ * (the loss's natural scale, used by the tests' relative error when the loss
+ * cancels). token_loss (may be NULL): L_t per token.
  */
 static double loss_impl(const fg_loss_config *cfg, const fg_batch *bt,
                         const double *logp, const double *logp_det,
-                        const double *entropy, fg_metrics *metrics, int absval,
-                        double *token_loss) {
+                        const double *entropy, const double *ent_det, fg_metrics *metrics,
+                        int absval, double *token_loss) {
     const int64_t B = bt->batch, T = bt->seq_len;
     const double el = cfg->epsilon_low;
     const double eh = cfg->epsilon_high < 0 ? cfg->epsilon_low : cfg->epsilon_high;
     const int delta_on = cfg->delta > 0;
+    const int seq_level = cfg->importance_sampling_level == FG_LEVEL_SEQUENCE;
+    const int clipped = cfg->loss_type != FG_LOSS_CISPO && cfg->loss_type != FG_LOSS_SAPO &&
+                        cfg->loss_type != FG_LOSS_VESPO;
+    const int off_policy = !isinf(cfg->off_policy_mask_threshold);
+    const int ent_mask_on = cfg->top_entropy_quantile < 1.0;
     const double mcl = cfg->max_completion_length <= 0 ? (double)T
                                                          : (double)cfg->max_completion_length;
     double total_m = 0.0;
     for (int64_t n = 0; n < B * T; n++)
         if (!tok_masked(bt, n)) total_m += 1.0;
     const double nib = cfg->num_items_in_batch < 0 ? total_m : cfg->num_items_in_batch;
+    const double thr = ent_mask_on ? entropy_threshold(bt, ent_det, cfg->top_entropy_quantile)
+                                   : -INFINITY;
 
     double loss_sum_all = 0.0;  /* sum m*L over the batch                  */
     double loss_seq_mean = 0.0; /* sum over b of (sum_t m*L)/max(cnt_b, 1) */
     double loss_seq_sum = 0.0;  /* sum over b of sum_t m*L                 */
-    double kl_sum = 0.0, ent_sum = 0.0;
+    double kl_sum = 0.0, ent_sum = 0.0, ent_eff_sum = 0.0, n_eff = 0.0, phi_sum = 0.0;
     double n_low = 0.0, n_high = 0.0, n_region = 0.0, n_cispo = 0.0;
+    double low_min = NAN, high_max = NAN;
 
     for (int64_t b = 0; b < B; b++) {
         const double A = (double)bt->advantages[b];
-        double cnt = 0.0, lr_seq = 0.0, lr_seq_det = 0.0;
+        double cnt = 0.0, lr_seq = 0.0, lr_seq_det = 0.0, lr_vespo = 0.0, log_is = 0.0, kl_op = 0.0;
         for (int64_t t = 0; t < T; t++) {
             const int64_t n = b * T + t;
             if (tok_masked(bt, n)) continue;
@@ -55,24 +97,45 @@ static double loss_impl(const fg_loss_config *cfg, const fg_batch *bt,
             cnt += 1.0;
             lr_seq += logp[n] - old;
             lr_seq_det += logp_det[n] - old;
+            lr_vespo += clamp(logp_det[n] - old, -20.0, 20.0);
+            if (bt->is_ratio && !bt->is_ratio_per_sequence)
+                log_is += clamp(log((double)bt->is_ratio[n]), log(1e-8), 20.0);
+            const double samp = bt->sampling_logp ? (double)bt->sampling_logp[n] : old;
+            const double k = samp - logp_det[n];
+            kl_op += isnan(k) ? 0.0 : k;
         }
         const double denom_b = cnt > 1.0 ? cnt : 1.0;
         lr_seq /= denom_b;
         lr_seq_det /= denom_b;
+        /* the off-policy sequence mask (DeepSeek-V3.2, TRL's get_off_policy_mask) */
+        const double keep =
+            !off_policy || A >= 0 || kl_op / denom_b <= cfg->off_policy_mask_threshold ? 1.0 : 0.0;
+        /* vespo's gamma weight φ(w) = exp(λ + k log w − λ w), detached */
+        double phi = 1.0;
+        if (cfg->loss_type == FG_LOSS_VESPO) {
+            if (bt->is_ratio && bt->is_ratio_per_sequence)
+                log_is = clamp(log((double)bt->is_ratio[b]), log(1e-8), 20.0);
+            const double lw = clamp(lr_vespo + log_is, log(1e-8), 20.0);
+            const double k = A >= 0 ? cfg->vespo_k_pos : cfg->vespo_k_neg;
+            double lam = A >= 0 ? cfg->vespo_lambda_pos : cfg->vespo_lambda_neg;
+            if (lam < 1e-4) lam = 1e-4;
+            phi = exp(lam + k * lw - lam * exp(lw));
+            if (!isfinite(phi)) phi = 0.0;
+            phi_sum += phi;
+        }
 
-        double seq_L = 0.0;
+        double seq_L = 0.0, s_low = 0.0, s_high = 0.0;
         for (int64_t t = 0; t < T; t++) {
             const int64_t n = b * T + t;
             if (token_loss) token_loss[n] = 0.0;
             if (tok_masked(bt, n)) continue;
             const double old = bt->old_logp ? (double)bt->old_logp[n] : logp_det[n];
-            const double ratio_tok = exp(logp[n] - old);
             double ratio, ratio_det;
-            if (cfg->importance_sampling_level == FG_LEVEL_SEQUENCE) {
+            if (seq_level) {
                 ratio = exp(lr_seq);
                 ratio_det = exp(lr_seq_det);
             } else {
-                ratio = ratio_tok;
+                ratio = exp(logp[n] - old);
                 ratio_det = exp(logp_det[n] - old);
             }
             double L;
@@ -82,6 +145,9 @@ static double loss_impl(const fg_loss_config *cfg, const fg_batch *bt,
                 L = -w * A * logp[n];
                 break;
             }
+            case FG_LOSS_VESPO:
+                L = -phi * A * logp[n];
+                break;
             case FG_LOSS_SAPO: {
                 const double tau = A > 0 ? cfg->sapo_temperature_pos : cfg->sapo_temperature_neg;
                 const double sig = 1.0 / (1.0 + exp(-tau * (ratio - 1.0)));
@@ -89,35 +155,57 @@ static double loss_impl(const fg_loss_config *cfg, const fg_batch *bt,
                 break;
             }
             default: { /* grpo, bnpo, dr_grpo, dapo, luspo */
-                double clipped = ratio;
-                if (clipped < 1.0 - el) clipped = 1.0 - el;
-                if (clipped > 1.0 + eh) clipped = 1.0 + eh;
+                double clipped_r = ratio;
+                if (clipped_r < 1.0 - el) clipped_r = 1.0 - el;
+                if (clipped_r > 1.0 + eh) clipped_r = 1.0 + eh;
                 double rt = ratio;
                 if (delta_on && rt > cfg->delta) rt = cfg->delta;
-                const double l1 = rt * A, l2 = clipped * A;
+                const double l1 = rt * A, l2 = clipped_r * A;
                 L = -(l1 < l2 ? l1 : l2);
                 break;
             }
             }
-            if (bt->is_ratio)
+            const int eff = ent_det[n] >= thr;
+            L *= keep * (eff ? 1.0 : 0.0);
+            if (bt->is_ratio && cfg->loss_type != FG_LOSS_VESPO)
                 L *= (double)(bt->is_ratio_per_sequence ? bt->is_ratio[b] : bt->is_ratio[n]);
             if (cfg->beta != 0.0) {
                 const double d = (double)bt->ref_logp[n] - logp[n];
                 double kl = exp(d) - d - 1.0;
-                if (cfg->use_bias_correction_kl) kl *= ratio_tok;
+                if (cfg->use_bias_correction_kl) kl *= ratio; /* the level's ratio */
                 L += cfg->beta * kl;
                 kl_sum += kl;
             }
             if (token_loss) token_loss[n] = L;
             seq_L += absval ? fabs(L) : L;
             ent_sum += entropy[n];
-            const int low = ratio < 1.0 - el && A < 0;
-            const int high = ratio > 1.0 + eh && A > 0;
-            n_low += low;
-            n_high += high;
-            n_region += (low || high);
-            n_cispo += ratio > eh;
+            if (eff) {
+                ent_eff_sum += entropy[n];
+                n_eff += 1.0;
+            }
+            if (!seq_level) {
+                const int low = ratio < 1.0 - el && A < 0;
+                const int high = ratio > 1.0 + eh && A > 0;
+                s_low += low;
+                s_high += high;
+                n_region += (low || high);
+                n_cispo += ratio > eh && A > 0;
+            }
         }
+        if (seq_level) { /* one ratio per sequence: every sequence counts once */
+            const double r = exp(lr_seq);
+            s_low = r < 1.0 - el && A < 0;
+            s_high = r > 1.0 + eh && A > 0;
+            n_region += s_low || s_high;
+            n_cispo += r > eh && A > 0;
+            if (isnan(low_min) || s_low < low_min) low_min = s_low;
+            if (isnan(high_max) || s_high > high_max) high_max = s_high;
+        } else if (cnt > 0) {
+            if (isnan(low_min) || s_low / cnt < low_min) low_min = s_low / cnt;
+            if (isnan(high_max) || s_high / cnt > high_max) high_max = s_high / cnt;
+        }
+        n_low += s_low;
+        n_high += s_high;
         loss_sum_all += seq_L;
         loss_seq_mean += seq_L / denom_b;
         loss_seq_sum += seq_L;
@@ -130,23 +218,33 @@ static double loss_impl(const fg_loss_config *cfg, const fg_batch *bt,
     case FG_LOSS_BNPO: loss = loss_sum_all / (total_m > 1.0 ? total_m : 1.0); break;
     case FG_LOSS_DR_GRPO: loss = loss_sum_all / ((double)B * mcl); break;
     case FG_LOSS_LUSPO: loss = loss_seq_sum / (double)B; break;
-    default: /* dapo, cispo */ loss = loss_sum_all / (nib > 1.0 ? nib : 1.0); break;
+    default: /* dapo, cispo, vespo */ loss = loss_sum_all / (nib > 1.0 ? nib : 1.0); break;
     }
+    const double policy = loss;
     const double mden = total_m > 1.0 ? total_m : 1.0;
-    const double ent_mean = ent_sum / mden;
+    /* the entropy bonus: a mean over the effective mask (mask · high-entropy mask) */
+    const double ent_bonus = ent_eff_sum / (n_eff > 1.0 ? n_eff : 1.0);
     if (cfg->entropy_coef != 0.0) {
         if (absval)
-            loss += fabs(cfg->entropy_coef) * fabs(ent_mean);
+            loss += fabs(cfg->entropy_coef) * fabs(ent_bonus);
         else
-            loss -= cfg->entropy_coef * ent_mean;
+            loss -= cfg->entropy_coef * ent_bonus;
     }
     if (metrics) {
+        const double cden = seq_level ? (double)B : mden;
+        memset(metrics, 0, sizeof *metrics);
+        metrics->policy_loss = policy;
         metrics->kl = cfg->beta != 0.0 ? kl_sum / mden : 0.0;
-        metrics->entropy = ent_mean;
-        metrics->clip_ratio_low = n_low / mden;
-        metrics->clip_ratio_high = n_high / mden;
-        metrics->clip_ratio_region = n_region / mden;
-        metrics->cispo_clip_ratio = cfg->loss_type == FG_LOSS_CISPO ? n_cispo / mden : 0.0;
+        metrics->entropy = ent_sum / mden;
+        if (clipped) {
+            metrics->clip_ratio_low = n_low / cden;
+            metrics->clip_ratio_high = n_high / cden;
+            metrics->clip_ratio_region = n_region / cden;
+            metrics->clip_ratio_low_min = low_min;
+            metrics->clip_ratio_high_max = high_max;
+        }
+        if (cfg->loss_type == FG_LOSS_CISPO) metrics->cispo_clip_ratio = n_cispo / cden;
+        if (cfg->loss_type == FG_LOSS_VESPO) metrics->vespo_phi_seq_mean = phi_sum / (double)B;
     }
     return loss;
 }
@@ -154,17 +252,17 @@ static double loss_impl(const fg_loss_config *cfg, const fg_batch *bt,
 double fg_oracle_loss_from_logp(const fg_loss_config *cfg, const fg_batch *batch,
                                 const double *logp, const double *logp_detached,
                                 const double *entropy, fg_metrics *metrics) {
-    return loss_impl(cfg, batch, logp, logp_detached, entropy, metrics, 0, NULL);
+    return loss_impl(cfg, batch, logp, logp_detached, entropy, entropy, metrics, 0, NULL);
 }
 
 double fg_oracle_loss_scale(const fg_loss_config *cfg, const fg_batch *batch,
                             const double *logp, const double *entropy) {
-    return loss_impl(cfg, batch, logp, logp, entropy, NULL, 1, NULL);
+    return loss_impl(cfg, batch, logp, logp, entropy, entropy, NULL, 1, NULL);
 }
 
 void fg_oracle_token_loss(const fg_loss_config *cfg, const fg_batch *batch,
                           const double *logp, const double *entropy, double *token_loss) {
-    (void)loss_impl(cfg, batch, logp, logp, entropy, NULL, 0, token_loss);
+    (void)loss_impl(cfg, batch, logp, logp, entropy, entropy, NULL, 0, token_loss);
 }
 
 /* d loss / d logp_t and d loss / d entropy_t by central differences, with the
@@ -187,17 +285,17 @@ static int fd_token_grads(const fg_loss_config *cfg, const fg_batch *bt, const d
         if (tok_masked(bt, n)) continue;
         double h = 1e-6 * (fabs(logp[n]) > 1.0 ? fabs(logp[n]) : 1.0);
         lp[n] = logp[n] + h;
-        double fp = loss_impl(cfg, bt, lp, logp, en, NULL, 0, NULL);
+        double fp = loss_impl(cfg, bt, lp, logp, en, entropy, NULL, 0, NULL);
         lp[n] = logp[n] - h;
-        double fm = loss_impl(cfg, bt, lp, logp, en, NULL, 0, NULL);
+        double fm = loss_impl(cfg, bt, lp, logp, en, entropy, NULL, 0, NULL);
         lp[n] = logp[n];
         dlogp[n] = (fp - fm) / (2.0 * h);
 
         h = 1e-6 * (fabs(entropy[n]) > 1.0 ? fabs(entropy[n]) : 1.0);
         en[n] = entropy[n] + h;
-        fp = loss_impl(cfg, bt, lp, logp, en, NULL, 0, NULL);
+        fp = loss_impl(cfg, bt, lp, logp, en, entropy, NULL, 0, NULL);
         en[n] = entropy[n] - h;
-        fm = loss_impl(cfg, bt, lp, logp, en, NULL, 0, NULL);
+        fm = loss_impl(cfg, bt, lp, logp, en, entropy, NULL, 0, NULL);
         en[n] = entropy[n];
         dent[n] = (fp - fm) / (2.0 * h);
     }

@@ -14,13 +14,16 @@
     X(T, loss_type) X(T, importance_sampling_level) X(T, temperature) X(T, epsilon_low)           \
     X(T, epsilon_high) X(T, delta) X(T, beta) X(T, max_completion_length)                         \
     X(T, num_items_in_batch) X(T, sapo_temperature_pos) X(T, sapo_temperature_neg)                \
-    X(T, use_bias_correction_kl) X(T, entropy_coef)
+    X(T, use_bias_correction_kl) X(T, entropy_coef) X(T, vespo_k_pos) X(T, vespo_lambda_pos)      \
+    X(T, vespo_k_neg) X(T, vespo_lambda_neg) X(T, off_policy_mask_threshold)                      \
+    X(T, top_entropy_quantile)
 #define FIELDS_fg_batch(X, T)                                                                      \
     X(T, batch) X(T, seq_len) X(T, token_ids) X(T, mask) X(T, advantages) X(T, old_logp)          \
-    X(T, ref_logp) X(T, is_ratio) X(T, is_ratio_per_sequence)
+    X(T, ref_logp) X(T, is_ratio) X(T, is_ratio_per_sequence) X(T, sampling_logp)
 #define FIELDS_fg_metrics(X, T)                                                                    \
     X(T, kl) X(T, entropy) X(T, clip_ratio_low) X(T, clip_ratio_high) X(T, clip_ratio_region)     \
-    X(T, cispo_clip_ratio)
+    X(T, cispo_clip_ratio) X(T, clip_ratio_low_min) X(T, clip_ratio_high_max)                     \
+    X(T, vespo_phi_seq_mean) X(T, policy_loss)
 #define FIELDS_fg_linear_outputs(X, T)                                                             \
     X(T, loss) X(T, metrics) X(T, logp) X(T, entropy) X(T, grad_hidden) X(T, grad_weight)         \
     X(T, grad_bias) X(T, accumulate)

@@ -6,7 +6,7 @@
 size_t fg_common_workspace_bytes(int64_t B, int64_t N)
 {
     return fg_ws_round((size_t)fg_loss_plan_scratch_doubles(B) * sizeof(double)) +
-           fg_ws_round((size_t)N * sizeof(int64_t)) + 4 * fg_ws_round((size_t)N * sizeof(float));
+           fg_ws_round((size_t)N * sizeof(int64_t)) + 5 * fg_ws_round((size_t)N * sizeof(float));
 }
 
 /* The per-token arrays and the list of unmasked rows. */
@@ -18,6 +18,7 @@ static void init_tokens(fg_arena *arena, fg_common *c, const fg_batch *batch)
     c->ta.entropy = fg_arena_take(arena, (size_t)N * sizeof(float));
     c->ta.zmax = fg_arena_take(arena, (size_t)N * sizeof(float));
     c->ta.lsum = fg_arena_take(arena, (size_t)N * sizeof(float));
+    c->sort = fg_arena_take(arena, (size_t)N * sizeof(float));
     c->n_active = 0;
     for (int64_t n = 0; n < N; n++) {
         c->ta.logp[n] = c->ta.entropy[n] = c->ta.zmax[n] = c->ta.lsum[n] = 0.0f;
@@ -50,13 +51,18 @@ void fg_common_finish(fg_common *c, const fg_batch *batch, double *loss, fg_metr
 {
     const int64_t N = batch->batch * batch->seq_len;
     if (loss) {
-        fg_loss_prepare_sequences(&c->plan, c->ta.logp); /* no-op if the backward ran it */
+        fg_common_prepare(c); /* no-op if the backward ran it */
         fg_loss_evaluate(&c->plan, c->ta.logp, c->ta.entropy, loss, metrics);
     }
     if (logp)
         memcpy(logp, c->ta.logp, (size_t)N * sizeof(float));
     if (entropy)
         memcpy(entropy, c->ta.entropy, (size_t)N * sizeof(float));
+}
+
+void fg_common_prepare(fg_common *c)
+{
+    fg_loss_prepare(&c->plan, c->ta.logp, c->ta.entropy, c->sort);
 }
 
 void fg_zero_masked_rows(const fg_common *c, int64_t N, void *base, size_t stride_bytes,

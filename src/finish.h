@@ -11,12 +11,14 @@
 
 /* Workspace the shared per-call state needs: the loss plan's scratch, the
  * list of unmasked rows and the [B*T] per-token arrays. */
+
 size_t fg_common_workspace_bytes(int64_t B, int64_t N);
 
 typedef struct fg_common {
     fg_loss_plan plan;
     fg_token_arrays ta;
     int64_t *active; /* unmasked token indices, ascending */
+    float *sort;     /* [B*T] scratch of fg_loss_prepare (the entropy quantile) */
     int64_t n_active;
 } fg_common;
 
@@ -29,6 +31,9 @@ void fg_common_init(fg_arena *arena, fg_common *c, const fg_loss_config *cfg,
  * dentropy may be NULL (the forward-only log-prob pass). */
 void fg_common_init_external(fg_arena *arena, fg_common *c, const fg_batch *batch,
                              const float *dlogp, const float *dentropy);
+
+/* Runs fg_loss_prepare on the call's per-token arrays (once). */
+void fg_common_prepare(fg_common *c);
 
 /* Zeroes row n of a [N, ...] output (row_bytes at base + n * stride_bytes)
  * for every masked token n: the complement of the active list, so the mask

@@ -14,9 +14,10 @@
  *
  * Token-level ratios need nothing beyond a token's own row, so the gradient
  * comes out of the same sweep: three GEMM-sized products in all, as many as
- * the baseline. Sequence-level ratios (GSPO) need every log-prob of a sequence
- * first: one forward sweep (GEMM 1 only), then the sweep above recomputing
- * the logits, unless everything fits in one chunk.
+ * the baseline. Sequence-level ratios (GSPO), vespo's weight, the off-policy
+ * mask and the entropy quantile need every token's log-prob or entropy first
+ * (fg_loss_needs_all_tokens): one forward sweep (GEMM 1 only), then the sweep
+ * above recomputing the logits, unless everything fits in one chunk.
  *
  * Materialized (FG_IMPL_MATERIALIZED): the plain baseline, one chunk of all
  * rows with a separate [N, V] dlogits buffer, as a framework holds them.
@@ -463,18 +464,19 @@ static fg_status run_sweeps(fg_call *call, linear_call *L)
             st = run_chunk(call, L, k, SWEEP_FORWARD, 0, 0);
         return st;
     }
-    if (L->c.plan.level == FG_LEVEL_TOKEN) {
+    if (!fg_loss_needs_all_tokens(&L->c.plan)) {
         for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
             st = run_chunk(call, L, k, SWEEP_BOTH, 0, k == 0);
         return st;
     }
-    /* Sequence level: every log-prob first, then the gradient sweep. With one
-     * chunk the logits are still in the buffer and need no recomputation. */
+    /* Every log-prob and entropy first (sequence-level ratios, vespo, the
+     * off-policy mask, the entropy quantile), then the gradient sweep. With
+     * one chunk the logits are still in the buffer and need no recomputation. */
     for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
         st = run_chunk(call, L, k, SWEEP_FORWARD, 0, 0);
     if (st != FG_OK)
         return st;
-    fg_loss_prepare_sequences(&L->c.plan, L->c.ta.logp);
+    fg_common_prepare(&L->c);
     for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
         st = run_chunk(call, L, k, SWEEP_BACKWARD, p->chunks == 1, k == 0);
     return st;

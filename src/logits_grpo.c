@@ -83,11 +83,11 @@ fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg, const fg_ma
     int bad;
     if (!want_grad) {
         bad = fg_sweep_forward(nt, &c.plan, &rows, inv_temp, &c.ta);
-    } else if (c.plan.level == FG_LEVEL_TOKEN) {
+    } else if (!fg_loss_needs_all_tokens(&c.plan)) {
         bad = fg_sweep_forward_backward(nt, &c.plan, &rows, inv_temp, &c.ta);
     } else {
         bad = fg_sweep_forward(nt, &c.plan, &rows, inv_temp, &c.ta);
-        fg_loss_prepare_sequences(&c.plan, c.ta.logp);
+        fg_common_prepare(&c);
         fg_sweep_backward(nt, &c.plan, &rows, inv_temp, &c.ta);
     }
     if (want_grad) { /* masked rows get zero gradient */

@@ -1,8 +1,20 @@
-/* The GRPO loss family: see loss_math.h and LOSS_SPEC.md. */
+/* The GRPO loss family: see loss_math.h and docs/LOSS_SPEC.md. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "loss_math.h"
+
+/* log(1e-8): vespo's lower clamp of log-weights (TRL's get_gamma_weights). */
+#define VESPO_LOG_MIN (-18.420680743952367)
+
+static int clipped_type(fg_loss_type t)
+{
+    return t == FG_LOSS_GRPO || t == FG_LOSS_BNPO || t == FG_LOSS_DR_GRPO || t == FG_LOSS_DAPO ||
+           t == FG_LOSS_LUSPO;
+}
+
+static double clampd(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
 void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batch *batch,
                        double *scratch)
@@ -16,6 +28,13 @@ void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batc
     p->beta = cfg->beta;
     p->tau_pos = cfg->sapo_temperature_pos;
     p->tau_neg = cfg->sapo_temperature_neg;
+    p->vespo_k_pos = cfg->vespo_k_pos;
+    p->vespo_lambda_pos = cfg->vespo_lambda_pos;
+    p->vespo_k_neg = cfg->vespo_k_neg;
+    p->vespo_lambda_neg = cfg->vespo_lambda_neg;
+    p->off_policy_threshold = cfg->off_policy_mask_threshold;
+    p->top_entropy_quantile = cfg->top_entropy_quantile;
+    p->entropy_coef = cfg->entropy_coef;
     p->bias_corr = cfg->use_bias_correction_kl != 0;
     p->B = batch->batch;
     p->T = batch->seq_len;
@@ -26,12 +45,15 @@ void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batc
     p->ref = batch->ref_logp;
     p->is_ratio = batch->is_ratio;
     p->is_per_seq = batch->is_ratio_per_sequence != 0;
+    p->sampling = batch->sampling_logp;
 
     const int64_t B = p->B, T = p->T;
     p->seq_weight = scratch;
     p->seq_count = scratch + B;
     p->seq_log_ratio = scratch + 2 * B;
     p->seq_dratio = scratch + 3 * B;
+    p->seq_keep = scratch + 4 * B;
+    p->seq_phi = scratch + 5 * B;
 
     double total = 0;
     for (int64_t b = 0; b < B; b++) {
@@ -42,6 +64,8 @@ void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batc
         p->seq_count[b] = c > 1 ? c : 1;
         p->seq_log_ratio[b] = 0;
         p->seq_dratio[b] = 0;
+        p->seq_keep[b] = 1;
+        p->seq_phi[b] = 1;
     }
     p->total_tokens = total;
     const double total1 = total > 1 ? total : 1;
@@ -59,11 +83,15 @@ void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batc
         case FG_LOSS_LUSPO: w = 1.0 / (double)B; break;
         case FG_LOSS_DAPO:
         case FG_LOSS_CISPO:
+        case FG_LOSS_VESPO:
         default: w = 1.0 / items; break;
         }
         p->seq_weight[b] = w;
     }
+    p->entropy_threshold = -INFINITY;
     p->entropy_weight = cfg->entropy_coef / total1;
+    if (!fg_loss_needs_all_tokens(p))
+        fg_loss_prepare(p, NULL, NULL, NULL);
 }
 
 void fg_loss_plan_init_external(fg_loss_plan *p, const fg_batch *batch, const float *dlogp,
@@ -76,20 +104,33 @@ void fg_loss_plan_init_external(fg_loss_plan *p, const fg_batch *batch, const fl
     p->T = batch->seq_len;
     p->token_ids = batch->token_ids;
     p->mask = batch->mask;
+    p->entropy_threshold = -INFINITY;
+    p->prepared = 1;
     p->external = 1;
     p->ext_dlogp = dlogp;
     p->ext_dentropy = dentropy;
 }
 
+int fg_loss_needs_all_tokens(const fg_loss_plan *p)
+{
+    if (p->external)
+        return 0;
+    const int off_policy = !isinf(p->off_policy_threshold);
+    return p->level == FG_LEVEL_SEQUENCE || (p->type == FG_LOSS_VESPO && p->old) ||
+           (off_policy && (p->sampling || p->old)) || p->top_entropy_quantile < 1.0;
+}
+
 /* One token's unweighted loss L and its partial derivatives: through the
- * policy ratio (dL_dr) and directly through logp (dL_dlogp: CISPO's logp
- * factor and the KL term). The spec's per-token formula, in one place. */
+ * policy ratio (dL_dr) and directly through logp (dL_dlogp: CISPO's and
+ * VESPO's logp factor and the KL term). The spec's per-token formula, in one
+ * place. `ratio` is the level's ratio; `in_eff` whether the token is in the
+ * entropy mask. */
 typedef struct token_terms {
     double L, dL_dr, dL_dlogp, kl;
 } token_terms;
 
 static token_terms token_terms_eval(const fg_loss_plan *p, int64_t b, int64_t n, double logp,
-                                    double ratio)
+                                    double ratio, int in_eff)
 {
     const double A = p->adv[b];
     token_terms r = {0, 0, 0, 0};
@@ -99,6 +140,11 @@ static token_terms token_terms_eval(const fg_loss_plan *p, int64_t b, int64_t n,
         double coef = ratio < p->eps_high ? ratio : p->eps_high; /* stop-gradient */
         pol = -coef * A * logp;
         dpol_dlogp = -coef * A;
+        break;
+    }
+    case FG_LOSS_VESPO: { /* φ is detached: a per-sequence weight on A·logp */
+        pol = -p->seq_phi[b] * A * logp;
+        dpol_dlogp = -p->seq_phi[b] * A;
         break;
     }
     case FG_LOSS_SAPO: {
@@ -133,25 +179,26 @@ static token_terms token_terms_eval(const fg_loss_plan *p, int64_t b, int64_t n,
         break;
     }
     }
-    double is = 1;
-    if (p->is_ratio)
-        is = p->is_per_seq ? p->is_ratio[b] : p->is_ratio[n];
-    r.L = pol * is;
-    r.dL_dr = dpol_dr * is;
-    r.dL_dlogp = dpol_dlogp * is;
+    /* The masks and the sampler's ratio scale the policy term only (not the
+     * KL); vespo folds the sampler's ratio into φ instead. */
+    double f = p->seq_keep[b] * (in_eff ? 1.0 : 0.0);
+    if (p->is_ratio && p->type != FG_LOSS_VESPO)
+        f *= p->is_per_seq ? p->is_ratio[b] : p->is_ratio[n];
+    r.L = pol * f;
+    r.dL_dr = dpol_dr * f;
+    r.dL_dlogp = dpol_dlogp * f;
     if (p->beta != 0) {
         double d = (double)p->ref[n] - logp;
         double ed = exp(d);
         double kl = ed - d - 1.0, dkl = 1.0 - ed;
         r.kl = kl;
         if (p->bias_corr) {
-            /* KL times the token-level ratio exp(logp − old); old is constant
-             * (stop-gradient when on-policy), so d ratio / d logp = ratio. */
-            double old = p->old ? (double)p->old[n] : logp;
-            double tr = exp(logp - old);
-            r.L += p->beta * kl * tr;
-            r.dL_dlogp += p->beta * (dkl + kl) * tr;
-            r.kl = kl * tr; /* the metric reports the corrected KL, as TRL does */
+            /* KL times the level's ratio (TRL multiplies by coef_1): its
+             * gradient flows through the ratio too. */
+            r.L += p->beta * kl * ratio;
+            r.dL_dr += p->beta * kl;
+            r.dL_dlogp += p->beta * dkl * ratio;
+            r.kl = kl * ratio; /* the metric reports the corrected KL, as TRL does */
         } else {
             r.L += p->beta * kl;
             r.dL_dlogp += p->beta * dkl;
@@ -169,39 +216,119 @@ static double policy_ratio(const fg_loss_plan *p, int64_t b, int64_t n, double l
     return p->old ? exp(logp - (double)p->old[n]) : 1.0;
 }
 
-void fg_loss_prepare_sequences(fg_loss_plan *p, const float *logp)
+static int in_entropy_mask(const fg_loss_plan *p, float entropy)
 {
-    if (p->level != FG_LEVEL_SEQUENCE || p->sequences_ready)
-        return;
-    p->sequences_ready = 1;
+    return entropy >= p->entropy_threshold;
+}
+
+/* torch.quantile(x, q) of n sorted floats, in float arithmetic as torch does
+ * it for a float32 tensor (rank q·(n−1), then lerp), so that the tokens at
+ * the threshold fall on the same side as in TRL. */
+static float quantile_sorted(const float *x, int64_t n, double q)
+{
+    const float qf = (float)q;
+    const float rank = qf * (float)(n - 1);
+    const float below = floorf(rank);
+    const int64_t lo = (int64_t)below;
+    const int64_t hi = lo + 1 < n ? lo + 1 : n - 1;
+    const float w = rank - below;
+    const float a = x[lo], d = x[hi] - x[lo];
+    return w < 0.5f ? a + w * d : x[hi] - d * (1.0f - w);
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The off-policy keep flag and vespo's φ of sequence b from its detached
+ * log-probs (logp NULL: the on-policy case, old = logp). */
+static void prepare_sequence(fg_loss_plan *p, int64_t b, const float *logp)
+{
     const int64_t T = p->T;
-    for (int64_t b = 0; b < p->B; b++) {
-        double s = 0;
-        if (p->old)
-            for (int64_t t = 0; t < T; t++) {
-                int64_t n = b * T + t;
-                if (p->mask[n])
-                    s += (double)logp[n] - (double)p->old[n];
-            }
-        p->seq_log_ratio[b] = s / p->seq_count[b];
-        double ratio = exp(p->seq_log_ratio[b]), d = 0;
-        for (int64_t t = 0; t < T; t++) {
-            int64_t n = b * T + t;
-            if (p->mask[n])
-                d += token_terms_eval(p, b, n, logp[n], ratio).dL_dr;
-        }
-        p->seq_dratio[b] = d;
+    const double A = p->adv[b];
+    double lr = 0, lr_clamped = 0, log_is = 0, kl = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t n = b * T + t;
+        if (!p->mask[n])
+            continue;
+        /* logp is NULL when nothing here needs it (fg_loss_needs_all_tokens) */
+        const double d = p->old && logp ? (double)logp[n] - (double)p->old[n] : 0.0;
+        lr += d;
+        lr_clamped += clampd(d, -20.0, 20.0);
+        if (p->is_ratio && !p->is_per_seq)
+            log_is += clampd(log((double)p->is_ratio[n]), VESPO_LOG_MIN, 20.0);
+        /* forward KL of the sampler against the policy: sampling − logp */
+        const double s = p->sampling ? (double)p->sampling[n]
+                                     : (p->old ? (double)p->old[n] : (logp ? (double)logp[n] : 0));
+        const double k = logp ? s - (double)logp[n] : 0.0;
+        kl += isnan(k) ? 0.0 : k;
+    }
+    p->seq_log_ratio[b] = lr / p->seq_count[b];
+    if (!isinf(p->off_policy_threshold))
+        p->seq_keep[b] = (A >= 0 || kl / p->seq_count[b] <= p->off_policy_threshold) ? 1.0 : 0.0;
+    if (p->type == FG_LOSS_VESPO) {
+        if (p->is_ratio && p->is_per_seq)
+            log_is = clampd(log((double)p->is_ratio[b]), VESPO_LOG_MIN, 20.0);
+        const double log_w = clampd(lr_clamped + log_is, VESPO_LOG_MIN, 20.0);
+        const double w = exp(log_w);
+        const double k = A >= 0 ? p->vespo_k_pos : p->vespo_k_neg;
+        double lam = A >= 0 ? p->vespo_lambda_pos : p->vespo_lambda_neg;
+        lam = lam > 1e-4 ? lam : 1e-4;
+        const double phi = exp(lam + k * log_w - lam * w);
+        p->seq_phi[b] = isfinite(phi) ? phi : 0.0;
     }
 }
 
-float fg_loss_dlogp(const fg_loss_plan *p, int64_t n, float logp)
+void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
+                     float *sort_scratch)
+{
+    if (p->prepared)
+        return;
+    p->prepared = 1;
+    const int64_t B = p->B, T = p->T;
+    for (int64_t b = 0; b < B; b++)
+        prepare_sequence(p, b, logp);
+    if (p->top_entropy_quantile < 1.0) {
+        int64_t m = 0;
+        for (int64_t n = 0; n < B * T; n++)
+            if (p->mask[n])
+                sort_scratch[m++] = entropy[n];
+        if (m == 0) {
+            p->entropy_threshold = INFINITY; /* no token: nothing is effective */
+        } else {
+            qsort(sort_scratch, (size_t)m, sizeof(float), cmp_float);
+            p->entropy_threshold = quantile_sorted(sort_scratch, m, 1.0 - p->top_entropy_quantile);
+        }
+        double eff = 0;
+        for (int64_t n = 0; n < B * T; n++)
+            eff += p->mask[n] && in_entropy_mask(p, entropy[n]);
+        p->entropy_weight = p->entropy_coef / (eff > 1 ? eff : 1);
+    }
+    if (p->level == FG_LEVEL_SEQUENCE)
+        for (int64_t b = 0; b < B; b++) {
+            const double ratio = exp(p->seq_log_ratio[b]);
+            double d = 0;
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t n = b * T + t;
+                if (p->mask[n])
+                    d += token_terms_eval(p, b, n, logp[n], ratio,
+                                          entropy ? in_entropy_mask(p, entropy[n]) : 1)
+                             .dL_dr;
+            }
+            p->seq_dratio[b] = d;
+        }
+}
+
+float fg_loss_dlogp(const fg_loss_plan *p, int64_t n, float logp, float entropy)
 {
     if (p->external)
         return p->ext_dlogp ? p->ext_dlogp[n] : 0.0f;
     const int64_t b = n / p->T;
     const double w = p->seq_weight[b];
     const double ratio = policy_ratio(p, b, n, logp);
-    token_terms tt = token_terms_eval(p, b, n, logp, ratio);
+    token_terms tt = token_terms_eval(p, b, n, logp, ratio, in_entropy_mask(p, entropy));
     if (p->level == FG_LEVEL_SEQUENCE) /* d ratio_b / d logp_t = ratio_b · m_t / count_b */
         return (float)(w * (tt.dL_dlogp + p->seq_dratio[b] * ratio / p->seq_count[b]));
     return (float)(w * (tt.dL_dlogp + tt.dL_dr * ratio)); /* d ratio / d logp = ratio */
@@ -211,34 +338,69 @@ void fg_loss_evaluate(const fg_loss_plan *p, const float *logp, const float *ent
                       double *loss, fg_metrics *metrics)
 {
     const int64_t T = p->T;
+    const int seq_level = p->level == FG_LEVEL_SEQUENCE;
     const double lo = 1.0 - p->eps_low, hi = 1.0 + p->eps_high;
-    double total = 0, ent = 0, kl = 0, low = 0, high = 0, region = 0, cispo = 0;
+    double total = 0, ent = 0, ent_eff = 0, kl = 0;
+    double low = 0, high = 0, region = 0, cispo = 0, phi = 0;
+    double low_min = NAN, high_max = NAN; /* NaN until a sequence counts (nanmin/nanmax) */
     for (int64_t b = 0; b < p->B; b++) {
         const double A = p->adv[b];
-        double seq = 0;
+        double seq = 0, c = 0, seq_low = 0, seq_high = 0;
         for (int64_t t = 0; t < T; t++) {
             const int64_t n = b * T + t;
             if (!p->mask[n])
                 continue;
             const double ratio = policy_ratio(p, b, n, logp[n]);
-            token_terms tt = token_terms_eval(p, b, n, logp[n], ratio);
+            const int eff = in_entropy_mask(p, entropy[n]);
+            token_terms tt = token_terms_eval(p, b, n, logp[n], ratio, eff);
             seq += tt.L;
             ent += entropy[n];
+            ent_eff += eff ? entropy[n] : 0.0;
             kl += tt.kl;
-            int is_low = ratio < lo && A < 0, is_high = ratio > hi && A > 0;
-            low += is_low;
-            high += is_high;
-            region += is_low || is_high;
-            cispo += ratio > p->eps_high;
+            c += 1;
+            if (!seq_level) { /* token-level ratios: per-token indicators */
+                const int is_low = ratio < lo && A < 0, is_high = ratio > hi && A > 0;
+                seq_low += is_low;
+                seq_high += is_high;
+                region += is_low || is_high;
+                cispo += ratio > p->eps_high && A > 0;
+            }
         }
         total += p->seq_weight[b] * seq;
+        phi += p->seq_phi[b];
+        if (seq_level) { /* one ratio per sequence: indicators per sequence, every sequence counts */
+            const double ratio = exp(p->seq_log_ratio[b]);
+            seq_low = ratio < lo && A < 0;
+            seq_high = ratio > hi && A > 0;
+            region += seq_low || seq_high;
+            cispo += ratio > p->eps_high && A > 0;
+            low += seq_low;
+            high += seq_high;
+            low_min = isnan(low_min) || seq_low < low_min ? seq_low : low_min;
+            high_max = isnan(high_max) || seq_high > high_max ? seq_high : high_max;
+        } else if (c > 0) {
+            low += seq_low;
+            high += seq_high;
+            low_min = isnan(low_min) || seq_low / c < low_min ? seq_low / c : low_min;
+            high_max = isnan(high_max) || seq_high / c > high_max ? seq_high / c : high_max;
+        }
     }
     const double denom = p->total_tokens > 1 ? p->total_tokens : 1;
-    *loss = total - p->entropy_weight * ent;
+    const double clip_denom = seq_level ? (double)p->B : denom;
+    *loss = total - p->entropy_weight * ent_eff;
+    memset(metrics, 0, sizeof *metrics);
+    metrics->policy_loss = total;
     metrics->kl = p->beta != 0 ? kl / denom : 0.0;
     metrics->entropy = ent / denom;
-    metrics->clip_ratio_low = low / denom;
-    metrics->clip_ratio_high = high / denom;
-    metrics->clip_ratio_region = region / denom;
-    metrics->cispo_clip_ratio = p->type == FG_LOSS_CISPO ? cispo / denom : 0.0;
+    if (clipped_type(p->type)) {
+        metrics->clip_ratio_low = low / clip_denom;
+        metrics->clip_ratio_high = high / clip_denom;
+        metrics->clip_ratio_region = region / clip_denom;
+        metrics->clip_ratio_low_min = low_min;
+        metrics->clip_ratio_high_max = high_max;
+    }
+    if (p->type == FG_LOSS_CISPO)
+        metrics->cispo_clip_ratio = cispo / clip_denom;
+    if (p->type == FG_LOSS_VESPO)
+        metrics->vespo_phi_seq_mean = phi / (double)p->B;
 }

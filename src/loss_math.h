@@ -1,15 +1,18 @@
 /*
- * The GRPO loss family on [B, T] (LOSS_SPEC.md): importance ratio, per-token
- * policy loss, KL, aggregation, entropy bonus, metrics, and the derivatives
+ * The GRPO loss family on [B, T] (docs/LOSS_SPEC.md): importance ratio,
+ * per-token policy loss, the sequence and token masks (off-policy, high
+ * entropy), KL, aggregation, entropy bonus, metrics, and the derivatives
  * d loss / d logp_t and d loss / d entropy_t. This is the only implementation
  * of the loss math; every path (materialized, logits-level, fused) calls it.
  *
  * Every loss type aggregates as  loss = Σ_b w_b Σ_t m_bt L_bt  (minus the
- * entropy bonus), so a token's gradient needs only its own log-prob plus
- * per-sequence constants known from the mask up front. That is what lets the
- * fused path produce gradients in the same sweep as the forward for token-level
- * ratios. Sequence-level ratios (GSPO) need every log-prob of a sequence first:
- * fg_loss_prepare_sequences() runs between the two sweeps.
+ * entropy bonus), so a token's gradient needs only its own log-prob and
+ * entropy plus per-sequence constants. Most configurations know those
+ * constants from the mask up front, and the fused path produces gradients in
+ * the same sweep as the forward. Some need every token's (detached) log-prob
+ * or entropy first (fg_loss_needs_all_tokens): sequence-level ratios (GSPO),
+ * vespo's gamma weight, the off-policy mask, the entropy quantile. For those
+ * fg_loss_prepare() runs between a forward sweep and the gradient sweep.
  */
 #ifndef FG_LOSS_MATH_H
 #define FG_LOSS_MATH_H
@@ -20,19 +23,26 @@ typedef struct fg_loss_plan {
     fg_loss_type type;
     fg_is_level level;
     double eps_low, eps_high, delta, beta, tau_pos, tau_neg;
+    double vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;
+    double off_policy_threshold; /* +INFINITY: off                              */
+    double top_entropy_quantile; /* 1: off                                      */
+    double entropy_coef;
     int bias_corr;
     int64_t B, T;
     const int64_t *token_ids;
     const uint8_t *mask;
-    const float *adv, *old, *ref, *is_ratio;
+    const float *adv, *old, *ref, *is_ratio, *sampling;
     int is_per_seq;
     double total_tokens;   /* Σ m                                              */
-    double entropy_weight; /* loss −= entropy_weight · Σ m·entropy             */
+    double entropy_weight; /* loss −= entropy_weight · Σ eff·entropy           */
+    float entropy_threshold; /* eff = m · (entropy >= threshold); −INFINITY: all */
     double *seq_weight;    /* [B] w_b                                          */
     double *seq_count;     /* [B] max(Σ_t m, 1)                                */
     double *seq_log_ratio; /* [B] sequence level: Σ_t m (logp − old) / count   */
     double *seq_dratio;    /* [B] sequence level: Σ_t m ∂L_t/∂ratio_b          */
-    int sequences_ready;   /* fg_loss_prepare_sequences has run                 */
+    double *seq_keep;      /* [B] off-policy mask: 1 keep, 0 drop              */
+    double *seq_phi;       /* [B] vespo's gamma weight φ(w_b) (detached)       */
+    int prepared;          /* fg_loss_prepare has run                          */
     /* A caller's own loss (fg_linear_logprobs_backward): d loss/d logp and
      * d loss/d entropy of every token are given ([B*T]; NULL: 0), and the
      * loss itself is the caller's. */
@@ -41,9 +51,10 @@ typedef struct fg_loss_plan {
 } fg_loss_plan;
 
 /* Doubles of scratch the plan needs (caller-provided, from the workspace). */
-static inline int64_t fg_loss_plan_scratch_doubles(int64_t B) { return 4 * B; }
+static inline int64_t fg_loss_plan_scratch_doubles(int64_t B) { return 6 * B; }
 
-/* cfg and batch are assumed validated. */
+/* cfg and batch are assumed validated. Configurations that need no token's
+ * values up front are prepared here already. */
 void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batch *batch,
                        double *scratch);
 
@@ -53,26 +64,32 @@ void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batc
 void fg_loss_plan_init_external(fg_loss_plan *p, const fg_batch *batch, const float *dlogp,
                                 const float *dentropy);
 
-/* Sequence level only (no-op otherwise): sequence ratios and the per-sequence
- * sum of ∂L/∂ratio, from every token's logp ([B*T], masked entries ignored).
- * Runs once per plan: the backward sweep and the final evaluation share it. */
-void fg_loss_prepare_sequences(fg_loss_plan *p, const float *logp);
+/* 1 when the gradient of a token needs every token's log-prob or entropy
+ * first: a forward sweep, fg_loss_prepare, then the gradient sweep. */
+int fg_loss_needs_all_tokens(const fg_loss_plan *p);
 
-/* d loss / d logp for unmasked token n (row n = b*T + t). Token level: needs
- * only that token's logp. Sequence level: after fg_loss_prepare_sequences. */
-float fg_loss_dlogp(const fg_loss_plan *p, int64_t n, float logp);
+/* The per-sequence constants and the entropy threshold from every token's
+ * logp and entropy ([B*T], masked entries ignored); sort_scratch holds B*T
+ * floats. Runs once per plan (later calls return at once): the gradient
+ * sweep and the final evaluation share it. */
+void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
+                     float *sort_scratch);
 
-/* d loss / d entropy for unmasked token n: the entropy bonus's (the same for
- * every token), or the caller's. */
-static inline float fg_loss_dentropy(const fg_loss_plan *p, int64_t n)
+/* d loss / d logp for unmasked token n (row n = b*T + t), from its logp and
+ * entropy; after fg_loss_prepare. */
+float fg_loss_dlogp(const fg_loss_plan *p, int64_t n, float logp, float entropy);
+
+/* d loss / d entropy for unmasked token n: the entropy bonus's over the
+ * effective mask, or the caller's. */
+static inline float fg_loss_dentropy(const fg_loss_plan *p, int64_t n, float entropy)
 {
     if (p->external)
         return p->ext_dentropy ? p->ext_dentropy[n] : 0.0f;
-    return (float)-p->entropy_weight;
+    return entropy >= p->entropy_threshold ? (float)-p->entropy_weight : 0.0f;
 }
 
-/* The scalar loss and the metrics from every token's logp and entropy, summed
- * in a fixed order in double. Sequence level: after fg_loss_prepare_sequences. */
+/* The scalar loss and the metrics from every token's logp and entropy,
+ * summed in a fixed order in double; after fg_loss_prepare. */
 void fg_loss_evaluate(const fg_loss_plan *p, const float *logp, const float *entropy,
                       double *loss, fg_metrics *metrics);
 

@@ -47,7 +47,7 @@ fg_status fg_fail(fg_error *err, fg_status status, const char *fmt, ...)
 }
 
 static const char *const loss_names[FG_LOSS_TYPE_COUNT] = {
-    "grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo"};
+    "grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo"};
 static const char *const level_names[FG_LEVEL_COUNT] = {"token", "sequence"};
 
 const char *fg_loss_type_name(fg_loss_type t)
@@ -102,6 +102,12 @@ void fg_loss_config_init(fg_loss_config *cfg)
     cfg->sapo_temperature_neg = 1.05;
     cfg->use_bias_correction_kl = 0;
     cfg->entropy_coef = 0.0;
+    cfg->vespo_k_pos = 2.0;
+    cfg->vespo_lambda_pos = 3.0;
+    cfg->vespo_k_neg = 3.0;
+    cfg->vespo_lambda_neg = 2.0;
+    cfg->off_policy_mask_threshold = INFINITY; /* off */
+    cfg->top_entropy_quantile = 1.0;           /* off */
 }
 
 fg_matrix fg_matrix_make(void *data, fg_dtype dtype, int64_t rows, int64_t cols)

@@ -59,11 +59,11 @@ static void backward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t 
                          const fg_token_arrays *ta)
 {
     const int64_t n = rows->token[i];
-    const float g = fg_loss_dlogp(plan, n, ta->logp[n]);
+    const float g = fg_loss_dlogp(plan, n, ta->logp[n], ta->entropy[n]);
     const int64_t r = row_index(rows, i);
     fg_row_backward(row_ptr(rows->x, rows->xtype, rows->x_ld, r), rows->xtype,
                     (void *)row_ptr(rows->dx, rows->dxtype, rows->dx_ld, r), rows->dxtype, rows->V,
-                    inv_temp, ta->zmax[n], ta->lsum[n], ta->entropy[n], g, fg_loss_dentropy(plan, n),
+                    inv_temp, ta->zmax[n], ta->lsum[n], ta->entropy[n], g, fg_loss_dentropy(plan, n, ta->entropy[n]),
                     local_token(plan, rows, n));
 }
 

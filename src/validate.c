@@ -13,7 +13,7 @@ fg_status fg_validate_config(fg_error *err, const fg_loss_config *cfg)
         return fg_fail(err, FG_ERR_NULL_ARGUMENT, "cfg is NULL");
     if ((int)cfg->loss_type < 0 || cfg->loss_type >= FG_LOSS_TYPE_COUNT)
         return fg_fail(err, FG_ERR_UNKNOWN_LOSS_TYPE,
-                       "loss_type %d is not one of grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo",
+                       "loss_type %d is not one of grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo, vespo",
                        (int)cfg->loss_type);
     if ((int)cfg->importance_sampling_level < 0 ||
         cfg->importance_sampling_level >= FG_LEVEL_COUNT)
@@ -35,7 +35,11 @@ fg_status fg_validate_config(fg_error *err, const fg_loss_config *cfg)
                   {"delta", cfg->delta},
                   {"beta", cfg->beta},
                   {"num_items_in_batch", cfg->num_items_in_batch},
-                  {"entropy_coef", cfg->entropy_coef}};
+                  {"entropy_coef", cfg->entropy_coef},
+                  {"vespo_k_pos", cfg->vespo_k_pos},
+                  {"vespo_lambda_pos", cfg->vespo_lambda_pos},
+                  {"vespo_k_neg", cfg->vespo_k_neg},
+                  {"vespo_lambda_neg", cfg->vespo_lambda_neg}};
     for (size_t i = 0; i < sizeof finite / sizeof finite[0]; i++)
         if (!finite_d(finite[i].v))
             return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER, "%s must be finite, got %g",
@@ -46,6 +50,15 @@ fg_status fg_validate_config(fg_error *err, const fg_loss_config *cfg)
         return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER,
                        "sapo_temperature_pos/neg must be finite and > 0, got %g / %g",
                        cfg->sapo_temperature_pos, cfg->sapo_temperature_neg);
+    /* +INFINITY is "off"; NaN and -INFINITY mean nothing */
+    if (isnan(cfg->off_policy_mask_threshold) || cfg->off_policy_mask_threshold == -INFINITY)
+        return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER,
+                       "off_policy_mask_threshold must be a number or +INFINITY (off), got %g",
+                       cfg->off_policy_mask_threshold);
+    if (!(cfg->top_entropy_quantile >= 0.0 && cfg->top_entropy_quantile <= 1.0))
+        return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER,
+                       "top_entropy_quantile must lie in [0, 1] (1: off), got %g",
+                       cfg->top_entropy_quantile);
     return FG_OK;
 }
 
@@ -126,8 +139,16 @@ fg_status fg_validate_batch(fg_error *err, const fg_loss_config *cfg, const fg_b
         {"old_logp", b->old_logp},
         {"ref_logp", cfg->beta != 0 ? b->ref_logp : NULL},
         {"is_ratio", b->is_ratio && !b->is_ratio_per_sequence ? b->is_ratio : NULL}};
-    return scan_unmasked(err, b->batch, b->seq_len, b->token_ids, b->mask, vocab, reads, 3,
-                         n_active);
+    st = scan_unmasked(err, b->batch, b->seq_len, b->token_ids, b->mask, vocab, reads, 3, n_active);
+    if (st != FG_OK || !b->sampling_logp || isinf(cfg->off_policy_mask_threshold))
+        return st;
+    /* The sampler's log-probs: NaN marks a token it could not score (it
+     * counts 0, as in TRL); an infinity is an error. */
+    const int64_t T = b->seq_len;
+    for (int64_t i = 0; i < b->batch * T; i++)
+        if (b->mask[i] && isinf(b->sampling_logp[i]))
+            return nonfinite_token(err, "sampling_logp", b->sampling_logp, i, T);
+    return FG_OK;
 }
 
 fg_status fg_validate_tokens(fg_error *err, const fg_tokens *tok, int64_t vocab,

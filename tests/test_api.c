@@ -31,7 +31,8 @@ static void test_status_names(void) {
 }
 
 static void test_names(void) {
-    static const char *lt_names[] = {"grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo"};
+    static const char *lt_names[] = {"grpo",  "bnpo", "dr_grpo", "dapo",
+                                     "luspo", "cispo", "sapo",   "vespo"};
     for (int t = 0; t < FG_LOSS_TYPE_COUNT; t++) {
         const char *n = fg_loss_type_name((fg_loss_type)t);
         CHECK(n && strcmp(n, lt_names[t]) == 0, "loss type %d name '%s' want '%s'", t,

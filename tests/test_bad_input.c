@@ -318,6 +318,25 @@ int main(void) {
     expect_both("entropy_coef Inf", FG_ERR_BAD_HYPERPARAMETER, s);
     reset(s); s->cfg.loss_type = FG_LOSS_SAPO; s->cfg.sapo_temperature_pos = 0.0;
     expect_both("sapo_temperature_pos 0", FG_ERR_BAD_HYPERPARAMETER, s);
+    reset(s); s->cfg.loss_type = FG_LOSS_VESPO; s->cfg.vespo_lambda_neg = NAN;
+    expect_both("vespo_lambda_neg NaN", FG_ERR_BAD_HYPERPARAMETER, s);
+    reset(s); s->cfg.top_entropy_quantile = 1.5;
+    expect_both("top_entropy_quantile 1.5", FG_ERR_BAD_HYPERPARAMETER, s);
+    reset(s); s->cfg.top_entropy_quantile = -0.1;
+    expect_both("top_entropy_quantile -0.1", FG_ERR_BAD_HYPERPARAMETER, s);
+    reset(s); s->cfg.off_policy_mask_threshold = NAN;
+    expect_both("off_policy_mask_threshold NaN", FG_ERR_BAD_HYPERPARAMETER, s);
+    reset(s); s->cfg.off_policy_mask_threshold = -INFINITY;
+    expect_both("off_policy_mask_threshold -Inf", FG_ERR_BAD_HYPERPARAMETER, s);
+    /* the sampler's log-probs: NaN is an unscored token (allowed), Inf an error */
+    reset(s); s->cfg.off_policy_mask_threshold = 0.1;
+    s->batch.sampling_logp = s->tb.sampling_logp;
+    s->tb.sampling_logp[first_unmasked(s, 0)] = INFINITY;
+    expect_both("sampling_logp Inf", FG_ERR_NONFINITE_INPUT, s);
+    reset(s); s->cfg.off_policy_mask_threshold = 0.1;
+    s->batch.sampling_logp = s->tb.sampling_logp;
+    s->tb.sampling_logp[first_unmasked(s, 0)] = NAN;
+    expect_both("sampling_logp NaN", FG_OK, s);
 
     /* ---- non-finite inputs */
     for (int k = 0; k < 2; k++) {

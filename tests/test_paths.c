@@ -59,31 +59,36 @@ static const char *Q_NAME[Q_COUNT] = {"loss",          "logp",        "entropy",
  * bf16 weight is widened to f32 tiles and dlogits stay f32, so bf16
  * gradients are as close as f32 ones). A bf16 grad_logits output is rounded
  * to bf16 (2^-9 relative) on both. The bf16 gradient columns below are
- * Zen 5's; where the GEMMs run in f32, TOL_BF16_F32_GEMM applies instead. */
+ * Zen 5's; where the GEMMs run in f32, TOL_BF16_F32_GEMM applies instead.
+ * Since vespo (session 6) the worst loss and f32 gradient errors are its:
+ * its gamma weight exp(λ + k log w − λ w) multiplies a sequence's summed
+ * log-prob error by |k − λ w|. Worst loss, Zen 5 / AVX2: f32 mat/fused
+ * 3.3e-6 / 1.5e-6, logits 4.9e-6 / 4.9e-6; bf16 1.2e-6 / 1.4e-6, logits
+ * 1.7e-6; f32 gradients 3.3e-6 / 2.9e-6, grad_logits 3.6e-6. */
 static const double TOL[P_BASE][2][Q_COUNT] = {
     [P_MAT] = {
         /* f32: worst Zen 5  1.1e-06 5.0e-07 1.4e-06 7.9e-07 0.0e+00 1.7e-06 1.7e-06 1.7e-06 - - */
         /*      worst AVX2   1.1e-06 8.3e-07 2.4e-06 7.9e-07 0.0e+00 2.3e-06 2.2e-06 2.2e-06 - - */
-        [0] = {5e-6, 4e-6, 1e-5, 4e-6, 0, 1e-5, 1e-5, 1e-5, 0, 0},
+        [0] = {1e-5, 4e-6, 1e-5, 4e-6, 0, 2e-5, 2e-5, 2e-5, 0, 0},
         /* bf16: worst Zen 5  1.2e-06 5.5e-07 8.6e-07 7.8e-07 0.0e+00 3.0e-03 2.6e-03 2.3e-03 - - */
         /*       worst AVX2   1.2e-06 5.5e-07 1.2e-06 7.8e-07 0.0e+00 1.6e-06 1.4e-06 1.4e-06 - - */
-        [1] = {5e-6, 3e-6, 5e-6, 4e-6, 0, 1.5e-2, 1.5e-2, 1e-2, 0, 0},
+        [1] = {1e-5, 3e-6, 5e-6, 4e-6, 0, 1.5e-2, 1.5e-2, 1e-2, 0, 0},
     },
     [P_FUSED] = {
         /* f32: worst Zen 5  1.1e-06 5.0e-07 1.4e-06 7.9e-07 0.0e+00 1.7e-06 1.7e-06 1.7e-06 - - */
         /*      worst AVX2   1.1e-06 8.3e-07 2.4e-06 7.9e-07 0.0e+00 2.4e-06 2.3e-06 2.3e-06 - - */
-        [0] = {5e-6, 4e-6, 1e-5, 4e-6, 0, 1e-5, 1e-5, 1e-5, 0, 0},
+        [0] = {1e-5, 4e-6, 1e-5, 4e-6, 0, 2e-5, 2e-5, 2e-5, 0, 0},
         /* bf16: worst Zen 5  1.2e-06 5.5e-07 8.6e-07 7.8e-07 0.0e+00 3.0e-03 2.6e-03 2.3e-03 - - */
         /*       worst AVX2   1.2e-06 5.5e-07 9.7e-07 7.8e-07 0.0e+00 1.6e-06 1.4e-06 1.4e-06 - - */
-        [1] = {5e-6, 3e-6, 4e-6, 4e-6, 0, 1.5e-2, 1.5e-2, 1e-2, 0, 0},
+        [1] = {1e-5, 3e-6, 4e-6, 4e-6, 0, 1.5e-2, 1.5e-2, 1e-2, 0, 0},
     },
     [P_LOGITS] = {
         /* f32: worst Zen 5  1.2e-06 1.6e-07 5.4e-07 8.2e-07 0.0e+00 - - - 1.6e-06 - */
         /*      worst AVX2   1.2e-06 1.6e-07 5.4e-07 8.2e-07 0.0e+00 - - - 1.6e-06 - */
-        [0] = {5e-6, 8e-7, 3e-6, 4e-6, 0, 0, 0, 0, 8e-6, 0},
+        [0] = {2e-5, 8e-7, 3e-6, 4e-6, 0, 0, 0, 0, 2e-5, 0},
         /* bf16: worst Zen 5  4.1e-07 2.0e-07 5.0e-07 3.3e-07 0.0e+00 - - - 5.7e-07 2.4e-03 */
         /*       worst AVX2   4.1e-07 2.0e-07 5.0e-07 3.3e-07 0.0e+00 - - - 5.7e-07 2.4e-03 */
-        [1] = {2e-6, 8e-7, 3e-6, 1.5e-6, 0, 0, 0, 0, 3e-6, 1e-2},
+        [1] = {1e-5, 8e-7, 3e-6, 1.5e-6, 0, 0, 0, 0, 1e-5, 1e-2},
     },
 };
 
@@ -95,16 +100,23 @@ static double max_err_bf16[P_COUNT][Q_COUNT];
 
 typedef struct popt {
     int bias, old, beta, bias_kl, delta, is_mode, ent, temp, eh, mcl_nib, sapo_t, pad;
+    int opm;  /* off-policy mask: 1 threshold -0.01 (on-policy: every A < 0 sequence
+                 dropped), 2 threshold 0 with the sampler's log-probs             */
+    int teq;  /* top_entropy_quantile: 1 -> 0.6, 2 -> 0.25                       */
+    int vk;   /* vespo's k and lambda: 1 -> non-default values                   */
 } popt;
 
 static const popt SETS[] = {
-    /* bias old beta bkl delta is ent temp eh mcl sapo pad */
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, /* plain on-policy                              */
-    {1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1}, /* bias, off-policy, KL, T=0.7, padded strides  */
-    {0, 1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0}, /* delta, is [B,T], entropy 0.3, eps_high 0.28  */
-    {1, 0, 1, 1, 0, 2, 0, 1, 0, 1, 1, 1}, /* on-policy, bias-corrected KL, is [B], mcl/nib */
-    {1, 1, 1, 1, 1, 1, 2, 2, 1, 1, 0, 0}, /* everything off-policy, T=1.3, entropy -0.1    */
-    {0, 0, 1, 0, 1, 2, 1, 1, 1, 0, 1, 1}, /* on-policy, KL, delta, is [B], entropy, pad     */
+    /* bias old beta bkl delta is ent temp eh mcl sapo pad opm teq vk */
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, /* plain on-policy                              */
+    {1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0}, /* bias, off-policy, KL, T=0.7, padded strides  */
+    {0, 1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0}, /* delta, is [B,T], entropy 0.3, eps_high 0.28  */
+    {1, 0, 1, 1, 0, 2, 0, 1, 0, 1, 1, 1, 0, 0, 0}, /* on-policy, bias-corrected KL, is [B], mcl/nib */
+    {1, 1, 1, 1, 1, 1, 2, 2, 1, 1, 0, 0, 0, 0, 0}, /* everything off-policy, T=1.3, entropy -0.1    */
+    {0, 0, 1, 0, 1, 2, 1, 1, 1, 0, 1, 1, 0, 0, 0}, /* on-policy, KL, delta, is [B], entropy, pad     */
+    /* TRL 1.16's options: the off-policy mask, the entropy quantile, vespo's k/λ */
+    {1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 2, 1, 1}, /* sampler's logp, q 0.6, entropy bonus  */
+    {0, 0, 1, 1, 0, 2, 2, 1, 1, 0, 0, 0, 1, 2, 0}, /* on-policy drop, q 0.25, bkl, is [B]   */
 };
 #define NSETS ((int)(sizeof SETS / sizeof SETS[0]))
 
@@ -249,7 +261,10 @@ static void compare(const char *tag, int path, fg_dtype dt, const fg_loss_config
     double em = tu_rel_err(a->kl, b->kl, 1.0);
     const double ee = tu_rel_err(a->entropy, b->entropy, 1.0);
     if (ee > em) em = ee;
+    const double ep = tu_rel_err(a->vespo_phi_seq_mean, b->vespo_phi_seq_mean, 1.0);
+    if (ep > em) em = ep;
     check_q(tag, path, dt, Q_METRIC, em);
+    check_q(tag, path, dt, Q_LOSS, tu_rel_err(a->policy_loss, b->policy_loss, scale));
     double ec = 0.0;
     const double dc[4] = {a->clip_ratio_low - b->clip_ratio_low,
                           a->clip_ratio_high - b->clip_ratio_high,
@@ -257,6 +272,17 @@ static void compare(const char *tag, int path, fg_dtype dt, const fg_loss_config
                           a->cispo_clip_ratio - b->cispo_clip_ratio};
     for (int i = 0; i < 4; i++) {
         const double tokens = isnan(dc[i]) ? INFINITY : fabs(dc[i]) * (M > 1 ? M : 1);
+        if (tokens > ec) ec = tokens;
+    }
+    /* per-sequence fractions (NaN when every sequence is masked): in tokens of a sequence */
+    const double ds[2] = {a->clip_ratio_low_min - b->clip_ratio_low_min,
+                          a->clip_ratio_high_max - b->clip_ratio_high_max};
+    for (int i = 0; i < 2; i++) {
+        const double av = i ? a->clip_ratio_high_max : a->clip_ratio_low_min;
+        const double bv = i ? b->clip_ratio_high_max : b->clip_ratio_low_min;
+        const double tokens = isnan(av) && isnan(bv) ? 0.0
+                              : isnan(ds[i])         ? INFINITY
+                                                     : fabs(ds[i]) * (double)tb->T;
         if (tokens > ec) ec = tokens;
     }
     check_q(tag, path, dt, Q_CLIP, ec);
@@ -402,6 +428,15 @@ static void run_case(int si, int lt, int lvl, int set, fg_dtype dt, int case_idx
     if (op->sapo_t) {
         cfg.sapo_temperature_pos = 0.8;
         cfg.sapo_temperature_neg = 1.3;
+    }
+    if (op->opm) cfg.off_policy_mask_threshold = op->opm == 1 ? -0.01 : 0.0;
+    tb->have_sampling = op->opm == 2;
+    if (op->teq) cfg.top_entropy_quantile = op->teq == 1 ? 0.6 : 0.25;
+    if (op->vk) {
+        cfg.vespo_k_pos = 1.5;
+        cfg.vespo_lambda_pos = 2.5;
+        cfg.vespo_k_neg = 2.0;
+        cfg.vespo_lambda_neg = 1.0;
     }
     const fg_batch *batch = tu_batch_view(tb);
 

@@ -232,7 +232,7 @@ int main(void)
     int64_t ids[1] = {0};
     uint8_t mask[1] = {1};
     float adv[1] = {1}, h[2] = {1, 2}, w[2] = {3, 4}, gh[2] = {7, 7};
-    fg_batch b = {1, 1, ids, mask, adv, NULL, NULL, NULL, 0};
+    fg_batch b = {1, 1, ids, mask, adv, NULL, NULL, NULL, 0, NULL};
     fg_linear_inputs in = {fg_matrix_make(h, FG_DTYPE_F32, 1, 2), fg_matrix_make(w, FG_DTYPE_F32, 1, 2),
                            {NULL, FG_DTYPE_F32, 0}, 0, 5};
     fg_linear_outputs o;

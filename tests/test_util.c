@@ -149,11 +149,17 @@ void tu_config_defaults(fg_loss_config *cfg) {
     cfg->sapo_temperature_neg = 1.05;
     cfg->use_bias_correction_kl = 0;
     cfg->entropy_coef = 0.0;
+    cfg->vespo_k_pos = 2.0;
+    cfg->vespo_lambda_pos = 3.0;
+    cfg->vespo_k_neg = 3.0;
+    cfg->vespo_lambda_neg = 2.0;
+    cfg->off_policy_mask_threshold = INFINITY;
+    cfg->top_entropy_quantile = 1.0;
 }
 
 const char *tu_loss_name(int t) {
-    static const char *names[] = {"grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo"};
-    return t >= 0 && t < 7 ? names[t] : "?";
+    static const char *names[] = {"grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo"};
+    return t >= 0 && t < 8 ? names[t] : "?";
 }
 
 const char *tu_level_name(int l) { return l == 0 ? "token" : l == 1 ? "sequence" : "?"; }
@@ -189,6 +195,7 @@ int tu_batch_make(tu_batch *tb, int64_t B, int64_t T, int64_t V, int pattern, tu
     tb->old_logp = tu_xmalloc((size_t)N * sizeof(float));
     tb->ref_logp = tu_xmalloc((size_t)N * sizeof(float));
     tb->is_ratio = tu_xmalloc((size_t)N * sizeof(float));
+    tb->sampling_logp = tu_xmalloc((size_t)N * sizeof(float));
     const int64_t empty = B >= 3 ? (int64_t)(pattern % B) : -1;
     const int64_t holey = B >= 2 ? (empty + 1 + B) % B : -1;
     for (int64_t b = 0; b < B; b++) {
@@ -233,6 +240,15 @@ void tu_batch_fill_logp(tu_batch *tb, const double *logp_true, double s_old, dou
     }
     for (int64_t b = 0; b < tb->B; b++) /* per-sequence is_ratio lives in [0, B) */
         if (tb->is_mode == 2) tb->is_ratio[b] = (float)(0.5 + tu_uniform(rng));
+    /* the sampler's log-probs, without drawing from rng (the streams of the
+     * existing tests stay as they were) */
+    for (int64_t n = 0; n < N; n++) {
+        const uint64_t h = (uint64_t)(n + 1) * 0x9E3779B97F4A7C15ull;
+        const double u = (double)(h >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
+        tb->sampling_logp[n] = !tb->mask[n] ? 1e4f
+                               : n % 5 == 4 ? NAN
+                                            : (float)(tb->old_logp[n] + 0.5 * (u - 0.5));
+    }
 }
 
 const fg_batch *tu_batch_view(tu_batch *tb) {
@@ -247,6 +263,7 @@ const fg_batch *tu_batch_view(tu_batch *tb) {
     v->ref_logp = tb->have_ref ? tb->ref_logp : NULL;
     v->is_ratio = tb->is_mode ? tb->is_ratio : NULL;
     v->is_ratio_per_sequence = tb->is_mode == 2;
+    v->sampling_logp = tb->have_sampling ? tb->sampling_logp : NULL;
     return v;
 }
 
@@ -263,6 +280,7 @@ void tu_batch_free(tu_batch *tb) {
     free(tb->old_logp);
     free(tb->ref_logp);
     free(tb->is_ratio);
+    free(tb->sampling_logp);
     memset(tb, 0, sizeof(*tb));
 }
 
@@ -535,7 +553,7 @@ int tu_bf16_gemms_native(void)
     int64_t token = 0;
     uint8_t mask = 1;
     float adv = 0.0f;
-    fg_batch b = {1, 1, &token, &mask, &adv, NULL, NULL, NULL, 0};
+    fg_batch b = {1, 1, &token, &mask, &adv, NULL, NULL, NULL, 0, NULL};
     fg_linear_inputs in = {fg_matrix_make(hidden, FG_DTYPE_BF16, 1, 8),
                            fg_matrix_make(weight, FG_DTYPE_BF16, 4, 8), {NULL, FG_DTYPE_BF16, 0}, 0, 0};
     fg_linear_outputs out;

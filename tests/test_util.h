@@ -89,7 +89,10 @@ typedef struct tu_batch {
     float *old_logp;
     float *ref_logp;
     float *is_ratio;  /* [B*T] storage; used as [B] when per-sequence */
-    int have_old, have_ref;
+    float *sampling_logp; /* the sampler's log-probs: old_logp + a fixed offset
+                             in [-0.25, 0.25], NaN at every 5th token (an
+                             unscored token), hostile where masked           */
+    int have_old, have_ref, have_sampling;
     int is_mode;      /* 0: none, 1: [B, T], 2: [B] */
     fg_batch view;    /* refreshed by tu_batch_view */
 } tu_batch;

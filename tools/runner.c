@@ -27,7 +27,7 @@ void ft_loss_config_from(const ft_config *cfg, fg_loss_config *out)
 void ft_batch_from(const ft_problem *p, fg_batch *out)
 {
     *out = (fg_batch){p->s.batch, p->s.seq_len, p->token_ids, p->mask, p->advantages, p->old_logp,
-                      p->ref_logp, p->is_ratio, p->s.is_ratio == FT_ISR_SEQUENCE};
+                      p->ref_logp, p->is_ratio, p->s.is_ratio == FT_ISR_SEQUENCE, NULL};
 }
 
 /* "what: FG_ERR_X: message" for a failed library call. */

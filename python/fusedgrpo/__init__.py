@@ -149,7 +149,8 @@ def _vec(a, dtype, shape, name):
     return a
 
 
-def _batch_arrays(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T):
+def _batch_arrays(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T,
+                  sampling_logp=None):
     tok = np.asarray(token_ids)
     if tok.shape != (B, T):
         raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"token_ids has shape {tok.shape}, "
@@ -176,7 +177,8 @@ def _batch_arrays(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, 
             per_seq = True
         else:
             isr = _vec(isr, np.float32, (B, T), "is_ratio")
-    return tok, m, adv, old, ref, isr, per_seq
+    samp = _vec(sampling_logp, np.float32, (B, T), "sampling_logp")
+    return tok, m, adv, old, ref, isr, per_seq, samp
 
 
 def _ptr(a) -> int:
@@ -184,7 +186,7 @@ def _ptr(a) -> int:
 
 
 def _linear_operands(hidden, weight, bias, token_ids, mask, advantages, old_logp, ref_logp,
-                     is_ratio, dtype):
+                     is_ratio, dtype, sampling_logp=None):
     """(operands, request): the LM-head inputs in storage form, which the caller
     keeps alive through the C call, and the keyword arguments of
     _lib.linear_call / _lib.linear_plan that point at them."""
@@ -210,28 +212,35 @@ def _linear_operands(hidden, weight, bias, token_ids, mask, advantages, old_logp
         if b.shape != (V,):
             raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"bias has shape {b.shape}, expected "
                                  f"{(V,)}")
-    tok, m, adv, old, ref, isr, per_seq = _batch_arrays(token_ids, mask, advantages, old_logp,
-                                                        ref_logp, is_ratio, B, T)
-    operands = (h, w, b, tok, m, adv, old, ref, isr)
+    tok, m, adv, old, ref, isr, per_seq, samp = _batch_arrays(
+        token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T, sampling_logp)
+    operands = (h, w, b, tok, m, adv, old, ref, isr, samp)
     request = dict(B=B, T=T, H=H, V=V, dtype=dt, hidden=_ptr(h), ld_hidden=ldh, weight=_ptr(w),
                    ld_weight=ldw, bias=_ptr(b), token_ids=_ptr(tok), mask=_ptr(m),
                    advantages=_ptr(adv), old_logp=_ptr(old), ref_logp=_ptr(ref),
-                   is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq)
+                   is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq,
+                   sampling_logp=_ptr(samp))
     return operands, request
 
 
 def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None, ref_logp=None,
-                      *, bias=None, is_ratio=None, beta=0.0, epsilon_low=0.2, epsilon_high=None,
+                      *, bias=None, is_ratio=None, sampling_logp=None, beta=0.0,
+                      epsilon_low=0.2, epsilon_high=None,
                       delta=None, temperature=1.0, loss_type="dapo",
                       importance_sampling_level="token", max_completion_length=None,
                       num_items_in_batch=None, sapo_temperature_pos=1.0,
                       sapo_temperature_neg=1.05, use_bias_correction_kl=False,
-                      entropy_coef=0.0, dtype="float32", memory_budget=None, threads=None,
-                      impl="fused", compute_grad=True) -> GRPOResult:
+                      entropy_coef=0.0, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0,
+                      vespo_lambda_neg=2.0, off_policy_mask_threshold=None,
+                      top_entropy_quantile=1.0, dtype="float32", memory_budget=None,
+                      threads=None, impl="fused", compute_grad=True) -> GRPOResult:
     """The GRPO loss of LOSS_SPEC.md from LM-head inputs, forward and backward.
 
     hidden [B, T, H], weight [V, H], bias [V] (optional), token_ids / mask [B, T],
-    advantages [B], old_logp / ref_logp [B, T], is_ratio [B, T] or [B].
+    advantages [B], old_logp / ref_logp [B, T], is_ratio [B, T] or [B],
+    sampling_logp [B, T] (the sampler's log-probs, read by the off-policy mask;
+    NaN marks an unscored token). The loss options are TRL 1.16 GRPOConfig's
+    (docs/LOSS_SPEC.md); off_policy_mask_threshold None is off.
     ``impl`` is "fused" (bounded working memory, ``memory_budget`` bytes, default
     256 MiB) or "materialized" (the plain baseline). ``threads``: OpenMP threads
     of this call (default: OpenMP's). ``compute_grad=False`` skips the two
@@ -240,7 +249,7 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
     """
     loss_opts = _lib.loss_options(locals())
     operands, request = _linear_operands(hidden, weight, bias, token_ids, mask, advantages,
-                                         old_logp, ref_logp, is_ratio, dtype)
+                                         old_logp, ref_logp, is_ratio, dtype, sampling_logp)
     B, T, H, V = (request[k] for k in "BTHV")
     has_bias = operands[2] is not None
     cfg = _lib.make_config(**loss_opts)
@@ -257,13 +266,15 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
 
 
 def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp=None,
-                           ref_logp=None, *, bias=None, is_ratio=None, beta=0.0,
-                           epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
-                           loss_type="dapo", importance_sampling_level="token",
+                           ref_logp=None, *, bias=None, is_ratio=None, sampling_logp=None,
+                           beta=0.0, epsilon_low=0.2, epsilon_high=None, delta=None,
+                           temperature=1.0, loss_type="dapo", importance_sampling_level="token",
                            max_completion_length=None, num_items_in_batch=None,
                            sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
-                           use_bias_correction_kl=False, entropy_coef=0.0, dtype="float32",
-                           memory_budget=None, threads=None, impl="fused",
+                           use_bias_correction_kl=False, entropy_coef=0.0, vespo_k_pos=2.0,
+                           vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
+                           off_policy_mask_threshold=None, top_entropy_quantile=1.0,
+                           dtype="float32", memory_budget=None, threads=None, impl="fused",
                            compute_grad=True) -> dict:
     """What ``fused_linear_grpo`` with the same arguments would hold, without
     running it (the C planner, fg_linear_grpo_plan): a dict with chunk_rows,
@@ -274,7 +285,7 @@ def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp
     is that dict."""
     loss_opts = _lib.loss_options(locals())
     operands, request = _linear_operands(hidden, weight, bias, token_ids, mask, advantages,
-                                         old_logp, ref_logp, is_ratio, dtype)
+                                         old_logp, ref_logp, is_ratio, dtype, sampling_logp)
     has_bias = operands[2] is not None
     return _lib.linear_plan(_lib.make_config(**loss_opts), impl,
                             _lib.make_exec(threads, memory_budget),
@@ -283,10 +294,13 @@ def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp
 
 
 def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=None, *,
-                is_ratio=None, beta=0.0, epsilon_low=0.2, epsilon_high=None, delta=None,
+                is_ratio=None, sampling_logp=None, beta=0.0, epsilon_low=0.2,
+                epsilon_high=None, delta=None,
                 temperature=1.0, loss_type="dapo", importance_sampling_level="token",
                 max_completion_length=None, num_items_in_batch=None, sapo_temperature_pos=1.0,
                 sapo_temperature_neg=1.05, use_bias_correction_kl=False, entropy_coef=0.0,
+                vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
+                off_policy_mask_threshold=None, top_entropy_quantile=1.0,
                 dtype="float32", threads=None, compute_grad=True, inplace=False) -> GRPOResult:
     """The same loss from logits [B, T, V] the caller already holds.
 
@@ -307,8 +321,8 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", "inplace=True needs logits already in the "
                              "storage dtype with a contiguous last axis")
     lg, ldl = _rows_view(lg, 2)
-    tok, m, adv, old, ref, isr, per_seq = _batch_arrays(token_ids, mask, advantages, old_logp,
-                                                        ref_logp, is_ratio, B, T)
+    tok, m, adv, old, ref, isr, per_seq, samp = _batch_arrays(
+        token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T, sampling_logp)
     cfg = _lib.make_config(**loss_opts)
     logp = np.empty((B, T), np.float32)
     ent = np.empty((B, T), np.float32)
@@ -323,8 +337,8 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
     loss, metrics = _lib.logits_call(
         cfg, _lib.make_exec(threads), B=B, T=T, V=V, dtype=dt, logits=_ptr(lg), ld_logits=ldl,
         token_ids=_ptr(tok), mask=_ptr(m), advantages=_ptr(adv), old_logp=_ptr(old),
-        ref_logp=_ptr(ref), is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq, logp=_ptr(logp),
-        entropy=_ptr(ent),
+        ref_logp=_ptr(ref), is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq,
+        sampling_logp=_ptr(samp), logp=_ptr(logp), entropy=_ptr(ent),
         grad_logits=_ptr(g), ld_grad_logits=ldg, grad_dtype=gdt)
     return GRPOResult(loss=loss, logp=logp, entropy=ent, metrics=metrics, grad_logits=g)
 

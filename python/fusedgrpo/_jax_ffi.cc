@@ -13,7 +13,7 @@
 //   old_logp [B,T] | [0], ref_logp [B,T] | [0], is_ratio [B,T] | [B] | [0] f32,
 //   scalars f32[2] = (num_items_in_batch (< 0: default), entropy_coef)
 //     (runtime values, so the sharded wrapper can feed global normalizers)
-// Results (f32): loss [], metrics [6], logp [B,T], entropy [B,T],
+// Results (f32): loss [], metrics [10] (METRIC_NAMES), logp [B,T], entropy [B,T],
 //   grad_hidden [B,T,H] | [0], grad_weight [V,H] | [0], grad_bias [V] | [0].
 //   shard s32[2] = (vocab rank, group id) (runtime: lax.axis_index under shard_map)
 // Attributes: loss_type, level, impl (strings); beta, epsilon_low, epsilon_high,
@@ -365,6 +365,10 @@ ffi::Error LinearGrpoImpl(ffi::AnyBuffer hidden, ffi::AnyBuffer weight, ffi::Any
     m[3] = (float)out.metrics.clip_ratio_high;
     m[4] = (float)out.metrics.clip_ratio_region;
     m[5] = (float)out.metrics.cispo_clip_ratio;
+    m[6] = (float)out.metrics.clip_ratio_low_min;
+    m[7] = (float)out.metrics.clip_ratio_high_max;
+    m[8] = (float)out.metrics.vespo_phi_seq_mean;
+    m[9] = (float)out.metrics.policy_loss;
     fg_memory_stats ms;
     if (fg_get_memory_stats(pc.e.ctx, &ms) == FG_OK)
         AddCallTotals(ms.call_seconds, ms.gemm_seconds);

@@ -7,6 +7,7 @@ thread count and memory budget travel with every call in an fg_exec.
 from __future__ import annotations
 
 import ctypes
+import math
 import inspect
 import os
 import threading
@@ -15,10 +16,11 @@ from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int64, c_si
 
 __all__ = ["FusedGRPOError", "library_path", "lib", "LOSS_TYPES", "LEVELS", "METRIC_NAMES"]
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
 LEVELS = ("token", "sequence")
 METRIC_NAMES = ("kl", "entropy", "clip_ratio_low", "clip_ratio_high", "clip_ratio_region",
-                "cispo_clip_ratio")
+                "cispo_clip_ratio", "clip_ratio_low_min", "clip_ratio_high_max",
+                "vespo_phi_seq_mean", "policy_loss")
 DTYPE_F32 = 0
 DTYPE_BF16 = 1
 IMPLS = {"fused": 0, "materialized": 1}
@@ -56,13 +58,17 @@ class fg_loss_config(Structure):
                 ("delta", c_double), ("beta", c_double), ("max_completion_length", c_int64),
                 ("num_items_in_batch", c_double), ("sapo_temperature_pos", c_double),
                 ("sapo_temperature_neg", c_double), ("use_bias_correction_kl", c_int),
-                ("entropy_coef", c_double)]
+                ("entropy_coef", c_double), ("vespo_k_pos", c_double),
+                ("vespo_lambda_pos", c_double), ("vespo_k_neg", c_double),
+                ("vespo_lambda_neg", c_double), ("off_policy_mask_threshold", c_double),
+                ("top_entropy_quantile", c_double)]
 
 
 class fg_batch(Structure):
     _fields_ = [("batch", c_int64), ("seq_len", c_int64), ("token_ids", c_void_p),
                 ("mask", c_void_p), ("advantages", c_void_p), ("old_logp", c_void_p),
-                ("ref_logp", c_void_p), ("is_ratio", c_void_p), ("is_ratio_per_sequence", c_int)]
+                ("ref_logp", c_void_p), ("is_ratio", c_void_p), ("is_ratio_per_sequence", c_int),
+                ("sampling_logp", c_void_p)]
 
 
 class fg_metrics(Structure):
@@ -318,7 +324,9 @@ def make_config(*, loss_type="dapo", importance_sampling_level="token", beta=0.0
                 epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
                 max_completion_length=None, num_items_in_batch=None, sapo_temperature_pos=1.0,
                 sapo_temperature_neg=1.05, use_bias_correction_kl=False,
-                entropy_coef=0.0) -> fg_loss_config:
+                entropy_coef=0.0, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0,
+                vespo_lambda_neg=2.0, off_policy_mask_threshold=None,
+                top_entropy_quantile=1.0) -> fg_loss_config:
     cfg = fg_loss_config()
     lib.fg_loss_config_init(ctypes.byref(cfg))
     try:
@@ -345,6 +353,14 @@ def make_config(*, loss_type="dapo", importance_sampling_level="token", beta=0.0
     cfg.sapo_temperature_neg = float(sapo_temperature_neg)
     cfg.use_bias_correction_kl = 1 if use_bias_correction_kl else 0
     cfg.entropy_coef = float(entropy_coef)
+    cfg.vespo_k_pos = float(vespo_k_pos)
+    cfg.vespo_lambda_pos = float(vespo_lambda_pos)
+    cfg.vespo_k_neg = float(vespo_k_neg)
+    cfg.vespo_lambda_neg = float(vespo_lambda_neg)
+    # None (TRL's default): off, which the C config spells +inf
+    cfg.off_policy_mask_threshold = (math.inf if off_policy_mask_threshold is None
+                                     else float(off_policy_mask_threshold))
+    cfg.top_entropy_quantile = float(top_entropy_quantile)
     return cfg
 
 
@@ -365,9 +381,9 @@ def _mat(ptr, dtype, rows, cols, ld):
 
 
 def _batch(B, T, token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
-           is_ratio_per_sequence):
+           is_ratio_per_sequence, sampling_logp=None):
     return fg_batch(B, T, token_ids, mask, advantages, old_logp or None, ref_logp or None,
-                    is_ratio or None, 1 if is_ratio_per_sequence else 0)
+                    is_ratio or None, 1 if is_ratio_per_sequence else 0, sampling_logp or None)
 
 
 def _metrics(m: fg_metrics) -> dict:
@@ -377,7 +393,7 @@ def _metrics(m: fg_metrics) -> dict:
 def _linear_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_weight, bias,
                     token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
                     is_ratio_per_sequence, logp, entropy, grad_hidden, grad_weight, grad_bias,
-                    vocab_start=0, vocab_total=0):
+                    vocab_start=0, vocab_total=0, sampling_logp=0):
     """(options, inputs, batch, outputs) of fg_linear_grpo on raw addresses."""
     if impl not in IMPLS:
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of {tuple(IMPLS)}")
@@ -386,7 +402,7 @@ def _linear_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_we
                               _mat(weight, dtype, V, H, ld_weight),
                               fg_vector(bias or None, dtype, V), vocab_start, vocab_total)
     batch = _batch(B, T, token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
-                   is_ratio_per_sequence)
+                   is_ratio_per_sequence, sampling_logp)
     out = fg_linear_outputs()
     out.logp = logp or None
     out.entropy = entropy or None
@@ -439,11 +455,12 @@ def linear_plan(cfg: fg_loss_config, impl: str, exec_: fg_exec, *, want_grad_hid
 
 def logits_call(cfg: fg_loss_config, exec_: fg_exec, *, B, T, V, dtype, logits, ld_logits,
                 token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
-                is_ratio_per_sequence, logp, entropy, grad_logits, ld_grad_logits, grad_dtype):
+                is_ratio_per_sequence, logp, entropy, grad_logits, ld_grad_logits, grad_dtype,
+                sampling_logp=0):
     """fg_logits_grpo on raw addresses on the calling thread's context. Returns
     (loss, metrics)."""
     batch = _batch(B, T, token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
-                   is_ratio_per_sequence)
+                   is_ratio_per_sequence, sampling_logp)
     lg = _mat(logits, dtype, B * T, V, ld_logits)
     out = fg_logits_outputs()
     out.logp = logp or None

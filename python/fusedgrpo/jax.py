@@ -156,7 +156,7 @@ def _empty(dtype=jnp.float32):
 def _out_types(B, T, H, V, need):
     f = jnp.float32
     S = jax.ShapeDtypeStruct
-    return (S((), f), S((6,), f), S((B, T), f), S((B, T), f),
+    return (S((), f), S((len(METRIC_NAMES),), f), S((B, T), f), S((B, T), f),
             S((B, T, H) if need[0] else (0,), f), S((V, H) if need[1] else (0,), f),
             S((V,) if need[2] else (0,), f))
 
@@ -365,6 +365,13 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
     def psum_b(x):
         return lax.psum(x, batch_axis) if batch_axis else x
 
+    def nan_extreme(x, reduce):  # TRL's nanmin / nanmax over every shard's sequences
+        if not batch_axis:
+            return x
+        fill = jnp.inf if reduce is lax.pmin else -jnp.inf
+        r = reduce(jnp.where(jnp.isnan(x), fill, x), batch_axis)
+        return jnp.where(jnp.isinf(r), jnp.nan, r)
+
     def local(*arrs):
         a = dict(zip([n for n, _ in present], arrs))
         m = a["mask"]
@@ -391,7 +398,19 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
                        a.get("ref_logp"), a.get("is_ratio"), items, c_eff, shard)
         loss, (metrics, logp, ent) = _core(cfg, a["hidden"], a["weight"], a.get("bias"), batch)
         loss = psum_b(s_p * loss)
-        metrics = psum_b(metrics * n_loc) / n_glob1
+        # METRIC_NAMES: kl, entropy (token means); the clip fractions (token
+        # means, or sequence means at the sequence level); the per-sequence
+        # min / max; vespo's weight (a sequence mean); the policy loss (as the loss)
+        metrics = lax.stop_gradient(metrics)  # metrics carry no gradient (pmin has no rule)
+        B_loc_f = jnp.float32(B_loc)
+        w_clip = B_loc_f if cfg.importance_sampling_level == "sequence" else n_loc
+        d_clip = jnp.float32(B_glob) if cfg.importance_sampling_level == "sequence" else n_glob1
+        metrics = jnp.concatenate([
+            psum_b(metrics[0:2] * n_loc) / n_glob1,
+            psum_b(metrics[2:6] * w_clip) / d_clip,
+            nan_extreme(metrics[6:7], lax.pmin), nan_extreme(metrics[7:8], lax.pmax),
+            psum_b(metrics[8:9] * B_loc_f) / jnp.float32(B_glob),
+            psum_b(s_p * metrics[9:10])])
         if nv > 1:
             loss = loss[None]  # one (equal) value per vocab shard, averaged outside
         return loss, metrics, logp, ent

@@ -16,8 +16,8 @@ Differences from Liger, by design (LOSS_SPEC.md is the contract):
   ``return_metrics_dict=True`` for every metric by name.
 - "luspo" at token level follows the spec (mean over b of sum_t m*L); Liger /
   TRL also weight masked positions there. They agree at sequence level.
-- ``use_bias_correction_kl`` multiplies by the token-level ratio (spec); Liger
-  uses the sequence ratio at sequence level.
+- ``use_bias_correction_kl`` multiplies by the ratio of the importance-sampling
+  level (TRL 1.16's coef_1; docs/LOSS_SPEC.md), as Liger does.
 - "vespo" is not implemented: loss_type="vespo" and non-default vespo_*
   arguments raise NotImplementedError; ``chunk_size`` other than Liger's
   default raises ValueError (chunking is planned from ``memory_budget``).
@@ -105,7 +105,7 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
                 impl: str = "fused", threads: Optional[int] = None,
                 memory_budget: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor,
                                                               Tensor, Tensor, Tensor]:
-    """One C call: (loss [], metrics [6] (METRIC_NAMES order), logp [B, T],
+    """One C call: (loss [], metrics [len(METRIC_NAMES)] (METRIC_NAMES order), logp [B, T],
     entropy [B, T], grad_hidden [B, T, H], grad_weight [V, H], grad_bias [V]),
     all float32; a gradient not computed (compute_grad_* False, or no bias) is
     an empty [0] tensor. The tensors are positional (torch.library custom ops
@@ -170,7 +170,7 @@ def _(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None, ref
     V = weight.shape[0]
     f32 = torch.float32
     e = hidden.new_empty
-    return (e((), dtype=f32), e((6,), dtype=f32), e((B, T), dtype=f32), e((B, T), dtype=f32),
+    return (e((), dtype=f32), e((len(METRIC_NAMES),), dtype=f32), e((B, T), dtype=f32), e((B, T), dtype=f32),
             e((B, T, H) if compute_grad_hidden else (0,), dtype=f32),
             e((V, H) if compute_grad_weight else (0,), dtype=f32),
             e((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=f32))

@@ -62,7 +62,7 @@ def jax_baseline(hidden, weight, token_ids, mask, advantages, old_logp=None, ref
         d = ref_logp - logp
         kl = jnp.exp(d) - d - 1.0
         if use_bias_correction_kl:
-            kl = kl * jnp.exp(lr_tok)
+            kl = kl * ratio  # TRL 1.16 multiplies by coef_1, the level's ratio
         L = L + beta * kl
     tot = jnp.maximum(m.sum(), 1.0)
     if loss_type in ("grpo", "sapo"):

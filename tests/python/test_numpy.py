@@ -12,7 +12,7 @@ from fusedgrpo import _lib
 from grpo_reference import make_inputs, reference
 from tolerance import assert_close, compare_to_reference
 
-LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo"]
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo"]
 LEVELS = ["token", "sequence"]
 
 # Option sets: each is (name, input kwargs, config kwargs).
@@ -27,6 +27,16 @@ OPTIONS = [
     ("temperature_entropy", {}, {"temperature": 0.7, "entropy_coef": 0.05}),
     ("normalizers", {"bias": False}, {"max_completion_length": 9, "num_items_in_batch": 17,
                                       "sapo_temperature_pos": 0.8, "sapo_temperature_neg": 1.6}),
+    # TRL 1.16's options (docs/LOSS_SPEC.md): the off-policy sequence mask fed by
+    # the sampler's log-probs (NaN: an unscored token), the high-entropy token
+    # mask with the entropy bonus over it, vespo's k / lambda with is_ratio
+    ("off_policy_mask", {"sampling": True}, {"off_policy_mask_threshold": 0.0, "beta": 0.05}),
+    ("off_policy_mask_on_policy", {"off_policy": False}, {"off_policy_mask_threshold": -0.01}),
+    ("entropy_quantile", {}, {"top_entropy_quantile": 0.6, "entropy_coef": 0.05}),
+    ("entropy_quantile_low_is", {"is_ratio": "token"}, {"top_entropy_quantile": 0.2,
+                                                        "entropy_coef": -0.03}),
+    ("vespo_params", {"is_ratio": "seq"}, {"vespo_k_pos": 1.5, "vespo_lambda_pos": 2.5,
+                                           "vespo_k_neg": 2.0, "vespo_lambda_neg": 1.0}),
 ]
 
 
@@ -34,8 +44,13 @@ def _inputs(seed, opt_inp, **kw):
     rng = np.random.default_rng(seed)
     opt = dict(opt_inp)
     isr = opt.pop("is_ratio", None)
+    sampling = opt.pop("sampling", False)
     inp = make_inputs(rng, **{**opt, **kw})
     B, T = inp["mask"].shape
+    if sampling:  # around old_logp; every 5th token unscored (NaN), as vLLM may give
+        s = inp["old_logp"] + rng.normal(0, 0.2, (B, T)).astype(np.float32)
+        s.reshape(-1)[4::5] = np.nan
+        inp["sampling_logp"] = s
     if isr == "token":
         inp["is_ratio"] = rng.uniform(0.5, 1.5, (B, T)).astype(np.float32)
     elif isr == "seq":
@@ -71,6 +86,29 @@ def test_all_loss_types_levels_options(loss_type, level, opt):
     check_against_reference(inp, cfg)
 
 
+NEW_OPTIONS = [o for o in OPTIONS if o[0] in ("off_policy_mask", "entropy_quantile",
+                                                "entropy_quantile_low_is", "vespo_params")]
+
+
+@pytest.mark.parametrize("opt", NEW_OPTIONS, ids=[o[0] for o in NEW_OPTIONS])
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo", "sapo", "vespo"])
+def test_trl_options_bf16_fused_chunked(loss_type, level, opt):
+    """TRL 1.16's options with bf16 inputs, fused over several chunks (these
+    options need every token's log-prob or entropy before the gradient sweep)."""
+    name, opt_inp, opt_cfg = opt
+    seed = zlib.crc32(f"bf16/{loss_type}/{level}/{name}".encode())
+    inp = _inputs(seed, opt_inp, B=3, T=7, H=45, V=1013)
+    if loss_type == "cispo":
+        opt_cfg = {**opt_cfg, "epsilon_high": 1.1}
+    cfg = dict(loss_type=loss_type, importance_sampling_level=level, **opt_cfg)
+    with pytest.raises(fg.FusedGRPOError) as e:  # the smallest budget, from the planner
+        fg.fused_linear_grpo_plan(**inp, **cfg, dtype="bfloat16", memory_budget=1)
+    budget = e.value.plan["min_budget_bytes"]  # one token row a chunk
+    got, _ = check_against_reference(inp, cfg, dtype="bfloat16", memory_budget=budget)
+    assert fg.memory_stats()["chunks"] > 1
+
+
 @pytest.mark.parametrize("impl", ["fused", "materialized"])
 def test_odd_sizes_prime_vocab_all_masked_sequence(impl):
     # V prime, H not a multiple of 16, one sequence fully masked
@@ -89,7 +127,15 @@ def test_everything_masked_is_zero_not_nan():
         got = fg.fused_linear_grpo(**inp, loss_type=lt, beta=0.1)
         assert got.loss == 0.0
         assert np.all(got.grad_hidden == 0) and np.all(got.grad_weight == 0)
-        assert all(v == 0 for v in got.metrics.values())
+        # TRL's conventions: the per-sequence min/max of clipped types have no
+        # sequence to count (nanmin of nothing: NaN); vespo's weight of an
+        # empty sequence is phi(1) = 1; everything else is 0, never NaN.
+        special = {"clip_ratio_low_min", "clip_ratio_high_max", "vespo_phi_seq_mean"}
+        assert all(v == 0 for k, v in got.metrics.items() if k not in special), got.metrics
+        clipped = lt in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+        for k in ("clip_ratio_low_min", "clip_ratio_high_max"):
+            assert np.isnan(got.metrics[k]) if clipped else got.metrics[k] == 0, (lt, k)
+        assert got.metrics["vespo_phi_seq_mean"] == (1.0 if lt == "vespo" else 0.0)
 
 
 def test_chunked_small_budget_matches_one_chunk():
