@@ -1,7 +1,7 @@
 /*
  * fusedgrpo: the GRPO policy loss fused with the LM head.
  *
- * One public header. The numerical contract is LOSS_SPEC.md (shared/): every
+ * One public header. The numerical contract is docs/LOSS_SPEC.md: every
  * entry point below computes exactly that function and its gradient.
  *
  * Conventions

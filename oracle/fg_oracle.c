@@ -1,5 +1,5 @@
 /*
- * fg_oracle: float64 reference of LOSS_SPEC.md. Plain loops, everything in
+ * fg_oracle: float64 reference of docs/LOSS_SPEC.md. Plain loops, everything in
  * double, written from the spec alone (independent of src/).
  *
  * The gradient of the loss with respect to the per-token log-prob and entropy

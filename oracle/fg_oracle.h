@@ -1,5 +1,5 @@
 /*
- * fg_oracle: a float64 reference of LOSS_SPEC.md, written independently of the
+ * fg_oracle: a float64 reference of docs/LOSS_SPEC.md, written independently of the
  * library's code so that it can judge every path. Slow on purpose: plain loops,
  * everything in double. Used by the tests and by `fusedgrpo gradcheck`.
  *
