@@ -93,14 +93,18 @@ def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
 def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
                 advantages: Tensor, bias: Optional[Tensor] = None,
                 old_logp: Optional[Tensor] = None, ref_logp: Optional[Tensor] = None,
-                is_ratio: Optional[Tensor] = None, *, loss_type: str = "dapo",
+                is_ratio: Optional[Tensor] = None, sampling_logp: Optional[Tensor] = None, *,
+                loss_type: str = "dapo",
                 importance_sampling_level: str = "token", beta: float = 0.0,
                 epsilon_low: float = 0.2, epsilon_high: Optional[float] = None,
                 delta: Optional[float] = None, temperature: float = 1.0,
                 max_completion_length: Optional[int] = None,
                 num_items_in_batch: Optional[float] = None, sapo_temperature_pos: float = 1.0,
                 sapo_temperature_neg: float = 1.05, use_bias_correction_kl: bool = False,
-                entropy_coef: float = 0.0, compute_grad_hidden: bool = True,
+                entropy_coef: float = 0.0, vespo_k_pos: float = 2.0,
+                vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0,
+                vespo_lambda_neg: float = 2.0, off_policy_mask_threshold: Optional[float] = None,
+                top_entropy_quantile: float = 1.0, compute_grad_hidden: bool = True,
                 compute_grad_weight: bool = True, compute_grad_bias: bool = True,
                 impl: str = "fused", threads: Optional[int] = None,
                 memory_budget: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor,
@@ -136,6 +140,7 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
     old = _f32(old_logp)
     ref = _f32(ref_logp)
     isr = _f32(is_ratio)
+    samp = _f32(sampling_logp)
     per_seq = False
     if isr is not None:
         if isr.numel() == B and tuple(isr.shape) != (B, T):
@@ -156,15 +161,15 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
         cfg, impl, _lib.make_exec(threads, memory_budget), B=B, T=T, H=H, V=V,
         dtype=_DT[h.dtype], hidden=p(h), ld_hidden=ldh, weight=p(w), ld_weight=ldw, bias=p(b),
         token_ids=p(tok), mask=p(m), advantages=p(adv), old_logp=p(old), ref_logp=p(ref),
-        is_ratio=p(isr), is_ratio_per_sequence=per_seq, logp=p(logp), entropy=p(ent),
-        grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb))
+        is_ratio=p(isr), is_ratio_per_sequence=per_seq, sampling_logp=p(samp), logp=p(logp),
+        entropy=p(ent), grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb))
     return (torch.tensor(loss, dtype=f32), torch.tensor([metrics[n] for n in METRIC_NAMES],
                                                         dtype=f32), logp, ent, gh, gw, gb)
 
 
 @linear_grpo.register_fake
 def _(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None, ref_logp=None,
-      is_ratio=None, *, compute_grad_hidden=True, compute_grad_weight=True,
+      is_ratio=None, sampling_logp=None, *, compute_grad_hidden=True, compute_grad_weight=True,
       compute_grad_bias=True, **options):
     B, T, H = hidden.shape
     V = weight.shape[0]
@@ -206,21 +211,24 @@ def _backward(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb):
         if gb.numel():
             db = scaled(gb, ctx.dtypes[2])
     # One gradient per positional input: hidden, weight, token_ids, mask,
-    # advantages, bias, old_logp, ref_logp, is_ratio (keyword-only ones take none).
-    return dh, dw, None, None, None, db, None, None, None
+    # advantages, bias, old_logp, ref_logp, is_ratio, sampling_logp (keyword-only
+    # ones take none).
+    return dh, dw, None, None, None, db, None, None, None, None
 
 
 linear_grpo.register_autograd(_backward, setup_context=_setup_context)
 
 
 def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=None,
-                           old_logp=None, ref_logp=None, is_ratio=None, *, beta=0.0,
-                           epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
-                           loss_type="dapo", importance_sampling_level="token",
+                           old_logp=None, ref_logp=None, is_ratio=None, sampling_logp=None, *,
+                           beta=0.0, epsilon_low=0.2, epsilon_high=None, delta=None,
+                           temperature=1.0, loss_type="dapo", importance_sampling_level="token",
                            max_completion_length=None, num_items_in_batch=None,
                            sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
-                           use_bias_correction_kl=False, entropy_coef=0.0, impl="fused",
-                           threads=None, memory_budget=None):
+                           use_bias_correction_kl=False, entropy_coef=0.0, vespo_k_pos=2.0,
+                           vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
+                           off_policy_mask_threshold=None, top_entropy_quantile=1.0,
+                           impl="fused", threads=None, memory_budget=None):
     """Functional form: (loss, metrics dict of 0-dim tensors, logp, entropy); the
     loss is differentiable w.r.t. hidden, weight and bias. Only the gradients of
     the tensors that require one (with grad mode on) are computed."""
@@ -231,12 +239,15 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
     # cannot trace locals() (which the op itself, opaque to it, may use).
     loss, metrics, logp, ent, _, _, _ = linear_grpo(
         hidden, weight, token_ids, mask, advantages, bias, old_logp, ref_logp, is_ratio,
-        loss_type=loss_type, importance_sampling_level=importance_sampling_level, beta=beta,
+        sampling_logp, loss_type=loss_type, importance_sampling_level=importance_sampling_level, beta=beta,
         epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
         temperature=temperature, max_completion_length=max_completion_length,
         num_items_in_batch=num_items_in_batch, sapo_temperature_pos=sapo_temperature_pos,
         sapo_temperature_neg=sapo_temperature_neg,
         use_bias_correction_kl=use_bias_correction_kl, entropy_coef=entropy_coef,
+        vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg,
+        vespo_lambda_neg=vespo_lambda_neg, off_policy_mask_threshold=off_policy_mask_threshold,
+        top_entropy_quantile=top_entropy_quantile,
         compute_grad_hidden=grad_on and hidden.requires_grad,
         compute_grad_weight=grad_on and weight.requires_grad,
         compute_grad_bias=grad_on and bias is not None and bias.requires_grad, impl=impl,

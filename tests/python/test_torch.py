@@ -171,7 +171,7 @@ def test_op_signature_is_keyword_only_with_optional_types():
     schema = str(torch.ops.fusedgrpo.linear_grpo.default._schema)
     tensors, options = schema.split(", *, ")
     assert tensors.endswith("Tensor? bias=None, Tensor? old_logp=None, Tensor? ref_logp=None, "
-                            "Tensor? is_ratio=None"), schema
+                            "Tensor? is_ratio=None, Tensor? sampling_logp=None"), schema
     for arg in ('str loss_type="dapo"', "float? epsilon_high=None", "float? delta=None",
                 "SymInt? max_completion_length=None", "float? num_items_in_batch=None",
                 "SymInt? threads=None", "SymInt? memory_budget=None"):
