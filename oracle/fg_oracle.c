@@ -184,16 +184,19 @@ static double loss_impl(const fg_loss_config *cfg, const fg_batch *bt,
                 n_eff += 1.0;
             }
             if (!seq_level) {
-                const int low = ratio < 1.0 - el && A < 0;
-                const int high = ratio > 1.0 + eh && A > 0;
+                /* the clip metrics see TRL's coef_1 after the two-sided clip */
+                const double rm = clipped && delta_on && ratio > cfg->delta ? cfg->delta : ratio;
+                const int low = rm < 1.0 - el && A < 0;
+                const int high = rm > 1.0 + eh && A > 0;
                 s_low += low;
                 s_high += high;
                 n_region += (low || high);
-                n_cispo += ratio > eh && A > 0;
+                n_cispo += rm > eh && A > 0;
             }
         }
         if (seq_level) { /* one ratio per sequence: every sequence counts once */
-            const double r = exp(lr_seq);
+            double r = exp(lr_seq);
+            if (clipped && delta_on && r > cfg->delta) r = cfg->delta;
             s_low = r < 1.0 - el && A < 0;
             s_high = r > 1.0 + eh && A > 0;
             n_region += s_low || s_high;

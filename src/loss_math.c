@@ -216,6 +216,13 @@ static double policy_ratio(const fg_loss_plan *p, int64_t b, int64_t n, double l
     return p->old ? exp(logp - (double)p->old[n]) : 1.0;
 }
 
+/* The ratio the clip metrics test: TRL's coef_1 after the two-sided clip
+ * (min(ratio, delta) for the clipped types when delta is set). */
+static double metric_ratio(const fg_loss_plan *p, double ratio)
+{
+    return clipped_type(p->type) && p->delta > 0 && ratio > p->delta ? p->delta : ratio;
+}
+
 static int in_entropy_mask(const fg_loss_plan *p, float entropy)
 {
     return entropy >= p->entropy_threshold;
@@ -359,17 +366,18 @@ void fg_loss_evaluate(const fg_loss_plan *p, const float *logp, const float *ent
             kl += tt.kl;
             c += 1;
             if (!seq_level) { /* token-level ratios: per-token indicators */
-                const int is_low = ratio < lo && A < 0, is_high = ratio > hi && A > 0;
+                const double r = metric_ratio(p, ratio);
+                const int is_low = r < lo && A < 0, is_high = r > hi && A > 0;
                 seq_low += is_low;
                 seq_high += is_high;
                 region += is_low || is_high;
-                cispo += ratio > p->eps_high && A > 0;
+                cispo += r > p->eps_high && A > 0;
             }
         }
         total += p->seq_weight[b] * seq;
         phi += p->seq_phi[b];
         if (seq_level) { /* one ratio per sequence: indicators per sequence, every sequence counts */
-            const double ratio = exp(p->seq_log_ratio[b]);
+            const double ratio = metric_ratio(p, exp(p->seq_log_ratio[b]));
             seq_low = ratio < lo && A < 0;
             seq_high = ratio > hi && A > 0;
             region += seq_low || seq_high;

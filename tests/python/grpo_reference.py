@@ -246,6 +246,8 @@ def reference(hidden, weight, token_ids, mask, advantages, old_logp=None, ref_lo
     eh = cfg.epsilon_low if cfg.epsilon_high is None else cfg.epsilon_high
     seq = cfg.importance_sampling_level == "sequence"
     r = ratio[:, :1] if seq else ratio
+    if cfg.delta is not None and cfg.loss_type in PPO_TYPES:  # TRL's coef_1 after the clamp
+        r = np.minimum(r, cfg.delta)
     low = (r < 1 - cfg.epsilon_low) & (A < 0)
     high = (r > 1 + eh) & (A > 0)
     cisp = (r > eh) & (A > 0)

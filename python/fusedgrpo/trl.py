@@ -1,0 +1,266 @@
+"""fusedgrpo for Hugging Face TRL: ``FusedGRPOTrainer``, a drop-in for ``trl.GRPOTrainer``.
+
+Constructed exactly like ``trl.GRPOTrainer`` (TRL 1.16). Its ``_compute_loss``
+runs the model's backbone, then fusedgrpo's fused loss on the last hidden
+states and the LM head (tied embeddings included): the loss, its gradient and
+TRL's metrics come from one C call per micro-batch, the ``[tokens, vocab]``
+logits never exist, and neither TRL's chunked LM-head kernel nor a
+``log_softmax`` runs. The old- and reference-policy log-prob passes (TRL's
+``_get_per_token_logps_and_entropies``) run ``fg_linear_logprobs``: one GEMM
+per token, no gradient.
+
+What the trainer keeps of TRL's own: generation, rewards, advantages, the
+gradient-accumulation and world-size scaling of the normalisers (handed to the
+C call as ``num_items_in_batch`` and a scale of the loss, docs/LOSS_SPEC.md
+"Aggregation"), the adaptive entropy coefficient, and the metric logging (the
+C call's metrics, reduced across processes as TRL reduces its own).
+
+Refused with a clear error rather than ignored: multimodal inputs, MoE router
+aux losses, per-token advantages ``[B, T]``, models whose head scales or
+soft-caps its logits (``logit_scale``, ``final_logit_softcapping``).
+"""
+from __future__ import annotations
+
+import functools
+import types
+from contextlib import nullcontext
+
+import torch
+
+try:
+    import trl
+    from trl import GRPOTrainer
+    from trl.trainer.utils import FusedCausalLMOutput, nanmax, nanmin
+except ImportError as e:  # pragma: no cover - the module is useless without TRL
+    raise ImportError("fusedgrpo.trl needs TRL (pip install trl)") from e
+
+from .torch import fused_linear_grpo_loss
+
+__all__ = ["FusedGRPOTrainer", "add_fusedgrpo_lm_head"]
+
+# Loss types whose policy term TRL divides by the accumulation steps; the
+# others get TRL's rescaled num_items_in_batch.
+_PER_STEP_NORMALIZED = ("grpo", "bnpo", "dr_grpo", "luspo", "sapo")
+_CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+
+
+def _head_scaling(model):
+    cfg = model.config.get_text_config()
+    for name in ("final_logit_softcapping", "logit_scale", "output_multiplier",
+                 "lm_head_multiplier", "logits_scaling"):
+        v = getattr(cfg, name, None)
+        if v is not None and not (name != "final_logit_softcapping" and v == 1.0):
+            return name
+    return None
+
+
+def add_fusedgrpo_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False):
+    """Patches ``model.forward`` like TRL's ``add_fused_lm_head``, with fusedgrpo
+    behind it: ``model(..., labels=labels, fused_lm_head=True)`` returns a
+    ``FusedCausalLMOutput`` with ``log_probs`` and ``entropy`` of the labelled
+    positions (fused, differentiable through fg_linear_logprobs_backward; under
+    ``torch.no_grad`` a forward-only fg_linear_logprobs), and
+    ``model(..., fusedgrpo_hidden=True)`` returns ``(hidden [B, S-1, H], lm_head
+    weight, lm_head bias)`` for the fused loss. Any other call is the model's
+    own forward (generation is unchanged)."""
+    scaling = _head_scaling(model)
+    if scaling is not None:
+        raise NotImplementedError(
+            f"fusedgrpo: the model's LM head applies {scaling!r} to its logits; the fused head "
+            "computes softmax(hidden . W^T + b) / temperature only")
+    inner_forward = model.forward
+
+    @functools.wraps(type(model).forward)
+    def _forward(self, *args, fused_lm_head=False, fusedgrpo_hidden=False, labels=None,
+                 **kwargs):
+        if not fused_lm_head and not fusedgrpo_hidden:
+            if labels is not None:
+                kwargs["labels"] = labels
+            return inner_forward(*args, **kwargs)
+        for k in ("shift_labels", "num_items_in_batch"):
+            if kwargs.pop(k, None) is not None:
+                raise NotImplementedError(f"fusedgrpo: {k} is not supported by the fused head")
+        if kwargs.get("output_router_logits"):
+            raise NotImplementedError("fusedgrpo: MoE router aux losses are not supported")
+        kwargs["use_cache"] = False
+        out = self.base_model(*args, **kwargs)
+        hidden = out.last_hidden_state[:, :-1]
+        head = self.get_output_embeddings()
+        weight, bias = head.weight, head.bias
+        hidden = hidden.to(weight.device)
+        dev = hidden.device.type
+        if cast_lm_head_to_fp32:
+            hidden, weight = hidden.float(), weight.float()
+            bias = None if bias is None else bias.float()
+        elif torch.is_autocast_enabled(dev):
+            # Under autocast (TRL's bf16=True) the head multiplies in the autocast
+            # dtype, as the model's own nn.Linear would; fusedgrpo keeps the
+            # logits in float32 where autocast would round them to bf16.
+            dt = torch.get_autocast_dtype(dev)
+            hidden, weight = hidden.to(dt), weight.to(dt)
+            bias = None if bias is None else bias.to(dt)
+        elif hidden.dtype != weight.dtype:
+            hidden = hidden.to(weight.dtype)
+        if fusedgrpo_hidden:
+            return hidden, weight, bias
+        labels = labels[:, 1:].to(weight.device)
+        mask = labels != -100
+        ctx = torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 \
+            else nullcontext()
+        from .torch import linear_logprobs
+        with ctx:
+            logp, ent = linear_logprobs(hidden, weight, labels.clamp(min=0), mask, bias,
+                                        temperature=temperature, return_entropy=True)
+        loss = -logp.sum() / mask.sum().clamp(min=1)
+        return FusedCausalLMOutput(loss=loss, log_probs=logp, entropy=ent, label_mask=mask)
+
+    model.forward = types.MethodType(_forward, model)
+
+
+class FusedGRPOTrainer(GRPOTrainer):
+    """``trl.GRPOTrainer`` with fusedgrpo's fused LM head and loss (module doc)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.aux_loss_enabled:
+            raise NotImplementedError("fusedgrpo: MoE router aux losses are not supported")
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        add_fusedgrpo_lm_head(base, temperature=self.temperature,
+                              cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        if self.ref_model is not None:
+            add_fusedgrpo_lm_head(self.ref_model, temperature=self.temperature,
+                                  cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+
+    # ------------------------------------------------------------ the loss
+    def _loss_config(self, inputs, mode):
+        """The C call's options for this micro-batch and the scale of its loss,
+        reproducing TRL's normalisation (docs/LOSS_SPEC.md "Aggregation")."""
+        args = self.args
+        ga = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if self._entropy_bonus_enabled:
+            if self.use_adaptive_entropy:
+                coef = self.entropy_coef if self._last_world_entropy <= args.entropy_target else 0.0
+            else:
+                coef = self.entropy_coef
+        else:
+            coef = 0.0
+        cfg = dict(loss_type=self.loss_type, importance_sampling_level=self.importance_sampling_level,
+                   beta=self.beta, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
+                   delta=args.delta, temperature=self.temperature,
+                   max_completion_length=self.max_completion_length,
+                   sapo_temperature_pos=args.sapo_temperature_pos,
+                   sapo_temperature_neg=args.sapo_temperature_neg,
+                   use_bias_correction_kl=bool(args.use_bias_correction_kl),
+                   vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos,
+                   vespo_k_neg=args.vespo_k_neg, vespo_lambda_neg=args.vespo_lambda_neg,
+                   off_policy_mask_threshold=self.off_policy_mask_threshold,
+                   top_entropy_quantile=self.top_entropy_quantile)
+        if self.loss_type in _PER_STEP_NORMALIZED:
+            cfg["entropy_coef"] = coef
+            return cfg, 1.0 / ga
+        # dapo, cispo, vespo: num_items_in_batch spans the generation batch
+        items = float(inputs["num_items_in_batch"].clamp(min=1.0)) / self.accelerator.num_processes
+        if mode == "train":
+            items = items * ga / args.steps_per_generation
+        cfg["num_items_in_batch"] = items
+        cfg["entropy_coef"] = coef / ga
+        return cfg, 1.0
+
+    def _compute_loss(self, model, inputs):
+        for k in ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes",
+                  "token_type_ids", "mm_token_type_ids"):
+            if inputs.get(k) is not None:
+                raise NotImplementedError(f"fusedgrpo: multimodal input {k!r} is not supported")
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        C = completion_ids.size(1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        advantages = inputs["advantages"]
+        if advantages.dim() == 2 and advantages.size(1) != 1:
+            raise NotImplementedError("fusedgrpo: per-token advantages [B, T] are not supported")
+        advantages = advantages.reshape(-1)
+        mode = "train" if self.model.training else "eval"
+
+        with self.accelerator.autocast():
+            hidden, weight, bias = model(input_ids=input_ids, attention_mask=attention_mask,
+                                         fusedgrpo_hidden=True)
+        hidden = hidden[:, -C:]
+        is_ratio = None
+        if self.loss_type == "vespo":
+            is_ratio = inputs.get("importance_sampling_ratio")
+        elif self.use_vllm and self.vllm_importance_sampling_correction:
+            is_ratio = inputs["importance_sampling_ratio"]
+        cfg, scale = self._loss_config(inputs, mode)
+        ctx = torch.autocast(hidden.device.type, enabled=False)
+        with ctx:
+            loss, metrics, logp, entropies = fused_linear_grpo_loss(
+                hidden, weight, completion_ids, mask, advantages, bias,
+                inputs.get("old_per_token_logps"),
+                inputs.get("ref_per_token_logps") if self.beta != 0.0 else None, is_ratio,
+                inputs.get("sampling_per_token_logps") if self.off_policy_mask_threshold is not None
+                else None, **cfg)
+        loss = loss * scale if scale != 1.0 else loss
+        self._log_metrics(mode, metrics, entropies, mask)
+        return loss
+
+    # ------------------------------------------------------------ metrics
+    def _log_metrics(self, mode, metrics, entropies, mask):
+        """TRL's metrics from the C call's, reduced across processes as TRL
+        reduces its own (sums and counts; nanmin / nanmax of the per-sequence
+        extremes)."""
+        m = self._metrics[mode]
+        acc = self.accelerator
+        mask_f = mask.float()
+        tokens = mask_f.sum()
+        seqs = torch.tensor(float(mask.size(0)), device=tokens.device)
+        seq_level = self.importance_sampling_level == "sequence"
+
+        def global_mean(value, count):
+            totals = acc.reduce(torch.stack([value.to(count.device) * count, count]), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        if self._entropy_bonus_enabled:
+            m["policy_loss"].append(acc.gather(metrics["policy_loss"].detach()).nanmean().item())
+            if self.use_adaptive_entropy and mode == "train":
+                eff = mask_f
+                if self.top_entropy_quantile < 1.0:
+                    eff = mask_f * self.get_high_entropy_mask(entropies.detach(), mask,
+                                                              1 - self.top_entropy_quantile)
+                stats = torch.stack([(entropies.detach() * eff).sum(), eff.sum()])
+                self._entropy_window_stats = stats if self._entropy_window_stats is None \
+                    else self._entropy_window_stats + stats
+                if acc.sync_gradients:
+                    w = acc.reduce(self._entropy_window_stats, reduction="sum")
+                    world_entropy = (w[0] / w[1].clamp(min=1.0)).item()
+                    a = self.args
+                    if world_entropy <= a.entropy_target:
+                        self.entropy_coef = min(self.entropy_coef + a.entropy_coef_delta,
+                                                a.entropy_coef_max)
+                    else:
+                        self.entropy_coef = max(self.entropy_coef - a.entropy_coef_delta,
+                                                a.entropy_coef_min)
+                    self._last_world_entropy = world_entropy
+                    self._entropy_window_stats = None
+            if mode == "train" and acc.sync_gradients:
+                m["entropy_coef"].append(self.entropy_coef)
+        if self.beta != 0.0:
+            m["kl"].append(global_mean(metrics["kl"], tokens))
+        m["entropy"].append(global_mean(metrics["entropy"], tokens))
+        count = seqs if seq_level else tokens
+        if self.loss_type in _CLIPPED:
+            m["clip_ratio/low_mean"].append(global_mean(metrics["clip_ratio_low"], count))
+            m["clip_ratio/high_mean"].append(global_mean(metrics["clip_ratio_high"], count))
+            m["clip_ratio/region_mean"].append(global_mean(metrics["clip_ratio_region"], count))
+            m["clip_ratio/low_min"].append(
+                nanmin(acc.gather(metrics["clip_ratio_low_min"].reshape(1))).item())
+            m["clip_ratio/high_max"].append(
+                nanmax(acc.gather(metrics["clip_ratio_high_max"].reshape(1))).item())
+        elif self.loss_type == "cispo":
+            m["cispo_clip_ratio"].append(global_mean(metrics["cispo_clip_ratio"], count))
+        elif self.loss_type == "vespo":
+            m["vespo/phi_seq_mean"].append(global_mean(metrics["vespo_phi_seq_mean"], seqs))
+
+
+_ = trl  # the version is checked by the parity test (TRL 1.16)

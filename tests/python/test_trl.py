@@ -1,0 +1,210 @@
+"""fusedgrpo.trl.FusedGRPOTrainer against trl.GRPOTrainer (TRL 1.16).
+
+A tiny random Llama (f32 throughout: bf16=False, since TRL's default bf16
+autocast rounds the logits to bf16 where fusedgrpo keeps them in float32; tied embeddings, vocabulary 97 of a word-level
+tokenizer built here, so nothing is downloaded) and a fixed batch of inputs
+(ragged completion masks, advantages of both signs, old / reference /
+sampler log-probs drawn around the policy's own). For each case both trainers'
+``_compute_loss`` run on the same inputs and the same weights:
+
+- loss within 1e-5 relative (to the loss, or, where advantages of both signs
+  make it cancel, to the same loss with |A|);
+- every parameter's gradient within 1e-4 (normwise relative);
+- every metric TRL logs (kl, entropy, clip ratios and their per-sequence
+  min / max, cispo's, vespo's, policy_loss, entropy_coef) equal within 1e-5.
+
+Cases: every loss type at both importance-sampling levels, and
+top_entropy_quantile < 1, off_policy_mask_threshold (sampler log-probs with an
+unscored NaN token), beta != 0 with the bias-corrected KL, delta, entropy_coef
+!= 0 (fixed and adaptive), the vLLM importance-sampling ratio (token and
+sequence), gradient accumulation with TRL's num_items_in_batch scaling,
+cast_lm_head_to_fp32. The old / reference log-prob pass
+(_get_per_token_logps_and_entropies, fg_linear_logprobs) is compared too.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+transformers = pytest.importorskip("transformers")
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+V = 97
+B, P, C = 4, 3, 7  # 2 prompts x 2 generations; prompt and completion lengths
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("tiny_llama")
+    vocab = {f"t{i}": i for i in range(V - 3)}
+    vocab.update({"<pad>": V - 3, "<eos>": V - 2, "<unk>": V - 1})
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>",
+                                  unk_token="<unk>")
+    cfg = LlamaConfig(vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      pad_token_id=V - 3, eos_token_id=V - 2, bos_token_id=None)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # logits of a few units: ratios and entropies of real spread
+        model.model.embed_tokens.weight.mul_(4.0)
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+def _trainer(cls, model_dir, tmp_path, **cfg):
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    args = GRPOConfig(output_dir=str(tmp_path / cls.__name__), per_device_train_batch_size=B,
+                      num_generations=2, max_completion_length=C, report_to=[], use_cpu=True,
+                      logging_steps=1, bf16=False, **cfg)
+    ds = Dataset.from_dict({"prompt": ["t1 t2 t3"] * 4})
+    tr = cls(model=model_dir, reward_funcs=lambda completions, **k: [0.0] * len(completions),
+             args=args, train_dataset=ds)
+    tr.model.train()
+    return tr
+
+
+def _inputs(trainer, seed, *, sampling=False, is_ratio=None):
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(0, V - 3, (B, P), generator=g)
+    completion_ids = torch.randint(0, V - 3, (B, C), generator=g)
+    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    lens = [C, 3, C - 2, 1]
+    completion_mask = torch.tensor([[1 if t < n else 0 for t in range(C)] for n in lens])
+    advantages = torch.tensor([0.9, -0.7, 1.3, -1.1])
+    with torch.no_grad():
+        logp, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([prompt_ids, completion_ids], 1),
+            torch.cat([prompt_mask, completion_mask], 1), C)
+    inp = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+               completion_mask=completion_mask, advantages=advantages,
+               old_per_token_logps=logp + 0.3 * torch.randn(B, C, generator=g),
+               ref_per_token_logps=logp + 0.25 * torch.randn(B, C, generator=g),
+               num_items_in_batch=completion_mask.sum() * 2.0)
+    if sampling:
+        s = inp["old_per_token_logps"] + 0.3 * torch.randn(B, C, generator=g)
+        s[0, 1] = float("nan")  # a token the sampler could not score
+        inp["sampling_per_token_logps"] = s
+    if is_ratio == "token":  # 1 at padding, as TRL builds it (exp of a masked difference)
+        inp["importance_sampling_ratio"] = torch.exp(
+            0.2 * torch.randn(B, C, generator=g) * completion_mask)
+    elif is_ratio == "sequence":
+        inp["importance_sampling_ratio"] = torch.exp(0.2 * torch.randn(B, 1, generator=g))
+    return inp
+
+
+def _run(trainer, inputs, ga):
+    trainer.current_gradient_accumulation_steps = ga
+    trainer.model.zero_grad(set_to_none=True)
+    trainer._metrics["train"].clear()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters()
+             if p.grad is not None}
+    metrics = {k: list(v) for k, v in trainer._metrics["train"].items()}
+    return loss.detach(), grads, metrics
+
+
+CASES = [(lt, lvl, {}) for lt in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo",
+                                  "vespo") for lvl in ("token", "sequence")] + [
+    ("grpo", "token", dict(top_entropy_quantile=0.5, entropy_coef=0.05)),
+    ("dapo", "sequence", dict(top_entropy_quantile=0.3)),
+    ("dapo", "token", dict(off_policy_mask_threshold=0.0, sampling=True)),
+    ("grpo", "sequence", dict(off_policy_mask_threshold=0.05, sampling=True)),
+    ("bnpo", "token", dict(use_bias_correction_kl=True, delta=1.2)),
+    ("grpo", "sequence", dict(use_bias_correction_kl=True)),
+    ("dapo", "token", dict(entropy_coef=0.02, ga=2)),
+    ("sapo", "token", dict(entropy_coef=-0.01, ga=2)),
+    ("luspo", "token", dict(use_adaptive_entropy=True, entropy_coef=0.01, entropy_target=10.0)),
+    ("dapo", "token", dict(vllm_is="token")),
+    ("grpo", "sequence", dict(vllm_is="sequence")),
+    ("vespo", "token", dict(vllm_is="token", vespo_k_pos=1.5, vespo_lambda_neg=1.0)),
+    ("dr_grpo", "token", dict(cast_lm_head_to_fp32=True, beta=0.0)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}-{'-'.join(c[2]) or 'base'}"
+                                             for c in CASES])
+def test_compute_loss_matches_trl(model_dir, tmp_path, case):
+    from trl import GRPOTrainer
+    from fusedgrpo.trl import FusedGRPOTrainer
+
+    loss_type, level, extra = case
+    extra = dict(extra)
+    ga = extra.pop("ga", 1)
+    sampling = extra.pop("sampling", False)
+    vllm_is = extra.pop("vllm_is", None)
+    cfg = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04,
+               epsilon_high=1.1 if loss_type == "cispo" else 0.28)
+    cfg.update(extra)
+    trainers = [_trainer(cls, model_dir, tmp_path, **cfg) for cls in (GRPOTrainer,
+                                                                      FusedGRPOTrainer)]
+    inputs = _inputs(trainers[0], 1000 + CASES.index(case), sampling=sampling, is_ratio=vllm_is)
+    results = []
+    for tr in trainers:
+        if vllm_is:
+            tr.use_vllm = True
+            tr.vllm_importance_sampling_correction = True
+        results.append(_run(tr, inputs, ga))
+    (l_ref, g_ref, m_ref), (l_fg, g_fg, m_fg) = results
+
+    assert torch.isfinite(l_ref)
+    # Relative to the loss, or where the advantages' signs make it cancel, to
+    # the same loss with |A| (the scale of its terms: float32 rounding of the
+    # terms, in either trainer, is relative to them, not to their sum).
+    t0 = trainers[0]
+    state = (t0.entropy_coef, t0._last_world_entropy, t0._entropy_window_stats)
+    with torch.no_grad():
+        t0.current_gradient_accumulation_steps = ga
+        scale = abs(float(t0._compute_loss(
+            t0.model, {**inputs, "advantages": inputs["advantages"].abs()})))
+    t0.entropy_coef, t0._last_world_entropy, t0._entropy_window_stats = state
+    assert abs(float(l_fg) - float(l_ref)) <= 1e-5 * max(abs(float(l_ref)), scale), (
+        l_fg, l_ref, scale)
+    assert set(g_ref) == set(g_fg)
+    for n in g_ref:
+        num = float((g_fg[n] - g_ref[n]).norm())
+        den = float(g_ref[n].norm())
+        assert num <= 1e-4 * max(den, 1e-8), f"{n}: {num / max(den, 1e-30):.3g}"
+    assert set(m_ref) == set(m_fg), (sorted(m_ref), sorted(m_fg))
+    for k in m_ref:
+        for a, b in zip(m_fg[k], m_ref[k]):
+            assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-5,
+                                                                     abs_tol=1e-7), (k, a, b)
+    for tr in trainers:  # the adaptive controller's state moved alike
+        assert tr.entropy_coef == trainers[0].entropy_coef
+
+
+def test_old_and_ref_logprob_pass_matches_trl(model_dir, tmp_path):
+    from trl import GRPOTrainer
+    from fusedgrpo.trl import FusedGRPOTrainer
+
+    trs = [_trainer(cls, model_dir, tmp_path, beta=0.04, temperature=0.8)
+           for cls in (GRPOTrainer, FusedGRPOTrainer)]
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, V - 3, (B, P + C), generator=g)
+    am = torch.ones(B, P + C, dtype=torch.long)
+    am[1, P + 3:] = 0
+    outs = []
+    for tr in trs:
+        with torch.no_grad():
+            for m in (tr.model, tr.ref_model):
+                lp, ent, _ = tr._get_per_token_logps_and_entropies(m, ids, am, C,
+                                                                   compute_entropy=True)
+                outs.append((lp, ent))
+    for (a, ea), (b, eb) in zip(outs[2:], outs[:2]):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=2e-6)
+        np.testing.assert_allclose(ea.numpy(), eb.numpy(), rtol=1e-5, atol=2e-6)
