@@ -2,7 +2,7 @@
 # The Python front ends: install the test deps and the optional deps, then the
 # package (`pip install --no-build-isolation .`, which builds the C library, and
 # the JAX FFI handler when jax is installed, through CMake / scikit-build-core),
-# then run tests/python with pytest. Optional deps (jax, torch, liger-kernel) are
+# then run tests/python with pytest. Optional deps (jax, torch, liger-kernel, trl) are
 # tried one by one with a time limit; a missing one only makes its tests skip.
 # They come first so that the package build sees jax: with jax importable the
 # build must produce the FFI handler (FG_JAX_FFI=ON), or this script fails.
@@ -28,9 +28,13 @@ pipq pytest numpy "scikit-build-core>=0.10"
 
 if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ]; then
   limit="${FG_PY_OPTIONAL_TIMEOUT:-900}"
-  for pkg in jax torch liger-kernel; do
-    mod="${pkg//-/_}"
-    if "$py" -c "import ${mod}" >/dev/null 2>&1; then
+  # trl: the FusedGRPOTrainer parity test holds it to TRL 1.16's GRPOTrainer
+  for pkg in jax torch liger-kernel trl==1.16.0; do
+    name="${pkg%%==*}"
+    mod="${name//-/_}"
+    check="import ${mod}"
+    [ "$name" != "$pkg" ] && check="import ${mod}; assert ${mod}.__version__ == '${pkg##*==}'"
+    if "$py" -c "$check" >/dev/null 2>&1; then
       continue
     fi
     echo "python_test: pip install $pkg (optional, up to ${limit}s)"

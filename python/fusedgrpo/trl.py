@@ -118,7 +118,19 @@ def add_fusedgrpo_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32:
 
 
 class FusedGRPOTrainer(GRPOTrainer):
-    """``trl.GRPOTrainer`` with fusedgrpo's fused LM head and loss (module doc)."""
+    """``trl.GRPOTrainer`` with fusedgrpo's fused LM head and loss (module doc).
+
+    Class attributes (set on an instance to change one trainer):
+      fusedgrpo_impl: "fused" (default) or "materialized" (the plain baseline,
+        whole [tokens, vocab] logits; for A/B comparisons);
+      fusedgrpo_memory_budget: working-memory cap of the fused path in bytes
+        (None: the library's default, 256 MiB);
+      fusedgrpo_threads: OpenMP threads of the C calls (None: OpenMP's default).
+    """
+
+    fusedgrpo_impl = "fused"
+    fusedgrpo_memory_budget = None
+    fusedgrpo_threads = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -200,7 +212,8 @@ class FusedGRPOTrainer(GRPOTrainer):
                 inputs.get("old_per_token_logps"),
                 inputs.get("ref_per_token_logps") if self.beta != 0.0 else None, is_ratio,
                 inputs.get("sampling_per_token_logps") if self.off_policy_mask_threshold is not None
-                else None, **cfg)
+                else None, impl=self.fusedgrpo_impl, memory_budget=self.fusedgrpo_memory_budget,
+                threads=self.fusedgrpo_threads, **cfg)
         loss = loss * scale if scale != 1.0 else loss
         self._log_metrics(mode, metrics, entropies, mask)
         return loss
