@@ -39,6 +39,9 @@ typedef struct ft_config {
     double num_items_in_batch, sapo_temperature_pos, sapo_temperature_neg;
     int use_bias_correction_kl;
     double entropy_coef;
+    double vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;
+    double off_policy_mask_threshold; /* NaN: off */
+    double top_entropy_quantile;
     int use_bias, use_old_logp, use_ref_logp, is_ratio;
     int64_t seed;
     double logit_scale, mask_min_frac, old_logp_noise, ref_logp_noise;

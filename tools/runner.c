@@ -22,6 +22,13 @@ void ft_loss_config_from(const ft_config *cfg, fg_loss_config *out)
     out->sapo_temperature_neg = cfg->sapo_temperature_neg;
     out->use_bias_correction_kl = cfg->use_bias_correction_kl;
     out->entropy_coef = cfg->entropy_coef;
+    out->vespo_k_pos = cfg->vespo_k_pos;
+    out->vespo_lambda_pos = cfg->vespo_lambda_pos;
+    out->vespo_k_neg = cfg->vespo_k_neg;
+    out->vespo_lambda_neg = cfg->vespo_lambda_neg;
+    out->off_policy_mask_threshold =
+        isnan(cfg->off_policy_mask_threshold) ? INFINITY : cfg->off_policy_mask_threshold;
+    out->top_entropy_quantile = cfg->top_entropy_quantile;
 }
 
 void ft_batch_from(const ft_problem *p, fg_batch *out)
