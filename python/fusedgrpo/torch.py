@@ -8,20 +8,20 @@ meant for gradcheck). One C call computes the loss and all gradients in the
 forward (like Liger); backward scales the saved gradients by the incoming
 gradient and casts them to the input dtype.
 
-Differences from Liger, by design (LOSS_SPEC.md is the contract):
+Differences from Liger, by design (docs/LOSS_SPEC.md, which follows TRL 1.16,
+is the contract; python/README.md lists where Liger departs from TRL):
 - ``metrics`` is ``(kl, clip_ratio)`` when beta != 0 else ``(clip_ratio,)`` like
-  Liger, where clip_ratio is the spec's ``clip_ratio_region``. For "cispo" that
-  is ``ratio > 1 + epsilon_high`` with the sign of A (Liger counts
-  ``ratio > epsilon_high``, our ``cispo_clip_ratio``). Pass
+  Liger, clip_ratio per loss type as Liger reports it: the region fraction
+  (clipped types), ``ratio > epsilon_high and A > 0`` (cispo), 0 (sapo,
+  vespo). At the sequence level it is a mean over sequences (TRL) where Liger
+  weights sequences by their tokens; with ``delta`` it tests the clamped ratio
+  (TRL's coef_1) where Liger tests the unclamped one. Pass
   ``return_metrics_dict=True`` for every metric by name.
-- "luspo" at token level follows the spec (mean over b of sum_t m*L); Liger /
-  TRL also weight masked positions there. They agree at sequence level.
-- ``use_bias_correction_kl`` multiplies by the ratio of the importance-sampling
-  level (TRL 1.16's coef_1; docs/LOSS_SPEC.md), as Liger does.
-- "vespo" is not implemented: loss_type="vespo" and non-default vespo_*
-  arguments raise NotImplementedError; ``chunk_size`` other than Liger's
-  default raises ValueError (chunking is planned from ``memory_budget``).
-- Sequence-level "cispo"/"sapo" are allowed (Liger refuses them).
+- "luspo" at token level follows the spec (mean over b of sum_t m*L); Liger
+  also weights masked positions there. They agree at sequence level.
+- ``chunk_size`` other than Liger's default raises ValueError (chunking is
+  planned from ``memory_budget``).
+- Sequence-level "cispo"/"sapo"/"vespo" are allowed, as in TRL (Liger refuses them).
 """
 from __future__ import annotations
 
@@ -255,14 +255,12 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
     return loss, {n: metrics[i] for i, n in enumerate(METRIC_NAMES)}, logp, ent
 
 
-# Liger's defaults for the constructor arguments fusedgrpo cannot honour
+# Liger's default for the constructor argument fusedgrpo cannot honour
 # otherwise (liger_kernel 0.8: LigerFusedLinearGRPOLoss.__init__).
 _LIGER_CHUNK_SIZE = 1
-_LIGER_VESPO = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0,
-                "vespo_lambda_neg": 2.0}
 
 
-def _refuse_unsupported(*, compiled, chunk_size, loss_type, **vespo):
+def _refuse_unsupported(*, compiled, chunk_size):
     """Refuses the Liger arguments fusedgrpo has no counterpart for, unless their
     value changes nothing (every other argument is honoured by the module)."""
     if not isinstance(compiled, bool):
@@ -273,16 +271,6 @@ def _refuse_unsupported(*, compiled, chunk_size, loss_type, **vespo):
             "plans its chunks (token rows) from a memory budget in bytes. Pass memory_budget= "
             "instead (default 256 MiB; fusedgrpo.fused_linear_grpo_plan reports the chunks a "
             "budget gives)")
-    if loss_type == "vespo":
-        raise NotImplementedError(
-            "loss_type='vespo': VESPO (gamma-weighted sequence-level policy loss) is not "
-            "implemented in the fusedgrpo C library (LOSS_SPEC.md); use Liger's "
-            "LigerFusedLinearGRPOLoss for it")
-    changed = {k: v for k, v in vespo.items() if v != _LIGER_VESPO[k]}
-    if changed:
-        raise NotImplementedError(
-            f"{', '.join(f'{k}={v!r}' for k, v in changed.items())}: VESPO's parameters, but "
-            "VESPO is not implemented in the fusedgrpo C library; leave them at their defaults")
 
 
 class FusedLinearGRPOLoss(torch.nn.Module):
@@ -295,13 +283,17 @@ class FusedLinearGRPOLoss(torch.nn.Module):
 
     Liger's constructor arguments with no counterpart here are refused unless
     they change nothing (see _refuse_unsupported): ``chunk_size`` only at its
-    default (fusedgrpo chunks by bytes of ``memory_budget``, not by sequences),
-    ``loss_type="vespo"`` and the ``vespo_*`` arguments only at their defaults
-    (VESPO is not implemented). ``compiled`` takes either value: it says whether
-    Liger torch.compiles its per-chunk loss, and the C kernel computes the same
-    thing either way. Extra keyword-only arguments: entropy_coef, impl
-    ("fused" / "materialized"), memory_budget (bytes), threads,
-    return_metrics_dict.
+    default (fusedgrpo chunks by bytes of ``memory_budget``, not by sequences).
+    ``compiled`` takes either value: it says whether Liger torch.compiles its
+    per-chunk loss, and the C kernel computes the same thing either way. Extra
+    keyword-only arguments: entropy_coef, impl ("fused" / "materialized"),
+    memory_budget (bytes), threads, return_metrics_dict.
+
+    ``metrics`` is Liger's tuple: ``(kl, clip_ratio)``, ``(clip_ratio,)`` when
+    beta == 0, where clip_ratio is, per loss type as Liger reports it, the
+    region clip fraction (grpo, bnpo, dr_grpo, dapo, luspo), ``ratio >
+    epsilon_high and A > 0`` (cispo), and 0 (sapo, vespo: no clipping). Where
+    Liger departs from TRL 1.16 these follow TRL (python/README.md).
     """
 
     def __init__(self, beta: float = 0.04, compiled: bool = True, use_ref_model: bool = True,
@@ -316,9 +308,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
                  memory_budget: Optional[int] = None, threads: Optional[int] = None,
                  return_metrics_dict: bool = False):
         super().__init__()
-        _refuse_unsupported(compiled=compiled, chunk_size=chunk_size, loss_type=loss_type,
-                            vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos,
-                            vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg)
+        _refuse_unsupported(compiled=compiled, chunk_size=chunk_size)
         if sapo_temperature_pos <= 0:
             raise ValueError(f"sapo_temperature_pos must be positive, got {sapo_temperature_pos}")
         if sapo_temperature_neg <= 0:
@@ -346,6 +336,10 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         self.temperature = temperature
         self.delta = delta
         self.use_bias_correction_kl = use_bias_correction_kl
+        self.vespo_k_pos = vespo_k_pos
+        self.vespo_lambda_pos = vespo_lambda_pos
+        self.vespo_k_neg = vespo_k_neg
+        self.vespo_lambda_neg = vespo_lambda_neg
         self.entropy_coef = entropy_coef
         self.impl = impl
         self.memory_budget = memory_budget
@@ -397,6 +391,8 @@ class FusedLinearGRPOLoss(torch.nn.Module):
             sapo_temperature_pos=self.sapo_temperature_pos,
             sapo_temperature_neg=self.sapo_temperature_neg,
             use_bias_correction_kl=self.use_bias_correction_kl,
+            vespo_k_pos=self.vespo_k_pos, vespo_lambda_pos=self.vespo_lambda_pos,
+            vespo_k_neg=self.vespo_k_neg, vespo_lambda_neg=self.vespo_lambda_neg,
             entropy_coef=self.entropy_coef, impl=self.impl, threads=self.threads,
             memory_budget=self.memory_budget)
         if self.return_metrics_dict:
@@ -404,5 +400,8 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         out = []
         if beta != 0.0:
             out.append(metrics["kl"])
-        out.append(metrics["clip_ratio_region"])
+        # Liger's one clip metric per loss type (0 for sapo and vespo, which
+        # do not clip; the C library reports 0 for the others there)
+        out.append(metrics["cispo_clip_ratio"] if self.loss_type == "cispo"
+                   else metrics["clip_ratio_region"])
         return loss, tuple(out)

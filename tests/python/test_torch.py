@@ -13,7 +13,7 @@ import fusedgrpo.torch as fgt  # noqa: E402
 from grpo_reference import make_inputs, reference  # noqa: E402
 from tolerance import assert_close, assert_same_fraction, compare_to_reference  # noqa: E402
 
-LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo"]
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo"]
 
 
 def _t(inp):
@@ -306,6 +306,7 @@ LIGER_CASES = [
     ("luspo", "sequence", {"beta": 0.0}),
     ("cispo", "token", {"epsilon_high": 1.1}),
     ("sapo", "token", {"sapo_temperature_neg": 1.5}),
+    ("vespo", "token", {"vespo_k_pos": 1.5, "vespo_lambda_neg": 1.0}),
 ]
 
 
@@ -319,6 +320,8 @@ def test_against_liger(case):
     # loss (sequence level, no KL, per-sequence is_ratio) that weighting coincides.
     is_shape = (3,) if loss_type == "luspo" else (3, 5)
     inp["is_ratio"] = rng.uniform(0.7, 1.3, is_shape).astype(np.float32)
+    if len(is_shape) == 2:  # 1 at padding, as TRL builds it (vespo sums its log over all T)
+        inp["is_ratio"][~inp["mask"]] = 1.0
     t = _t(inp)
     cfg = {**dict(beta=0.08, epsilon_low=0.2, epsilon_high=0.2, loss_type=loss_type,
                   importance_sampling_level=level, temperature=0.8), **extra}
@@ -334,10 +337,11 @@ def test_against_liger(case):
     assert len(ma) == len(mb)
     if cfg["beta"] != 0:
         assert_close("liger/metric_kl", ma[0], mb[0])
-    # Liger's clip metric differs for cispo and sapo (see module doc), and at
-    # the sequence level Liger counts tokens where TRL 1.16 (and fusedgrpo)
-    # counts sequences (python/README.md, "Where Liger departs from TRL").
-    if loss_type not in ("cispo", "sapo") and level == "token":
+    # Liger's clip metric per loss type; at the sequence level Liger counts
+    # tokens where TRL 1.16 (and fusedgrpo) counts sequences, and with delta
+    # it tests the unclamped ratio (python/README.md, "Where Liger departs
+    # from TRL").
+    if level == "token" and "delta" not in extra:
         assert_same_fraction(ma[-1].item(), mb[-1].item(), "clip_ratio")
     for x, y, n in zip(ga, gb, ("grad_hidden", "grad_weight", "grad_bias")):
         assert_close(f"liger/{n}", x, y)
@@ -358,15 +362,12 @@ def test_liger_arguments_without_a_counterpart_are_refused():
     # Accepted: Liger's defaults, given explicitly, and either value of compiled
     # (whether Liger torch.compiles its chunk loss; the C kernel is the same).
     for kw in (dict(chunk_size=1), dict(compiled=False), dict(compiled=True),
-               dict(vespo_k_pos=2.0, vespo_lambda_neg=2.0)):
+               dict(vespo_k_pos=2.0, vespo_lambda_neg=2.0), dict(loss_type="vespo"),
+               dict(vespo_k_pos=3.0)):
         fgt.FusedLinearGRPOLoss(**kw)
     with pytest.raises(ValueError, match="chunk_size=4.*memory_budget="):
         fgt.FusedLinearGRPOLoss(chunk_size=4)
     with pytest.raises(TypeError, match="compiled"):
         fgt.FusedLinearGRPOLoss(compiled="yes")
-    with pytest.raises(NotImplementedError, match="loss_type='vespo'.*not implemented"):
-        fgt.FusedLinearGRPOLoss(loss_type="vespo")
-    with pytest.raises(NotImplementedError, match="vespo_k_pos=3.0.*VESPO is not implemented"):
-        fgt.FusedLinearGRPOLoss(vespo_k_pos=3.0)
     with pytest.raises(fusedgrpo.FusedGRPOError, match="unknown impl"):
         fgt.FusedLinearGRPOLoss(impl="chunked")
