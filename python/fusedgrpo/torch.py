@@ -25,6 +25,7 @@ is the contract; python/README.md lists where Liger departs from TRL):
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -361,6 +362,10 @@ class FusedLinearGRPOLoss(torch.nn.Module):
                 ref_weight=None, ref_bias=None, vllm_is_ratio=None, num_items_in_batch=None):
         beta = float(self.beta)
         ref = ref_per_token_logps
+        if ref is not None and ref_input is not None:
+            warnings.warn("Using ref_per_token_logps; ref_input, ref_weight and ref_bias are "
+                          "ignored since the reference log-probs are given", UserWarning,
+                          stacklevel=2)
         if beta != 0.0:
             if ref is None and self.use_ref_model:
                 if ref_input is None:
