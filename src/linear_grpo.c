@@ -24,6 +24,7 @@
  */
 #include <string.h>
 
+#include "bf16.h"
 #include "call.h"
 #include "finish.h"
 #include "gemm_onednn.h"
@@ -54,6 +55,7 @@ typedef struct linear_plan {
     int dl_alias; /* dlogits overwrite the f32 logits in place */
     int64_t H, V, Nc, chunks;
     int want_gh, want_gw, want_gb, any_grad;
+    fg_dtype gh_t, gw_t, gb_t; /* the gradient outputs' dtypes (bf16 for bf16 inputs) */
     int accumulate; /* grad_weight and grad_bias += this call's gradient */
     int has_bias;
     int sharded; /* weight holds vocab rows [vocab_start, vocab_start + V) */
@@ -99,7 +101,7 @@ static fg_gemm_shape shape_dhidden(const linear_plan *p, int64_t m)
 
 static fg_gemm_shape shape_dweight(const linear_plan *p, int64_t m, int accumulate)
 {
-    fg_gemm_shape s = {p->V, p->H, m, p->cmp_t, p->cmp_t, FG_DTYPE_F32, 1, p->V, p->H, 1, p->gw_ld,
+    fg_gemm_shape s = {p->V, p->H, m, p->cmp_t, p->cmp_t, p->gw_t, 1, p->V, p->H, 1, p->gw_ld,
                        accumulate, 0, tile_cap(p, m), FG_BLOCK_DWEIGHT_M, 0};
     return s;
 }
@@ -311,10 +313,22 @@ static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
         return st;
     if (out->grad_bias.data && (st = fg_validate_vector(err, "grad_bias", &out->grad_bias, V)) != FG_OK)
         return st;
-    if ((out->grad_hidden.data && out->grad_hidden.dtype != FG_DTYPE_F32) ||
-        (out->grad_weight.data && out->grad_weight.dtype != FG_DTYPE_F32) ||
-        (out->grad_bias.data && out->grad_bias.dtype != FG_DTYPE_F32))
-        return fg_fail(err, FG_ERR_UNSUPPORTED, "gradients are written in float32 only");
+    if (in->hidden.dtype != FG_DTYPE_BF16 &&
+        ((out->grad_hidden.data && out->grad_hidden.dtype != FG_DTYPE_F32) ||
+         (out->grad_weight.data && out->grad_weight.dtype != FG_DTYPE_F32) ||
+         (out->grad_bias.data && out->grad_bias.dtype != FG_DTYPE_F32)))
+        return fg_fail(err, FG_ERR_UNSUPPORTED,
+                       "bfloat16 gradients need bfloat16 inputs; float32 inputs get float32 "
+                       "gradients");
+    /* grad_weight's chunks are summed into it by the GEMM (oneDNN's sum
+     * post-op), which for a bf16 destination needs bf16 kernels: oneDNN 2.6
+     * has no f32 x f32 -> bf16 product on CPUs without them. */
+    if (out->grad_weight.data && out->grad_weight.dtype == FG_DTYPE_BF16 &&
+        !fg_gemm_native_bf16(call->gemm))
+        return fg_fail(err, FG_ERR_UNSUPPORTED,
+                       "a bfloat16 grad_weight needs a CPU with bf16 GEMM kernels (AVX-512 BF16 "
+                       "or AMX); here pass a float32 grad_weight (grad_hidden and grad_bias may "
+                       "still be bfloat16)");
     if (req->kind == KIND_LOGPROBS && !out->logp && !out->entropy)
         return fg_fail(err, FG_ERR_NULL_ARGUMENT, "logp and entropy are both NULL: nothing to compute");
     if (req->kind == KIND_LOGPROBS_BACKWARD && !out->grad_hidden.data && !out->grad_weight.data &&
@@ -365,6 +379,8 @@ typedef struct linear_call {
     float inv_temp;
     void *logits, *dlogits, *hbuf, *scratch;
     float *ghbuf;
+    float *gbacc; /* grad_bias's f32 sums: the caller's buffer, or for a bf16
+                     grad_bias [V] floats of the workspace, rounded once at the end */
     float *stats; /* sharded: 5 floats per chunk row for the statistics merge */
     int bad; /* non-finite statistics seen (only possible with the finite check off) */
 } linear_call;
@@ -413,7 +429,7 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
         break;
     }
     if (p->want_gb)
-        fg_sweep_column_sums(call->threads, &rows, (float *)L->out->grad_bias.data);
+        fg_sweep_column_sums(call->threads, &rows, L->gbacc);
     if (p->want_gh) {
         fg_gemm_shape s2 = shape_dhidden(p, m);
         if ((st = fg_gemm_run(call->gemm, &s2, L->dlogits, L->in->weight.data, L->ghbuf, NULL,
@@ -423,9 +439,15 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
         if (p->sharded &&
             call->comm.allreduce(call->comm.user, L->ghbuf, m * p->H, FG_REDUCE_SUM) != 0)
             return fg_fail(call->err, FG_ERR_BACKEND, "the communicator's allreduce failed");
-        for (int64_t i = 0; i < m; i++)
-            memcpy(row_at(&L->out->grad_hidden, tok[i]), L->ghbuf + (size_t)i * (size_t)p->H,
-                   (size_t)p->H * sizeof(float));
+        for (int64_t i = 0; i < m; i++) {
+            const float *src = L->ghbuf + (size_t)i * (size_t)p->H;
+            void *dst = row_at(&L->out->grad_hidden, tok[i]);
+            if (p->gh_t == FG_DTYPE_BF16) /* one rounding of the f32 row */
+                for (int64_t h = 0; h < p->H; h++)
+                    ((uint16_t *)dst)[h] = fg_bf16_store(src[h]);
+            else
+                memcpy(dst, src, (size_t)p->H * sizeof(float));
+        }
     }
     if (p->want_gw) {
         fg_gemm_shape s3 = shape_dweight(p, m, p->accumulate || !first_backward_chunk);
@@ -443,16 +465,34 @@ static void zero_unwritten(const linear_call *L, const fg_batch *batch)
 {
     const linear_plan *p = &L->p;
     const fg_linear_outputs *out = L->out;
-    if (p->want_gh)
+    if (p->want_gh) {
+        const size_t es = fg_dtype_size(p->gh_t);
         fg_zero_masked_rows(&L->c, batch->batch * batch->seq_len, out->grad_hidden.data,
-                            (size_t)out->grad_hidden.ld * sizeof(float), (size_t)p->H * sizeof(float));
+                            (size_t)out->grad_hidden.ld * es, (size_t)p->H * es);
+    }
+    if (p->want_gb && L->gbacc != out->grad_bias.data) { /* bf16: the f32 sums start */
+        for (int64_t v = 0; v < p->V; v++)
+            L->gbacc[v] = p->accumulate ? fg_bf16_load(((const uint16_t *)out->grad_bias.data)[v])
+                                        : 0.0f;
+    }
     if (p->accumulate)
         return;
-    if (p->want_gb)
+    if (p->want_gb && L->gbacc == out->grad_bias.data)
         memset(out->grad_bias.data, 0, (size_t)p->V * sizeof(float));
     if (p->want_gw && L->c.n_active == 0)
         for (int64_t v = 0; v < p->V; v++)
-            memset(row_at(&out->grad_weight, v), 0, (size_t)p->H * sizeof(float));
+            memset(row_at(&out->grad_weight, v), 0, (size_t)p->H * fg_dtype_size(p->gw_t));
+}
+
+/* A bf16 grad_bias: its f32 sums rounded once. */
+static void finish_bias(const linear_call *L)
+{
+    const linear_plan *p = &L->p;
+    if (!p->want_gb || L->gbacc == L->out->grad_bias.data)
+        return;
+    uint16_t *gb = L->out->grad_bias.data;
+    for (int64_t v = 0; v < p->V; v++)
+        gb[v] = fg_bf16_store(L->gbacc[v]);
 }
 
 static fg_status run_sweeps(fg_call *call, linear_call *L)
@@ -507,9 +547,14 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const fg_l
     p->want_gw = out->grad_weight.data != NULL;
     p->want_gb = out->grad_bias.data != NULL;
     p->any_grad = p->want_gh || p->want_gw || p->want_gb;
+    p->gh_t = p->want_gh ? out->grad_hidden.dtype : FG_DTYPE_F32;
+    p->gw_t = p->want_gw ? out->grad_weight.dtype : FG_DTYPE_F32;
+    p->gb_t = p->want_gb ? out->grad_bias.dtype : FG_DTYPE_F32;
     p->accumulate = out->accumulate != 0;
     p->n_active = n_active;
     p->fixed_bytes = fg_common_workspace_bytes(batch->batch, batch->batch * batch->seq_len);
+    if (p->gb_t == FG_DTYPE_BF16) /* grad_bias's f32 sums */
+        p->fixed_bytes += fg_ws_round((size_t)p->V * sizeof(float));
     return p->n_active > 0 ? plan_chunks(call, p, agree && p->sharded) : FG_OK;
 }
 
@@ -610,6 +655,8 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     L.in = in;
     L.out = out;
     L.inv_temp = (float)(1.0 / req->cfg->temperature);
+    L.gbacc = p->gb_t == FG_DTYPE_BF16 ? fg_call_take(&call, (size_t)p->V * sizeof(float))
+                                       : (float *)out->grad_bias.data;
     if (p->n_active > 0) {
         L.logits = fg_call_take(&call, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->logit_t));
         L.dlogits = L.logits;
@@ -625,6 +672,7 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     zero_unwritten(&L, batch);
     if (p->n_active > 0)
         st = run_sweeps(&call, &L);
+    finish_bias(&L);
     const int loss = req->kind == KIND_LOSS;
     fg_common_finish(&L.c, batch, loss ? &out->loss : NULL, loss ? &out->metrics : NULL,
                      out->logp, out->entropy);
