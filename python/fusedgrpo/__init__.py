@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = ["fused_linear_grpo", "fused_linear_grpo_plan", "logits_grpo", "GRPOResult",
            "FusedGRPOError", "LOSS_TYPES", "LEVELS", "METRIC_NAMES", "f32_to_bf16_bits",
            "bf16_bits_to_f32", "memory_stats", "reset_peak_memory", "release_workspace",
+           "bf16_gemms_native",
            "library_path", "include_dir", "__version__"]
 
 
@@ -341,6 +342,23 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
         sampling_logp=_ptr(samp), logp=_ptr(logp), entropy=_ptr(ent),
         grad_logits=_ptr(g), ld_grad_logits=ldg, grad_dtype=gdt)
     return GRPOResult(loss=loss, logp=logp, entropy=ent, metrics=metrics, grad_logits=g)
+
+
+_bf16_native = None
+
+
+def bf16_gemms_native() -> bool:
+    """Whether this CPU's GEMMs multiply bf16 natively (the planner's
+    gemm_dtype for bf16 inputs): then a bf16 grad_weight can be written
+    directly (fusedgrpo.h); elsewhere it comes back in float32. Cached."""
+    global _bf16_native
+    if _bf16_native is None:
+        plan = fused_linear_grpo_plan(np.zeros((1, 1, 8), np.float32),
+                                      np.zeros((4, 8), np.float32), np.zeros((1, 1), np.int64),
+                                      np.ones((1, 1), bool), np.zeros(1, np.float32),
+                                      dtype="bfloat16")
+        _bf16_native = plan["gemm_dtype"] == _lib.DTYPE_BF16
+    return _bf16_native
 
 
 def memory_stats() -> dict:

@@ -393,8 +393,9 @@ def _metrics(m: fg_metrics) -> dict:
 def _linear_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_weight, bias,
                     token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
                     is_ratio_per_sequence, logp, entropy, grad_hidden, grad_weight, grad_bias,
-                    vocab_start=0, vocab_total=0, sampling_logp=0):
-    """(options, inputs, batch, outputs) of fg_linear_grpo on raw addresses."""
+                    vocab_start=0, vocab_total=0, sampling_logp=0, grad_dtypes=None):
+    """(options, inputs, batch, outputs) of fg_linear_grpo on raw addresses.
+    grad_dtypes: the DTYPE_* of grad_hidden, grad_weight, grad_bias (default f32)."""
     if impl not in IMPLS:
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of {tuple(IMPLS)}")
     options = fg_linear_options(IMPLS[impl], 0)
@@ -406,9 +407,10 @@ def _linear_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_we
     out = fg_linear_outputs()
     out.logp = logp or None
     out.entropy = entropy or None
-    out.grad_hidden = _mat(grad_hidden, DTYPE_F32, B * T, H, H)
-    out.grad_weight = _mat(grad_weight, DTYPE_F32, V, H, H)
-    out.grad_bias = fg_vector(grad_bias or None, DTYPE_F32, V)
+    gdt = grad_dtypes or (DTYPE_F32, DTYPE_F32, DTYPE_F32)  # hidden, weight, bias
+    out.grad_hidden = _mat(grad_hidden, gdt[0], B * T, H, H)
+    out.grad_weight = _mat(grad_weight, gdt[1], V, H, H)
+    out.grad_bias = fg_vector(grad_bias or None, gdt[2], V)
     return options, inputs, batch, out
 
 

@@ -86,6 +86,18 @@ def _is_eager_tensor(t: Tensor) -> bool:
     return get_proxy_mode() is None
 
 
+def _grad_dtypes(compute: torch.dtype) -> tuple:
+    """The dtypes the C call writes grad_hidden, grad_weight, grad_bias in: the
+    inputs' bf16 for bf16 inputs (no float32 copy to allocate and cast; a bf16
+    grad_weight where this CPU has bf16 GEMM kernels, else float32), float32
+    otherwise."""
+    if compute != torch.bfloat16:
+        return (torch.float32,) * 3
+    from . import bf16_gemms_native
+    gw = torch.bfloat16 if bf16_gemms_native() else torch.float32
+    return (torch.bfloat16, gw, torch.bfloat16)
+
+
 def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.detach().to(torch.float32).contiguous()
 
@@ -112,7 +124,8 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
                                                               Tensor, Tensor, Tensor]:
     """One C call: (loss [], metrics [len(METRIC_NAMES)] (METRIC_NAMES order), logp [B, T],
     entropy [B, T], grad_hidden [B, T, H], grad_weight [V, H], grad_bias [V]),
-    all float32; a gradient not computed (compute_grad_* False, or no bias) is
+    float32, the gradients in bfloat16 for bfloat16 inputs (see _grad_dtypes);
+    a gradient not computed (compute_grad_* False, or no bias) is
     an empty [0] tensor. The tensors are positional (torch.library custom ops
     take no keyword-only tensors; of them only hidden, weight and bias get
     gradients), the options keyword-only: LOSS_SPEC.md's loss options, None
@@ -151,9 +164,10 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
     f32 = torch.float32
     logp = torch.empty((B, T), dtype=f32)
     ent = torch.empty((B, T), dtype=f32)
-    gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=f32)
-    gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=f32)
-    gb = torch.empty((V,) if (compute_grad_bias and b is not None) else (0,), dtype=f32)
+    gdt = _grad_dtypes(h.dtype)
+    gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0])
+    gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=gdt[1])
+    gb = torch.empty((V,) if (compute_grad_bias and b is not None) else (0,), dtype=gdt[2])
 
     def p(t):
         return 0 if t is None or t.numel() == 0 else t.data_ptr()
@@ -163,7 +177,8 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
         dtype=_DT[h.dtype], hidden=p(h), ld_hidden=ldh, weight=p(w), ld_weight=ldw, bias=p(b),
         token_ids=p(tok), mask=p(m), advantages=p(adv), old_logp=p(old), ref_logp=p(ref),
         is_ratio=p(isr), is_ratio_per_sequence=per_seq, sampling_logp=p(samp), logp=p(logp),
-        entropy=p(ent), grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb))
+        entropy=p(ent), grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb),
+        grad_dtypes=tuple(_DT[d] for d in gdt))
     return (torch.tensor(loss, dtype=f32), torch.tensor([metrics[n] for n in METRIC_NAMES],
                                                         dtype=f32), logp, ent, gh, gw, gb)
 
@@ -176,10 +191,12 @@ def _(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None, ref
     V = weight.shape[0]
     f32 = torch.float32
     e = hidden.new_empty
-    return (e((), dtype=f32), e((len(METRIC_NAMES),), dtype=f32), e((B, T), dtype=f32), e((B, T), dtype=f32),
-            e((B, T, H) if compute_grad_hidden else (0,), dtype=f32),
-            e((V, H) if compute_grad_weight else (0,), dtype=f32),
-            e((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=f32))
+    gdt = _grad_dtypes(torch.bfloat16 if hidden.dtype == torch.bfloat16 else f32)
+    return (e((), dtype=f32), e((len(METRIC_NAMES),), dtype=f32), e((B, T), dtype=f32),
+            e((B, T), dtype=f32),
+            e((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0]),
+            e((V, H) if compute_grad_weight else (0,), dtype=gdt[1]),
+            e((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2]))
 
 
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
