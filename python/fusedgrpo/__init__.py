@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 __all__ = ["fused_linear_grpo", "fused_linear_grpo_plan", "logits_grpo", "GRPOResult",
            "FusedGRPOError", "LOSS_TYPES", "LEVELS", "METRIC_NAMES", "f32_to_bf16_bits",
            "bf16_bits_to_f32", "memory_stats", "reset_peak_memory", "release_workspace",
-           "bf16_gemms_native",
+           "bf16_gemms_native", "fused_linear_logprobs", "fused_linear_logprobs_backward",
            "library_path", "include_dir", "__version__"]
 
 
@@ -342,6 +342,90 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
         sampling_logp=_ptr(samp), logp=_ptr(logp), entropy=_ptr(ent),
         grad_logits=_ptr(g), ld_grad_logits=ldg, grad_dtype=gdt)
     return GRPOResult(loss=loss, logp=logp, entropy=ent, metrics=metrics, grad_logits=g)
+
+
+def _head_operands(hidden, weight, bias, token_ids, mask, dtype):
+    """The LM-head inputs and the tokens in storage form (kept alive by the
+    caller) and the keyword arguments of _lib.logprobs_call that point at them."""
+    dt = _dtype_id(dtype, hidden, weight, bias)
+    h = _storage(hidden, dt, "hidden")
+    w = _storage(weight, dt, "weight")
+    if h.ndim != 3 or w.ndim != 2 or w.shape[1] != h.shape[2]:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"hidden must be [B, T, H] and weight "
+                             f"[V, H], got {h.shape} and {w.shape}")
+    B, T, H = h.shape
+    V = w.shape[0]
+    h, ldh = _rows_view(h, 2)
+    w, ldw = _rows_view(w, 1)
+    b = None
+    if bias is not None:
+        b = np.ascontiguousarray(_storage(bias, dt, "bias"))
+        if b.shape != (V,):
+            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"bias has shape {b.shape}, expected "
+                                 f"{(V,)}")
+    if mask is None:
+        mask = np.ones((B, T), np.uint8)
+    tok, m, *_ = _batch_arrays(token_ids, mask, np.zeros(B, np.float32), None, None, None, B, T)
+    operands = (h, w, b, tok, m)
+    request = dict(B=B, T=T, H=H, V=V, dtype=dt, hidden=_ptr(h), ld_hidden=ldh, weight=_ptr(w),
+                   ld_weight=ldw, bias=_ptr(b), token_ids=_ptr(tok), mask=_ptr(m))
+    return operands, request
+
+
+def fused_linear_logprobs(hidden, weight, token_ids, mask=None, *, bias=None, temperature=1.0,
+                          return_entropy=False, dtype="float32", impl="fused",
+                          memory_budget=None, threads=None):
+    """Log-probs of the chosen tokens, and their entropies if asked, from the
+    LM head alone (fg_linear_logprobs): no loss, no gradient; for the old and
+    reference policies' passes. hidden [B, T, H], weight [V, H], bias [V]?,
+    token_ids / mask [B, T] (mask None: every token). Returns logp [B, T]
+    float32 (0 where masked), or (logp, entropy)."""
+    operands, request = _head_operands(hidden, weight, bias, token_ids, mask, dtype)
+    B, T = request["B"], request["T"]
+    logp = np.empty((B, T), np.float32)
+    ent = np.empty((B, T), np.float32) if return_entropy else None
+    _lib.logprobs_call(impl, _lib.make_exec(threads, memory_budget), temperature, **request,
+                       logp=_ptr(logp), entropy=_ptr(ent))
+    return (logp, ent) if return_entropy else logp
+
+
+def fused_linear_logprobs_backward(hidden, weight, token_ids, grad_logp, mask=None, *,
+                                   grad_entropy=None, bias=None, temperature=1.0,
+                                   grad_weight_out=None, grad_bias_out=None, dtype="float32",
+                                   impl="fused", memory_budget=None, threads=None) -> dict:
+    """The gradient of a caller's loss L(logp, entropy) with respect to the LM
+    head's inputs (fg_linear_logprobs_backward), given grad_logp = dL/dlogp and
+    grad_entropy = dL/dentropy per token ([B, T]; entropy None: 0); the logits
+    are recomputed. grad_weight_out / grad_bias_out (float32 arrays): add this
+    gradient to them (micro-batches) instead of returning new ones. Returns a
+    dict of grad_hidden [B, T, H], grad_weight [V, H], grad_bias [V] (None
+    without a bias), float32."""
+    operands, request = _head_operands(hidden, weight, bias, token_ids, mask, dtype)
+    B, T, H, V = (request[k] for k in "BTHV")
+    g = _vec(grad_logp, np.float32, (B, T), "grad_logp")
+    ge = _vec(grad_entropy, np.float32, (B, T), "grad_entropy")
+    accumulate = grad_weight_out is not None or grad_bias_out is not None
+    if accumulate and (grad_weight_out is None or (bias is not None and grad_bias_out is None)):
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED", "accumulating needs grad_weight_out and, with "
+                             "a bias, grad_bias_out")
+    for a, shape, name in ((grad_weight_out, (V, H), "grad_weight_out"),
+                           (grad_bias_out, (V,), "grad_bias_out")):
+        if a is not None and (not isinstance(a, np.ndarray) or a.dtype != np.float32
+                              or a.shape != shape or not a.flags.c_contiguous
+                              or not a.flags.writeable):
+            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"{name} must be a writable "
+                                 f"contiguous float32 array of shape {shape}")
+    gh = np.empty((B, T, H), np.float32)
+    gw = grad_weight_out if grad_weight_out is not None else np.empty((V, H), np.float32)
+    gb = None
+    if bias is not None:
+        gb = grad_bias_out if grad_bias_out is not None else np.empty((V,), np.float32)
+    f32 = _lib.DTYPE_F32
+    _lib.logprobs_backward_call(impl, _lib.make_exec(threads, memory_budget), temperature,
+                                **request, grad_logp=_ptr(g), grad_entropy=_ptr(ge),
+                                grad_hidden=_ptr(gh), grad_weight=_ptr(gw), grad_bias=_ptr(gb),
+                                grad_dtypes=(f32, f32, f32), accumulate=accumulate)
+    return dict(grad_hidden=gh, grad_weight=gw, grad_bias=gb)
 
 
 _bf16_native = None

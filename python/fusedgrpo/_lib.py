@@ -127,9 +127,20 @@ class fg_linear_plan_info(Structure):
 # buffer (heap corruption that surfaces later, in the garbage collector), and
 # one with a field at another offset reads or writes the wrong field, so any
 # mismatch refuses to load.
+class fg_tokens(Structure):
+    _fields_ = [("batch", c_int64), ("seq_len", c_int64), ("token_ids", c_void_p),
+                ("mask", c_void_p)]
+
+
+class fg_linear_grads(Structure):
+    _fields_ = [("grad_hidden", fg_matrix), ("grad_weight", fg_matrix), ("grad_bias", fg_vector),
+                ("accumulate", c_int)]
+
+
 ABI_STRUCTS = (fg_matrix, fg_vector, fg_loss_config, fg_batch, fg_metrics, fg_linear_outputs,
                fg_logits_outputs, fg_communicator, fg_context_options, fg_exec, fg_memory_stats,
-               fg_linear_inputs, fg_linear_options, fg_linear_plan_info)
+               fg_linear_inputs, fg_linear_options, fg_linear_plan_info, fg_tokens,
+               fg_linear_grads)
 
 
 # ------------------------------------------------------------------ loading
@@ -194,6 +205,12 @@ def _load():
                                         P(fg_exec), P(fg_linear_plan_info)]),
         "fg_logits_grpo": (c_int, [c_void_p, P(fg_loss_config), P(fg_matrix), P(fg_batch),
                                    P(fg_logits_outputs), P(fg_exec)]),
+        "fg_linear_logprobs": (c_int, [c_void_p, P(fg_linear_options), c_double,
+                                       P(fg_linear_inputs), P(fg_tokens), c_void_p, c_void_p,
+                                       P(fg_exec)]),
+        "fg_linear_logprobs_backward": (c_int, [c_void_p, P(fg_linear_options), c_double,
+                                                P(fg_linear_inputs), P(fg_tokens), c_void_p,
+                                                c_void_p, P(fg_linear_grads), P(fg_exec)]),
         "fg_f32_to_bf16": (c_uint16, [c_float]),
         "fg_bf16_to_f32": (c_float, [c_uint16]),
         "fg_abi_sizeof": (c_size_t, [c_char_p]),
@@ -472,3 +489,43 @@ def logits_call(cfg: fg_loss_config, exec_: fg_exec, *, B, T, V, dtype, logits, 
     ctx.check(lib.fg_logits_grpo(ctx.handle, ctypes.byref(cfg), ctypes.byref(lg),
                                  ctypes.byref(batch), ctypes.byref(out), ctypes.byref(exec_)))
     return out.loss, _metrics(out.metrics)
+
+
+def _head_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_weight, bias,
+                  token_ids, mask):
+    """(options, inputs, tokens) of the head-only entry points on raw addresses."""
+    if impl not in IMPLS:
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of {tuple(IMPLS)}")
+    options = fg_linear_options(IMPLS[impl], 0)
+    inputs = fg_linear_inputs(_mat(hidden, dtype, B * T, H, ld_hidden),
+                              _mat(weight, dtype, V, H, ld_weight),
+                              fg_vector(bias or None, dtype, V), 0, 0)
+    return options, inputs, fg_tokens(B, T, token_ids or None, mask or None)
+
+
+def logprobs_call(impl: str, exec_: fg_exec, temperature: float, *, logp, entropy, **arrays):
+    """fg_linear_logprobs on raw addresses (see _head_request) on the calling
+    thread's context: writes logp / entropy [B, T] (0 = not wanted)."""
+    options, inputs, tokens = _head_request(impl, **arrays)
+    ctx = thread_context()
+    ctx.check(lib.fg_linear_logprobs(ctx.handle, ctypes.byref(options), float(temperature),
+                                     ctypes.byref(inputs), ctypes.byref(tokens), logp or None,
+                                     entropy or None, ctypes.byref(exec_)))
+
+
+def logprobs_backward_call(impl: str, exec_: fg_exec, temperature: float, *, grad_logp,
+                           grad_entropy, grad_hidden, grad_weight, grad_bias, grad_dtypes,
+                           accumulate=False, **arrays):
+    """fg_linear_logprobs_backward on raw addresses: the caller's per-token
+    dL/dlogp (and dL/dentropy, 0: none) into grad_hidden / grad_weight /
+    grad_bias (0: not wanted), in grad_dtypes (DTYPE_* of each)."""
+    options, inputs, tokens = _head_request(impl, **arrays)
+    B, T, H, V = (arrays[k] for k in "BTHV")
+    grads = fg_linear_grads(_mat(grad_hidden, grad_dtypes[0], B * T, H, H),
+                            _mat(grad_weight, grad_dtypes[1], V, H, H),
+                            fg_vector(grad_bias or None, grad_dtypes[2], V), 1 if accumulate else 0)
+    ctx = thread_context()
+    ctx.check(lib.fg_linear_logprobs_backward(
+        ctx.handle, ctypes.byref(options), float(temperature), ctypes.byref(inputs),
+        ctypes.byref(tokens), grad_logp or None, grad_entropy or None, ctypes.byref(grads),
+        ctypes.byref(exec_)))

@@ -34,7 +34,8 @@ from torch import Tensor
 from . import _lib
 from ._lib import FusedGRPOError, METRIC_NAMES
 
-__all__ = ["linear_grpo", "FusedLinearGRPOLoss", "fused_linear_grpo_loss", "METRIC_NAMES"]
+__all__ = ["linear_grpo", "FusedLinearGRPOLoss", "fused_linear_grpo_loss", "linear_logprobs",
+           "METRIC_NAMES"]
 
 _DT = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16}
 
@@ -271,6 +272,147 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
         compute_grad_bias=grad_on and bias is not None and bias.requires_grad, impl=impl,
         threads=threads, memory_budget=memory_budget)
     return loss, {n: metrics[i] for i, n in enumerate(METRIC_NAMES)}, logp, ent
+
+
+# ------------------------------------------------------- log-probs of the head
+
+def _head_args(hidden, weight, token_ids, mask, bias):
+    """The LM-head operands as the C call takes them (kept alive by the caller)
+    and the keyword arguments of _lib.logprobs_call pointing at them."""
+    B, T, H = hidden.shape
+    V = weight.shape[0]
+    h = _compute_dtype(hidden.detach())
+    w = _compute_dtype(weight.detach())
+    if w.dtype != h.dtype:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight dtype {weight.dtype} differs from "
+                             f"hidden dtype {hidden.dtype}")
+    h, ldh = _rows(h, 2)
+    w, ldw = _rows(w, 1)
+    b = None if bias is None else bias.detach().to(w.dtype).contiguous()
+    tok = token_ids.detach().to(torch.int64).contiguous()
+    m = mask.detach()
+    if m.dtype == torch.bool and m.is_contiguous():
+        m = m.view(torch.uint8)
+    elif m.dtype != torch.uint8 or not m.is_contiguous():
+        m = (m != 0).to(torch.uint8).contiguous()
+
+    def p(t):
+        return 0 if t is None or t.numel() == 0 else t.data_ptr()
+
+    keep = (h, w, b, tok, m)
+    req = dict(B=B, T=T, H=H, V=V, dtype=_DT[h.dtype], hidden=p(h), ld_hidden=ldh, weight=p(w),
+               ld_weight=ldw, bias=p(b), token_ids=p(tok), mask=p(m))
+    return keep, req, p
+
+
+@torch.library.custom_op("fusedgrpo::linear_logprobs", mutates_args=(), device_types="cpu")
+def _logprobs_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
+                 bias: Optional[Tensor] = None, *, temperature: float = 1.0, impl: str = "fused",
+                 threads: Optional[int] = None,
+                 memory_budget: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """fg_linear_logprobs: (logp [B, T], entropy [B, T]) float32, 0 where masked."""
+    keep, req, p = _head_args(hidden, weight, token_ids, mask, bias)
+    B, T = req["B"], req["T"]
+    logp = torch.empty((B, T), dtype=torch.float32)
+    ent = torch.empty((B, T), dtype=torch.float32)
+    _lib.logprobs_call(impl, _lib.make_exec(threads, memory_budget), temperature, **req,
+                       logp=p(logp), entropy=p(ent))
+    del keep
+    return logp, ent
+
+
+@_logprobs_op.register_fake
+def _(hidden, weight, token_ids, mask, bias=None, **options):
+    B, T, _ = hidden.shape
+    return (hidden.new_empty((B, T), dtype=torch.float32),
+            hidden.new_empty((B, T), dtype=torch.float32))
+
+
+@torch.library.custom_op("fusedgrpo::linear_logprobs_backward", mutates_args=(),
+                         device_types="cpu")
+def _logprobs_backward_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
+                          grad_logp: Tensor, grad_entropy: Optional[Tensor] = None,
+                          bias: Optional[Tensor] = None, *, temperature: float = 1.0,
+                          compute_grad_hidden: bool = True, compute_grad_weight: bool = True,
+                          compute_grad_bias: bool = True, impl: str = "fused",
+                          threads: Optional[int] = None,
+                          memory_budget: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """fg_linear_logprobs_backward: (grad_hidden [B, T, H], grad_weight [V, H],
+    grad_bias [V]) of a loss with these dL/dlogp and dL/dentropy; the inputs'
+    dtype for bf16 inputs (_grad_dtypes); an unwanted one is an empty [0]."""
+    keep, req, p = _head_args(hidden, weight, token_ids, mask, bias)
+    B, T, H, V = (req[k] for k in "BTHV")
+    gdt = _grad_dtypes(keep[0].dtype)
+    gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0])
+    gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=gdt[1])
+    gb = torch.empty((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2])
+    g = grad_logp.detach().to(torch.float32).contiguous()
+    ge = None if grad_entropy is None else grad_entropy.detach().to(torch.float32).contiguous()
+    _lib.logprobs_backward_call(impl, _lib.make_exec(threads, memory_budget), temperature,
+                                **req, grad_logp=p(g), grad_entropy=p(ge), grad_hidden=p(gh),
+                                grad_weight=p(gw), grad_bias=p(gb),
+                                grad_dtypes=tuple(_DT[d] for d in gdt))
+    del keep
+    return gh, gw, gb
+
+
+@_logprobs_backward_op.register_fake
+def _(hidden, weight, token_ids, mask, grad_logp, grad_entropy=None, bias=None, *,
+      compute_grad_hidden=True, compute_grad_weight=True, compute_grad_bias=True, **options):
+    B, T, H = hidden.shape
+    V = weight.shape[0]
+    gdt = _grad_dtypes(torch.bfloat16 if hidden.dtype == torch.bfloat16 else torch.float32)
+    e = hidden.new_empty
+    return (e((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0]),
+            e((V, H) if compute_grad_weight else (0,), dtype=gdt[1]),
+            e((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2]))
+
+
+def _logprobs_setup(ctx, inputs, keyword_only_inputs, output):
+    hidden, weight, token_ids, mask, bias = inputs
+    ctx.save_for_backward(hidden, weight, token_ids, mask, bias)
+    ctx.options = dict(keyword_only_inputs)
+    ctx.needs = (hidden.requires_grad, weight.requires_grad,
+                 bias is not None and bias.requires_grad)
+    ctx.set_materialize_grads(False)
+
+
+def _logprobs_backward(ctx, g_logp, g_ent):
+    hidden, weight, token_ids, mask, bias = ctx.saved_tensors
+    if g_logp is None and g_ent is None:
+        return None, None, None, None, None
+    if g_logp is None:
+        g_logp = torch.zeros(hidden.shape[:2], dtype=torch.float32)
+    gh, gw, gb = _logprobs_backward_op(
+        hidden, weight, token_ids, mask, g_logp, g_ent, bias,
+        temperature=ctx.options.get("temperature", 1.0),
+        compute_grad_hidden=ctx.needs[0], compute_grad_weight=ctx.needs[1],
+        compute_grad_bias=ctx.needs[2], impl=ctx.options.get("impl", "fused"),
+        threads=ctx.options.get("threads"), memory_budget=ctx.options.get("memory_budget"))
+    dh = gh.to(hidden.dtype) if ctx.needs[0] else None
+    dw = gw.to(weight.dtype) if ctx.needs[1] else None
+    db = gb.to(bias.dtype) if ctx.needs[2] else None
+    return dh, dw, None, None, db
+
+
+_logprobs_op.register_autograd(_logprobs_backward, setup_context=_logprobs_setup)
+
+
+def linear_logprobs(hidden, weight, token_ids, mask=None, bias=None, *, temperature=1.0,
+                    return_entropy=False, impl="fused", threads=None, memory_budget=None):
+    """Log-probs of token_ids (and entropies, return_entropy=True) under the LM
+    head softmax((hidden . weight^T + bias) / temperature), fused: the
+    [B, T, V] logits never exist. Differentiable w.r.t. hidden, weight and bias
+    through fg_linear_logprobs_backward (the logits recomputed, 4 GEMM-sized
+    products with the forward), for any loss built on logp and entropy, like
+    TRL's chunked LM-head kernel; under no_grad, one forward-only C call.
+    hidden [B, T, H], weight [V, H], token_ids / mask [B, T] (mask None: all).
+    Returns logp [B, T] float32 (0 where masked), or (logp, entropy)."""
+    if mask is None:
+        mask = torch.ones(token_ids.shape, dtype=torch.bool)
+    logp, ent = _logprobs_op(hidden, weight, token_ids, mask, bias, temperature=temperature,
+                             impl=impl, threads=threads, memory_budget=memory_budget)
+    return (logp, ent) if return_entropy else logp
 
 
 # Liger's default for the constructor argument fusedgrpo cannot honour

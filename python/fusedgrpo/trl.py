@@ -34,7 +34,7 @@ try:
 except ImportError as e:  # pragma: no cover - the module is useless without TRL
     raise ImportError("fusedgrpo.trl needs TRL (pip install trl)") from e
 
-from .torch import fused_linear_grpo_loss
+from .torch import fused_linear_grpo_loss, linear_logprobs
 
 __all__ = ["FusedGRPOTrainer", "add_fusedgrpo_lm_head"]
 
@@ -107,7 +107,6 @@ def add_fusedgrpo_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32:
         mask = labels != -100
         ctx = torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 \
             else nullcontext()
-        from .torch import linear_logprobs
         with ctx:
             logp, ent = linear_logprobs(hidden, weight, labels.clamp(min=0), mask, bias,
                                         temperature=temperature, return_entropy=True)
