@@ -35,8 +35,8 @@ from jax import lax
 from . import _lib
 from ._lib import METRIC_NAMES, FusedGRPOError
 
-__all__ = ["fused_linear_grpo_loss", "fused_linear_grpo_loss_sharded", "backend",
-           "call_totals", "handler_path", "METRIC_NAMES", "FusedGRPOError"]
+__all__ = ["fused_linear_grpo_loss", "fused_linear_grpo_loss_sharded", "linear_logprobs",
+           "backend", "call_totals", "handler_path", "METRIC_NAMES", "FusedGRPOError"]
 
 _TARGET = "fusedgrpo_linear_grpo"
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -421,6 +421,80 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
     if nv > 1:
         loss = jnp.mean(loss)
     return (loss, _aux(metrics, logp, ent)) if return_aux else loss
+
+
+# ------------------------------------------------------- log-probs of the head
+#
+# Through jax.pure_callback over the NumPy functions (fg_linear_logprobs and
+# fg_linear_logprobs_backward), on the CPU; not yet an FFI target: under jit it
+# is one host callback per pass, and it does not take part in shard_map
+# collectives (issue 13's phase API will).
+
+def _np(x):
+    return None if x is None else np.asarray(x)
+
+
+def _logprobs_cb(temperature, opts, hidden, weight, bias, tok, mask):
+    import fusedgrpo as fg
+    lp, ent = fg.fused_linear_logprobs(_np(hidden), _np(weight), _np(tok), _np(mask),
+                                       bias=None if bias.size == 0 else _np(bias),
+                                       temperature=temperature, return_entropy=True, **opts)
+    return lp, ent
+
+
+def _logprobs_bwd_cb(temperature, opts, hidden, weight, bias, tok, mask, g_lp, g_ent):
+    import fusedgrpo as fg
+    g = fg.fused_linear_logprobs_backward(_np(hidden), _np(weight), _np(tok), _np(g_lp),
+                                          _np(mask), grad_entropy=_np(g_ent),
+                                          bias=None if bias.size == 0 else _np(bias),
+                                          temperature=temperature, **opts)
+    gb = g["grad_bias"] if g["grad_bias"] is not None else np.zeros((0,), np.float32)
+    return g["grad_hidden"], g["grad_weight"], gb
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _logprobs(temperature, opts, hidden, weight, bias, tok, mask):
+    B, T, _ = hidden.shape
+    f = jax.ShapeDtypeStruct((B, T), jnp.float32)
+    return jax.pure_callback(functools.partial(_logprobs_cb, temperature, dict(opts)), (f, f),
+                             hidden, weight, bias, tok, mask)
+
+
+def _logprobs_fwd(temperature, opts, hidden, weight, bias, tok, mask):
+    return _logprobs(temperature, opts, hidden, weight, bias, tok, mask), (hidden, weight, bias,
+                                                                           tok, mask)
+
+
+def _logprobs_bwd(temperature, opts, res, ct):
+    hidden, weight, bias, tok, mask = res
+    g_lp, g_ent = ct
+    S = jax.ShapeDtypeStruct
+    shapes = (S(hidden.shape, jnp.float32), S(weight.shape, jnp.float32),
+              S(bias.shape, jnp.float32))
+    gh, gw, gb = jax.pure_callback(functools.partial(_logprobs_bwd_cb, temperature, dict(opts)),
+                                   shapes, hidden, weight, bias, tok, mask,
+                                   g_lp.astype(jnp.float32), g_ent.astype(jnp.float32))
+    return (gh.astype(hidden.dtype), gw.astype(weight.dtype), gb.astype(bias.dtype), None, None)
+
+
+_logprobs.defvjp(_logprobs_fwd, _logprobs_bwd)
+
+
+def linear_logprobs(hidden, weight, token_ids, mask=None, bias=None, *, temperature=1.0,
+                    return_entropy=False, impl="fused", memory_budget=None, threads=None):
+    """Log-probs of token_ids (and entropies) under the LM head
+    softmax((hidden . weight^T + bias) / temperature), fused, differentiable
+    (jax.custom_vjp through fg_linear_logprobs_backward, the logits
+    recomputed), for any loss built on them. hidden [B, T, H] float32 or
+    bfloat16, weight [V, H], token_ids / mask [B, T] (mask None: all). Returns
+    logp [B, T] float32 (0 where masked), or (logp, entropy). Runs as a host
+    callback (see the note above)."""
+    if mask is None:
+        mask = jnp.ones(token_ids.shape, jnp.bool_)
+    b = jnp.zeros((0,), hidden.dtype) if bias is None else bias
+    opts = tuple(sorted(dict(impl=impl, memory_budget=memory_budget, threads=threads).items()))
+    lp, ent = _logprobs(float(temperature), opts, hidden, weight, b, token_ids, mask)
+    return (lp, ent) if return_entropy else lp
 
 
 def _shard_map(f, mesh, in_specs, out_specs):
