@@ -14,7 +14,8 @@
 //   scalars f32[2] = (num_items_in_batch (< 0: default), entropy_coef)
 //     (runtime values, so the sharded wrapper can feed global normalizers)
 // Results (f32): loss [], metrics [10] (METRIC_NAMES), logp [B,T], entropy [B,T],
-//   grad_hidden [B,T,H] | [0], grad_weight [V,H] | [0], grad_bias [V] | [0].
+//   grad_hidden [B,T,H] | [0], grad_weight [V,H] | [0], grad_bias [V] | [0]: f32, or
+//   bf16 for bf16 inputs (grad_weight where the CPU has bf16 GEMM kernels).
 //   shard s32[2] = (vocab rank, group id) (runtime: lax.axis_index under shard_map)
 // Attributes: loss_type, level, impl (strings); beta, epsilon_low, epsilon_high,
 //   delta, temperature, sapo_temperature_pos, sapo_temperature_neg (f64);
@@ -333,12 +334,17 @@ ffi::Error LinearGrpoImpl(ffi::AnyBuffer hidden, ffi::AnyBuffer weight, ffi::Any
     std::memset(&out, 0, sizeof out);
     out.logp = static_cast<float *>(logp->untyped_data());
     out.entropy = static_cast<float *>(entropy->untyped_data());
+    // The gradients in the dtype JAX allocated them in: bf16 for bf16 inputs
+    // (fusedgrpo.h: no float32 copy to allocate and cast), else f32.
+    auto gdt = [](const ffi::Result<ffi::AnyBuffer> &b) {
+        return b->element_type() == ffi::DataType::BF16 ? FG_DTYPE_BF16 : FG_DTYPE_F32;
+    };
     if (grad_hidden->element_count())
-        out.grad_hidden = fg_matrix_make(grad_hidden->untyped_data(), FG_DTYPE_F32, N, H);
+        out.grad_hidden = fg_matrix_make(grad_hidden->untyped_data(), gdt(grad_hidden), N, H);
     if (grad_weight->element_count())
-        out.grad_weight = fg_matrix_make(grad_weight->untyped_data(), FG_DTYPE_F32, V, H);
+        out.grad_weight = fg_matrix_make(grad_weight->untyped_data(), gdt(grad_weight), V, H);
     if (grad_bias->element_count())
-        out.grad_bias = fg_vector_make(grad_bias->untyped_data(), FG_DTYPE_F32, V);
+        out.grad_bias = fg_vector_make(grad_bias->untyped_data(), gdt(grad_bias), V);
 
     if (memory_budget < 0)
         return Fail(FG_ERR_INVALID_SIZE, "memory_budget must be >= 0 bytes (0: the default)");

@@ -153,12 +153,24 @@ def _empty(dtype=jnp.float32):
     return jnp.zeros((0,), dtype)
 
 
-def _out_types(B, T, H, V, need):
+def _grad_dtypes(dtype):
+    """grad_hidden, grad_weight, grad_bias dtypes: bf16 for bf16 inputs (the C
+    call writes them, no float32 copy; grad_weight where the CPU has bf16 GEMM
+    kernels), else float32."""
+    if dtype != jnp.bfloat16:
+        return (jnp.float32,) * 3
+    import fusedgrpo
+    bf = jnp.bfloat16
+    return (bf, bf if fusedgrpo.bf16_gemms_native() else jnp.float32, bf)
+
+
+def _out_types(B, T, H, V, need, dtype=jnp.float32):
     f = jnp.float32
     S = jax.ShapeDtypeStruct
+    g = _grad_dtypes(dtype)
     return (S((), f), S((len(METRIC_NAMES),), f), S((B, T), f), S((B, T), f),
-            S((B, T, H) if need[0] else (0,), f), S((V, H) if need[1] else (0,), f),
-            S((V,) if need[2] else (0,), f))
+            S((B, T, H) if need[0] else (0,), g[0]), S((V, H) if need[1] else (0,), g[1]),
+            S((V,) if need[2] else (0,), g[2]))
 
 
 def _callback_impl(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars,
@@ -183,9 +195,11 @@ def _callback_impl(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, is
         memory_budget=cfg.memory_budget, threads=cfg.threads, impl=cfg.impl,
         compute_grad=any(need))
     z = np.zeros((0,), np.float32)
+    g = _grad_dtypes(hidden.dtype)  # the callback path casts (the FFI path writes them)
     return (np.float32(r.loss), np.array([r.metrics[n] for n in METRIC_NAMES], np.float32),
-            r.logp, r.entropy, r.grad_hidden if need[0] else z,
-            r.grad_weight if need[1] else z, r.grad_bias if need[2] else z)
+            r.logp, r.entropy, r.grad_hidden.astype(g[0]) if need[0] else z.astype(g[0]),
+            r.grad_weight.astype(g[1]) if need[1] else z.astype(g[1]),
+            r.grad_bias.astype(g[2]) if need[2] else z.astype(g[2]))
 
 
 def _prim(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars, shard):
@@ -203,7 +217,7 @@ def _prim(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalar
     mask = mask.astype(jnp.uint8)
     adv = adv.astype(jnp.float32).reshape(B)
     shard = jnp.zeros((2,), jnp.int32) if shard is None else shard.astype(jnp.int32)
-    types = _out_types(B, T, H, V, need)
+    types = _out_types(B, T, H, V, need, hidden.dtype)
     args = (hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars, shard)
     if backend() == "ffi":
         call = jax.ffi.ffi_call(_TARGET, types, vmap_method="sequential")
@@ -264,11 +278,12 @@ def _core_bwd(cfg, res, ct):
         # through the in-kernel all-reduce that JAX cannot see: the gradient for
         # this shard's inputs is that of the whole loss, i.e. nv times its share.
         g = g * cfg.vocab_shards
-        gh = gh * keep
+        gh = gh * keep.astype(gh.dtype)
     dh_t, dw_t, db_t = box.dts
-    dh = (gh * g).astype(dh_t)
-    dw = (gw * g).astype(dw_t)
-    db = None if gb is None else (gb * g).astype(db_t)
+    # in the gradients' own dtype: bf16 stays bf16 (g is 1 from jax.grad: exact)
+    dh = (gh * g.astype(gh.dtype)).astype(dh_t)
+    dw = (gw * g.astype(gw.dtype)).astype(dw_t)
+    db = None if gb is None else (gb * g.astype(gb.dtype)).astype(db_t)
     return dh, dw, db, None
 
 

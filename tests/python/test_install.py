@@ -16,5 +16,6 @@ def test_library_and_header_found():
 
 def test_version_and_names():
     assert fusedgrpo.__version__ == "0.1.0"
-    assert fusedgrpo.LOSS_TYPES == ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
+    assert fusedgrpo.LOSS_TYPES == ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo",
+                                    "vespo")
     assert fusedgrpo.METRIC_NAMES[-1] == "cispo_clip_ratio"
