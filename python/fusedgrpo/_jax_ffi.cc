@@ -336,7 +336,7 @@ ffi::Error LinearGrpoImpl(ffi::AnyBuffer hidden, ffi::AnyBuffer weight, ffi::Any
     out.entropy = static_cast<float *>(entropy->untyped_data());
     // The gradients in the dtype JAX allocated them in: bf16 for bf16 inputs
     // (fusedgrpo.h: no float32 copy to allocate and cast), else f32.
-    auto gdt = [](const ffi::Result<ffi::AnyBuffer> &b) {
+    auto gdt = [](ffi::Result<ffi::AnyBuffer> &b) {
         return b->element_type() == ffi::DataType::BF16 ? FG_DTYPE_BF16 : FG_DTYPE_F32;
     };
     if (grad_hidden->element_count())

@@ -18,4 +18,6 @@ def test_version_and_names():
     assert fusedgrpo.__version__ == "0.1.0"
     assert fusedgrpo.LOSS_TYPES == ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo",
                                     "vespo")
-    assert fusedgrpo.METRIC_NAMES[-1] == "cispo_clip_ratio"
+    assert fusedgrpo.METRIC_NAMES[5:] == ("cispo_clip_ratio", "clip_ratio_low_min",
+                                          "clip_ratio_high_max", "vespo_phi_seq_mean",
+                                          "policy_loss")

@@ -87,7 +87,7 @@ TOLERANCES = {
     "batch_sharded/grad_bias": 1.2e-6,  # 2.41e-7
     # Against other float32 implementations: Liger-Kernel (torch), and the
     # pure-JAX baseline with materialized logits (jax.nn.log_softmax).
-    "liger/loss": 1.5e-6,             # 3.04e-7
+    "liger/loss": 4e-6,               # 8.5e-7 (vespo)
     "liger/metric_kl": 5e-6,          # 1.04e-6
     "liger/grad_hidden": 8e-6,        # 1.83e-6
     "liger/grad_weight": 8e-6,        # 1.71e-6
