@@ -150,8 +150,8 @@ def _vec(a, dtype, shape, name):
     return a
 
 
-def _batch_arrays(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T,
-                  sampling_logp=None):
+def _token_arrays(token_ids, mask, B, T):
+    """token_ids (int64) and mask (uint8) [B, T], contiguous, as the C call reads them."""
     tok = np.asarray(token_ids)
     if tok.shape != (B, T):
         raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"token_ids has shape {tok.shape}, "
@@ -165,6 +165,12 @@ def _batch_arrays(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, 
         m = m.view(np.uint8)
     elif m.dtype != np.uint8 or not m.flags.c_contiguous:
         m = np.ascontiguousarray(m != 0, dtype=np.uint8)
+    return tok, m
+
+
+def _batch_arrays(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T,
+                  sampling_logp=None):
+    tok, m = _token_arrays(token_ids, mask, B, T)
     adv = _vec(np.asarray(advantages).reshape(-1) if np.ndim(advantages) == 2 else advantages,
                np.float32, (B,), "advantages")
     old = _vec(old_logp, np.float32, (B, T), "old_logp")
@@ -188,40 +194,16 @@ def _ptr(a) -> int:
 
 def _linear_operands(hidden, weight, bias, token_ids, mask, advantages, old_logp, ref_logp,
                      is_ratio, dtype, sampling_logp=None):
-    """(operands, request): the LM-head inputs in storage form, which the caller
-    keeps alive through the C call, and the keyword arguments of
-    _lib.linear_call / _lib.linear_plan that point at them."""
-    dt = _dtype_id(dtype, hidden, weight, bias)
-    h = _storage(hidden, dt, "hidden")
-    w = _storage(weight, dt, "weight")
-    if h.ndim != 3:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"hidden must be [B, T, H], got shape "
-                             f"{h.shape}")
-    if w.ndim != 2:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight must be [V, H], got shape "
-                             f"{w.shape}")
-    B, T, H = h.shape
-    V = w.shape[0]
-    if w.shape[1] != H:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight has {w.shape[1]} columns, hidden "
-                             f"has H = {H}")
-    h, ldh = _rows_view(h, 2)
-    w, ldw = _rows_view(w, 1)
-    b = None
-    if bias is not None:
-        b = np.ascontiguousarray(_storage(bias, dt, "bias"))
-        if b.shape != (V,):
-            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"bias has shape {b.shape}, expected "
-                                 f"{(V,)}")
-    tok, m, adv, old, ref, isr, per_seq, samp = _batch_arrays(
-        token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T, sampling_logp)
-    operands = (h, w, b, tok, m, adv, old, ref, isr, samp)
-    request = dict(B=B, T=T, H=H, V=V, dtype=dt, hidden=_ptr(h), ld_hidden=ldh, weight=_ptr(w),
-                   ld_weight=ldw, bias=_ptr(b), token_ids=_ptr(tok), mask=_ptr(m),
-                   advantages=_ptr(adv), old_logp=_ptr(old), ref_logp=_ptr(ref),
-                   is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq,
-                   sampling_logp=_ptr(samp))
-    return operands, request
+    """(operands, request): the LM-head inputs and the batch in storage form,
+    which the caller keeps alive through the C call, and the keyword arguments
+    of _lib.linear_call / _lib.linear_plan that point at them."""
+    head, request = _head_operands(hidden, weight, bias, token_ids, mask, dtype)
+    B, T = request["B"], request["T"]
+    _, _, adv, old, ref, isr, per_seq, samp = _batch_arrays(
+        head[3], head[4], advantages, old_logp, ref_logp, is_ratio, B, T, sampling_logp)
+    request.update(advantages=_ptr(adv), old_logp=_ptr(old), ref_logp=_ptr(ref),
+                   is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq, sampling_logp=_ptr(samp))
+    return head + (adv, old, ref, isr, samp), request
 
 
 def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None, ref_logp=None,
@@ -345,16 +327,23 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
 
 
 def _head_operands(hidden, weight, bias, token_ids, mask, dtype):
-    """The LM-head inputs and the tokens in storage form (kept alive by the
-    caller) and the keyword arguments of _lib.logprobs_call that point at them."""
+    """(operands, request): the LM-head inputs and the tokens in storage form
+    (kept alive by the caller) and the keyword arguments of the C calls that
+    point at them (mask None: every token)."""
     dt = _dtype_id(dtype, hidden, weight, bias)
     h = _storage(hidden, dt, "hidden")
     w = _storage(weight, dt, "weight")
-    if h.ndim != 3 or w.ndim != 2 or w.shape[1] != h.shape[2]:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"hidden must be [B, T, H] and weight "
-                             f"[V, H], got {h.shape} and {w.shape}")
+    if h.ndim != 3:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"hidden must be [B, T, H], got shape "
+                             f"{h.shape}")
+    if w.ndim != 2:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight must be [V, H], got shape "
+                             f"{w.shape}")
     B, T, H = h.shape
     V = w.shape[0]
+    if w.shape[1] != H:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight has {w.shape[1]} columns, hidden "
+                             f"has H = {H}")
     h, ldh = _rows_view(h, 2)
     w, ldw = _rows_view(w, 1)
     b = None
@@ -363,13 +352,10 @@ def _head_operands(hidden, weight, bias, token_ids, mask, dtype):
         if b.shape != (V,):
             raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"bias has shape {b.shape}, expected "
                                  f"{(V,)}")
-    if mask is None:
-        mask = np.ones((B, T), np.uint8)
-    tok, m, *_ = _batch_arrays(token_ids, mask, np.zeros(B, np.float32), None, None, None, B, T)
-    operands = (h, w, b, tok, m)
+    tok, m = _token_arrays(token_ids, np.ones((B, T), np.uint8) if mask is None else mask, B, T)
     request = dict(B=B, T=T, H=H, V=V, dtype=dt, hidden=_ptr(h), ld_hidden=ldh, weight=_ptr(w),
                    ld_weight=ldw, bias=_ptr(b), token_ids=_ptr(tok), mask=_ptr(m))
-    return operands, request
+    return (h, w, b, tok, m), request
 
 
 def fused_linear_logprobs(hidden, weight, token_ids, mask=None, *, bias=None, temperature=1.0,

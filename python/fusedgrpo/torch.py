@@ -133,24 +133,8 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
     meaning the spec's default, and this call's execution options, threads
     (None: OpenMP's default) and memory_budget (bytes, None: 256 MiB)."""
     loss_opts = _lib.loss_options(locals())
-    B, T, H = hidden.shape
-    V = weight.shape[0]
-    h = _compute_dtype(hidden.detach())
-    w = _compute_dtype(weight.detach())
-    if w.dtype != h.dtype:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight dtype {weight.dtype} differs from "
-                             f"hidden dtype {hidden.dtype}")
-    h, ldh = _rows(h, 2)
-    w, ldw = _rows(w, 1)
-    b = None
-    if bias is not None:
-        b = bias.detach().to(w.dtype).contiguous()
-    tok = token_ids.detach().to(torch.int64).contiguous()
-    m = mask.detach()
-    if m.dtype == torch.bool and m.is_contiguous():
-        m = m.view(torch.uint8)
-    elif m.dtype != torch.uint8 or not m.is_contiguous():
-        m = (m != 0).to(torch.uint8).contiguous()
+    keep, req, p = _head_args(hidden, weight, token_ids, mask, bias)
+    B, T, H, V = (req[k] for k in "BTHV")
     adv = _f32(advantages).reshape(-1)
     old = _f32(old_logp)
     ref = _f32(ref_logp)
@@ -165,21 +149,16 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
     f32 = torch.float32
     logp = torch.empty((B, T), dtype=f32)
     ent = torch.empty((B, T), dtype=f32)
-    gdt = _grad_dtypes(h.dtype)
+    gdt = _grad_dtypes(keep[0].dtype)
     gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0])
     gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=gdt[1])
-    gb = torch.empty((V,) if (compute_grad_bias and b is not None) else (0,), dtype=gdt[2])
-
-    def p(t):
-        return 0 if t is None or t.numel() == 0 else t.data_ptr()
-
+    gb = torch.empty((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2])
     loss, metrics = _lib.linear_call(
-        cfg, impl, _lib.make_exec(threads, memory_budget), B=B, T=T, H=H, V=V,
-        dtype=_DT[h.dtype], hidden=p(h), ld_hidden=ldh, weight=p(w), ld_weight=ldw, bias=p(b),
-        token_ids=p(tok), mask=p(m), advantages=p(adv), old_logp=p(old), ref_logp=p(ref),
-        is_ratio=p(isr), is_ratio_per_sequence=per_seq, sampling_logp=p(samp), logp=p(logp),
-        entropy=p(ent), grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb),
-        grad_dtypes=tuple(_DT[d] for d in gdt))
+        cfg, impl, _lib.make_exec(threads, memory_budget), **req, advantages=p(adv),
+        old_logp=p(old), ref_logp=p(ref), is_ratio=p(isr), is_ratio_per_sequence=per_seq,
+        sampling_logp=p(samp), logp=p(logp), entropy=p(ent), grad_hidden=p(gh),
+        grad_weight=p(gw), grad_bias=p(gb), grad_dtypes=tuple(_DT[d] for d in gdt))
+    del keep
     return (torch.tensor(loss, dtype=f32), torch.tensor([metrics[n] for n in METRIC_NAMES],
                                                         dtype=f32), logp, ent, gh, gw, gb)
 

@@ -50,13 +50,29 @@ def _reference(h, w, b, tok, mask, c1, c2, temperature):
             br.grad.numpy())
 
 
+def _smallest(run):
+    """The smallest budget run(budget) succeeds with, to 1 KiB, found by
+    bisection from the call's own FG_ERR_BUDGET_TOO_SMALL (no CPU's scratch
+    sizes assumed)."""
+    lo, hi = 1024, 64 << 20  # lo fails, hi runs
+    while hi - lo > 1024:
+        mid = (lo + hi) // 2
+        try:
+            run(mid)
+            hi = mid
+        except fg.FusedGRPOError as e:
+            assert e.status == "FG_ERR_BUDGET_TOO_SMALL", e
+            lo = mid
+    return hi
+
+
 def _budget(h, w, b, tok, mask, dtype):
-    """A budget of a few token rows a chunk: the loss planner's smallest plus
-    a little (the log-prob passes need no more than the loss call)."""
-    with pytest.raises(fg.FusedGRPOError) as e:
-        fg.fused_linear_grpo_plan(h, w, tok, mask, np.zeros(B, np.float32), bias=b, dtype=dtype,
-                                  memory_budget=1)
-    return e.value.plan["min_budget_bytes"] * 5 // 4
+    """A budget of a few token rows a chunk for both NumPy log-prob calls: the
+    backward's smallest plus an eighth."""
+    g = np.ones((B, T), np.float32)
+    hi = _smallest(lambda m: fg.fused_linear_logprobs_backward(
+        h, w, tok, g, mask, bias=b, dtype=dtype, memory_budget=m))
+    return hi + hi // 8
 
 
 @pytest.mark.parametrize("impl", ["fused", "materialized"])
@@ -121,7 +137,14 @@ def test_torch_linear_logprobs_is_differentiable(dtype):
     lp_ref, ent_ref, gh_ref, gw_ref, gb_ref = _reference(h, w, b, tok, mask, c1, c2, 0.7)
     tdt = torch.float32 if dtype == "float32" else torch.bfloat16
     hx, wx, bx = (torch.tensor(x).to(tdt).requires_grad_() for x in (h, w, b))
-    budget = _budget(h, w, b, tok, mask, dtype)
+    t, m = torch.tensor(tok), torch.tensor(mask)
+
+    def backward(budget):  # the torch backward (bf16 gradients for bf16 inputs)
+        xs = [torch.tensor(x).to(tdt).requires_grad_() for x in (h, w, b)]
+        linear_logprobs(xs[0], xs[1], t, m, xs[2], memory_budget=budget).sum().backward()
+
+    budget = _smallest(backward)
+    budget += budget // 8
     lp, ent = linear_logprobs(hx, wx, torch.tensor(tok), torch.tensor(mask), bx, temperature=0.7,
                               return_entropy=True, memory_budget=budget)
     (lp * torch.tensor(c1) + ent * torch.tensor(c2)).sum().backward()
@@ -131,8 +154,9 @@ def test_torch_linear_logprobs_is_differentiable(dtype):
     assert_close(f"{pre}/grad_hidden", hx.grad, gh_ref)
     assert_close(f"{pre}/grad_weight", wx.grad, gw_ref)
     with torch.no_grad():  # the old / reference passes: forward only
-        lp2 = linear_logprobs(hx, wx, torch.tensor(tok), torch.tensor(mask), bx, temperature=0.7)
-    assert torch.equal(lp2, lp.detach())
+        lp2 = linear_logprobs(hx, wx, torch.tensor(tok), torch.tensor(mask), bx, temperature=0.7,
+                              memory_budget=budget)
+    assert torch.equal(lp2, lp.detach())  # the same chunks: the same bits
 
 
 def test_torch_linear_logprobs_compiles():
