@@ -12,13 +12,17 @@
  *   - Storage dtypes: float32, or bfloat16 as raw uint16 bit patterns (round to
  *     nearest even). Every reduction accumulates in float32 or wider.
  *     Gradients are written in float32, or for bfloat16 inputs in bfloat16
- *     if the caller's gradient views say so (fg_linear_outputs): summed in
- *     float32 inside and rounded once (grad_hidden, grad_bias), or for
- *     grad_weight rounded after each chunk's product is added to it (one
- *     rounding per chunk: on Zen 5 1.34x the error of the exact gradient
- *     rounded to bf16 at 2 chunks, 2.24x at 95 one-row chunks; keep it f32
- *     over many chunks). A bf16 grad_weight needs a CPU with
- *     bf16 GEMM kernels (else FG_ERR_UNSUPPORTED; the plan's gemm_dtype says).
+ *     if the caller's gradient views say so (fg_linear_outputs), summed in
+ *     float32 inside and rounded once: grad_hidden and grad_bias always;
+ *     grad_weight in one product (one chunk, or materialized) or in a float32
+ *     [V, H] buffer of the workspace that the budget must hold beside the
+ *     chunks (fg_linear_plan_info.grad_weight_sum_bytes). On CPUs with bf16
+ *     GEMM kernels, when the budget cannot hold that buffer, grad_weight is
+ *     instead rounded after each chunk's product is added to it (one rounding
+ *     per chunk: on Zen 5 2.24x the error of the exact gradient rounded to
+ *     bf16 at 95 one-row chunks); a budget above V*H*4 bytes avoids it.
+ *     Without bf16 kernels the float32 buffer is required
+ *     (FG_ERR_BUDGET_TOO_SMALL otherwise).
  *   - Every buffer is owned by the caller. The library never keeps a pointer to
  *     caller memory after a call returns.
  *   - Every call validates all of its arguments first and writes nothing to any
@@ -387,6 +391,9 @@ typedef struct fg_linear_plan_info {
                                   where this CPU has bf16 kernels (dlogits are then
                                   rounded to bf16), else FG_DTYPE_F32 (the weight is
                                   widened in tiles); FG_DTYPE_F32 for f32 inputs       */
+    size_t grad_weight_sum_bytes; /* a bf16 grad_weight's float32 sums over the chunks
+                                  ([V, H] floats, part of fixed_bytes); 0 when it is
+                                  summed chunk by chunk in bf16, or is float32     */
 } fg_linear_plan_info;
 
 fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,

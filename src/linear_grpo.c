@@ -57,6 +57,9 @@ typedef struct linear_plan {
     int want_gh, want_gw, want_gb, any_grad;
     fg_dtype gh_t, gw_t, gb_t; /* the gradient outputs' dtypes (bf16 for bf16 inputs) */
     int accumulate; /* grad_weight and grad_bias += this call's gradient */
+    int gw_sum;     /* a bf16 grad_weight summed over the chunks in a float32 [V, H]
+                       buffer of the workspace (in fixed_bytes), rounded once      */
+    size_t gw_sum_bytes;
     int has_bias;
     int sharded; /* weight holds vocab rows [vocab_start, vocab_start + V) */
     int64_t vocab_start;
@@ -99,10 +102,12 @@ static fg_gemm_shape shape_dhidden(const linear_plan *p, int64_t m)
     return s;
 }
 
+/* GEMM 3 writes the caller's grad_weight, or the float32 sums of a bf16 one. */
 static fg_gemm_shape shape_dweight(const linear_plan *p, int64_t m, int accumulate)
 {
-    fg_gemm_shape s = {p->V, p->H, m, p->cmp_t, p->cmp_t, p->gw_t, 1, p->V, p->H, 1, p->gw_ld,
-                       accumulate, 0, tile_cap(p, m), FG_BLOCK_DWEIGHT_M, 0};
+    fg_gemm_shape s = {p->V, p->H, m, p->cmp_t, p->cmp_t, p->gw_sum ? FG_DTYPE_F32 : p->gw_t,
+                       1, p->V, p->H, 1, p->gw_sum ? p->H : p->gw_ld, accumulate, 0,
+                       tile_cap(p, m), FG_BLOCK_DWEIGHT_M, 0};
     return s;
 }
 
@@ -188,6 +193,16 @@ static fg_status fit_chunks(fg_call *call, const linear_plan *p, int workers, in
     return FG_OK;
 }
 
+/* The largest chunk size that fits, with room for PLAN_GEMM_WORKERS GEMM
+ * scratchpads or else one; 0 when not even one row fits. */
+static fg_status fit_any(fg_call *call, const linear_plan *p, int64_t *nc)
+{
+    fg_status st = fit_chunks(call, p, PLAN_GEMM_WORKERS, nc);
+    if (st == FG_OK && *nc < 1)
+        st = fit_chunks(call, p, 1, nc);
+    return st;
+}
+
 /* Chooses Nc: all active rows (materialized), or the largest equal-chunk size
  * that fits the budget (fused, see PLAN_GEMM_WORKERS), then the GEMM worker
  * count. `agree`: sharded callers take the smallest Nc of all shards so that
@@ -199,9 +214,7 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int agree)
     int64_t nc = n;
     fg_status st;
     if (p->fused) {
-        if ((st = fit_chunks(call, p, PLAN_GEMM_WORKERS, &nc)) != FG_OK)
-            return st;
-        if (nc < 1 && (st = fit_chunks(call, p, 1, &nc)) != FG_OK)
+        if ((st = fit_any(call, p, &nc)) != FG_OK)
             return st;
         if (nc < 1) {
             size_t need1;
@@ -210,11 +223,13 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int agree)
                 return st;
             return fg_fail(call->err, FG_ERR_BUDGET_TOO_SMALL,
                            "a memory budget of %zu bytes is too small: one token row a chunk "
-                           "needs %zu bytes (per-call arrays %zu + one row's logits, dlogits "
+                           "needs %zu bytes (per-call arrays %zu%s + one row's logits, dlogits "
                            "and hidden rows %zu + GEMM scratch %zu for one thread, in whole "
                            "pages; V = %lld, H = %lld)",
-                           call->budget, need1, p->fixed_bytes, chunk_bytes(p, 1),
-                           fg_gemm_scratch_bytes(&gs1, 1), (long long)p->V, (long long)p->H);
+                           call->budget, need1, p->fixed_bytes,
+                           p->gw_sum ? ", with the bf16 grad_weight's float32 sums" : "",
+                           chunk_bytes(p, 1), fg_gemm_scratch_bytes(&gs1, 1), (long long)p->V,
+                           (long long)p->H);
         }
     }
     if (agree) {
@@ -320,15 +335,6 @@ static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
         return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "bfloat16 gradients need bfloat16 inputs; float32 inputs get float32 "
                        "gradients");
-    /* grad_weight's chunks are summed into it by the GEMM (oneDNN's sum
-     * post-op), which for a bf16 destination needs bf16 kernels: oneDNN 2.6
-     * has no f32 x f32 -> bf16 product on CPUs without them. */
-    if (out->grad_weight.data && out->grad_weight.dtype == FG_DTYPE_BF16 &&
-        !fg_gemm_native_bf16(call->gemm))
-        return fg_fail(err, FG_ERR_UNSUPPORTED,
-                       "a bfloat16 grad_weight needs a CPU with bf16 GEMM kernels (AVX-512 BF16 "
-                       "or AMX); here pass a float32 grad_weight (grad_hidden and grad_bias may "
-                       "still be bfloat16)");
     if (req->kind == KIND_LOGPROBS && !out->logp && !out->entropy)
         return fg_fail(err, FG_ERR_NULL_ARGUMENT, "logp and entropy are both NULL: nothing to compute");
     if (req->kind == KIND_LOGPROBS_BACKWARD && !out->grad_hidden.data && !out->grad_weight.data &&
@@ -381,6 +387,7 @@ typedef struct linear_call {
     float *ghbuf;
     float *gbacc; /* grad_bias's f32 sums: the caller's buffer, or for a bf16
                      grad_bias [V] floats of the workspace, rounded once at the end */
+    float *gwsum; /* a bf16 grad_weight's float32 sums [V, H] (plan.gw_sum)   */
     float *stats; /* sharded: 5 floats per chunk row for the statistics merge */
     int bad; /* non-finite statistics seen (only possible with the finite check off) */
 } linear_call;
@@ -450,9 +457,12 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
         }
     }
     if (p->want_gw) {
-        fg_gemm_shape s3 = shape_dweight(p, m, p->accumulate || !first_backward_chunk);
-        if ((st = fg_gemm_run(call->gemm, &s3, L->dlogits, L->hbuf, L->out->grad_weight.data, NULL,
-                              L->scratch, p->gemm_workers, &call->gemm_stats, call->err)) != FG_OK)
+        /* The caller's values are added at the end to float32 sums. */
+        const int sum_in = !first_backward_chunk || (p->accumulate && !p->gw_sum);
+        fg_gemm_shape s3 = shape_dweight(p, m, sum_in);
+        void *dst = p->gw_sum ? (void *)L->gwsum : L->out->grad_weight.data;
+        if ((st = fg_gemm_run(call->gemm, &s3, L->dlogits, L->hbuf, dst, NULL, L->scratch,
+                              p->gemm_workers, &call->gemm_stats, call->err)) != FG_OK)
             return st;
     }
     return FG_OK;
@@ -482,6 +492,17 @@ static void zero_unwritten(const linear_call *L, const fg_batch *batch)
     if (p->want_gw && L->c.n_active == 0)
         for (int64_t v = 0; v < p->V; v++)
             memset(row_at(&out->grad_weight, v), 0, (size_t)p->H * fg_dtype_size(p->gw_t));
+}
+
+/* A bf16 grad_weight summed in float32: rounded once, onto the caller's
+ * values when accumulating. */
+static void finish_weight(int threads, const linear_call *L)
+{
+    const linear_plan *p = &L->p;
+    if (!p->gw_sum || p->n_active == 0)
+        return;
+    fg_sweep_round_bf16(threads, L->gwsum, p->H, L->out->grad_weight.data, p->gw_ld, p->V, p->H,
+                        p->accumulate);
 }
 
 /* A bf16 grad_bias: its f32 sums rounded once. */
@@ -522,6 +543,40 @@ static fg_status run_sweeps(fg_call *call, linear_call *L)
     return st;
 }
 
+/* How a bf16 grad_weight is summed over the chunks. In float32, in a [V, H]
+ * buffer of the workspace, rounded once at the end (with the caller's values
+ * when accumulating): always where the CPU has no bf16 GEMM kernels (oneDNN
+ * 2.6 has no f32 x f32 -> bf16 product there), else when the call walks more
+ * than one chunk and the budget holds the buffer (the chunks shrink to make
+ * room, as they would for a float32 grad_weight's passes). Otherwise GEMM 3
+ * sums into the bf16 grad_weight (oneDNN's sum post-op): one rounding per
+ * chunk. */
+static fg_status plan_grad_weight_sums(fg_call *call, linear_plan *p)
+{
+    if (!p->want_gw || p->gw_t != FG_DTYPE_BF16)
+        return FG_OK;
+    const size_t bytes = fg_ws_round((size_t)p->V * (size_t)p->H * sizeof(float));
+    if (p->cmp_t == FG_DTYPE_BF16) {
+        if (!p->fused)
+            return FG_OK; /* one product, one rounding */
+        int64_t nc, nc_sum;
+        fg_status st = fit_any(call, p, &nc);
+        if (st != FG_OK || nc < 1 || nc >= p->n_active)
+            return st; /* too small (plan_chunks says so), or one chunk */
+        linear_plan q = *p;
+        q.gw_sum = 1;
+        q.fixed_bytes += bytes;
+        if ((st = fit_any(call, &q, &nc_sum)) != FG_OK)
+            return st;
+        if (nc_sum < 1)
+            return FG_OK;
+    }
+    p->gw_sum = 1;
+    p->gw_sum_bytes = bytes;
+    p->fixed_bytes += bytes;
+    return FG_OK;
+}
+
 /* The plan of a validated call: dtypes, which products run, and the chunks.
  * `agree`: sharded calls agree on the chunk size. */
 static fg_status plan_call(fg_call *call, const fg_linear_options *o, const fg_linear_inputs *in,
@@ -555,7 +610,10 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const fg_l
     p->fixed_bytes = fg_common_workspace_bytes(batch->batch, batch->batch * batch->seq_len);
     if (p->gb_t == FG_DTYPE_BF16) /* grad_bias's f32 sums */
         p->fixed_bytes += fg_ws_round((size_t)p->V * sizeof(float));
-    return p->n_active > 0 ? plan_chunks(call, p, agree && p->sharded) : FG_OK;
+    if (p->n_active == 0)
+        return FG_OK;
+    fg_status st = plan_grad_weight_sums(call, p);
+    return st == FG_OK ? plan_chunks(call, p, agree && p->sharded) : st;
 }
 
 /* The arena a planned call reserves. */
@@ -605,12 +663,20 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
     fg_linear_plan_info r;
     memset(&r, 0, sizeof r);
     if (p.fused && p.n_active > 0) {
+        /* With bf16 GEMM kernels a bf16 grad_weight runs without its float32
+         * sums (plan_grad_weight_sums): the smallest budget leaves them out. */
+        linear_plan q = p;
+        if (q.gw_sum && q.cmp_t == FG_DTYPE_BF16) {
+            q.gw_sum = 0;
+            q.fixed_bytes -= q.gw_sum_bytes;
+        }
         fg_gemm_scratch gs1;
-        if ((st = need_bytes(&call, &p, 1, 1, 1, &r.min_budget_bytes, &gs1)) != FG_OK)
+        if ((st = need_bytes(&call, &q, 1, 1, 1, &r.min_budget_bytes, &gs1)) != FG_OK)
             return fg_call_end(&call, st);
     }
     r.fixed_bytes = p.fixed_bytes;
     r.gemm_dtype = p.cmp_t;
+    r.grad_weight_sum_bytes = p.gw_sum_bytes;
     if (plan_st == FG_OK) {
         r.chunk_rows = p.Nc;
         r.chunks = p.chunks;
@@ -657,6 +723,8 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     L.inv_temp = (float)(1.0 / req->cfg->temperature);
     L.gbacc = p->gb_t == FG_DTYPE_BF16 ? fg_call_take(&call, (size_t)p->V * sizeof(float))
                                        : (float *)out->grad_bias.data;
+    if (p->gw_sum)
+        L.gwsum = fg_call_take(&call, (size_t)p->V * (size_t)p->H * sizeof(float));
     if (p->n_active > 0) {
         L.logits = fg_call_take(&call, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->logit_t));
         L.dlogits = L.logits;
@@ -672,6 +740,8 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     zero_unwritten(&L, batch);
     if (p->n_active > 0)
         st = run_sweeps(&call, &L);
+    if (st == FG_OK)
+        finish_weight(call.threads, &L);
     finish_bias(&L);
     const int loss = req->kind == KIND_LOSS;
     fg_common_finish(&L.c, batch, loss ? &out->loss : NULL, loss ? &out->metrics : NULL,

@@ -149,3 +149,19 @@ void fg_sweep_column_sums(int threads, const fg_rows *rows, float *acc)
             fg_col_sums_add(rows->dx, rows->dxtype, rows->count, rows->dx_ld, c0, c1, acc);
     }
 }
+
+void fg_sweep_round_bf16(int threads, const float *src, int64_t src_ld, uint16_t *dst,
+                         int64_t dst_ld, int64_t rows, int64_t cols, int add)
+{
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *s = src + (size_t)r * (size_t)src_ld;
+        uint16_t *d = dst + (size_t)r * (size_t)dst_ld;
+        if (add)
+            for (int64_t c = 0; c < cols; c++)
+                d[c] = fg_bf16_store(s[c] + fg_bf16_load(d[c]));
+        else
+            for (int64_t c = 0; c < cols; c++)
+                d[c] = fg_bf16_store(s[c]);
+    }
+}

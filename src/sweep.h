@@ -63,4 +63,10 @@ int fg_sweep_forward_backward(int threads, const fg_loss_plan *plan, const fg_ro
 /* acc[c] += Σ_rows dx[r, c] for all c, columns split across threads. */
 void fg_sweep_column_sums(int threads, const fg_rows *rows, float *acc);
 
+/* dst[r, c] = bf16(src[r, c] + (add ? dst[r, c] : 0)) for a [rows, cols]
+ * block: float32 sums rounded to bfloat16 once (a bf16 grad_weight summed in
+ * float32 over the chunks), rows split across threads. */
+void fg_sweep_round_bf16(int threads, const float *src, int64_t src_ld, uint16_t *dst,
+                         int64_t dst_ld, int64_t rows, int64_t cols, int add);
+
 #endif

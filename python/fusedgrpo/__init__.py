@@ -216,7 +216,8 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
                       entropy_coef=0.0, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0,
                       vespo_lambda_neg=2.0, off_policy_mask_threshold=None,
                       top_entropy_quantile=1.0, dtype="float32", memory_budget=None,
-                      threads=None, impl="fused", compute_grad=True) -> GRPOResult:
+                      threads=None, impl="fused", compute_grad=True,
+                      grad_dtype="float32") -> GRPOResult:
     """The GRPO loss of LOSS_SPEC.md from LM-head inputs, forward and backward.
 
     hidden [B, T, H], weight [V, H], bias [V] (optional), token_ids / mask [B, T],
@@ -228,7 +229,10 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
     256 MiB) or "materialized" (the plain baseline). ``threads``: OpenMP threads
     of this call (default: OpenMP's). ``compute_grad=False`` skips the two
     gradient GEMMs (loss, logp, entropy and metrics only).
-    Returns a GRPOResult (grads in float32; grad_bias None without a bias).
+    ``grad_dtype="bfloat16"`` (bf16 inputs only) has the library write the
+    gradients in bf16, summed in float32 and rounded once (fusedgrpo.h); they
+    come back as float32 arrays holding those bf16 values.
+    Returns a GRPOResult (grad_bias None without a bias).
     """
     loss_opts = _lib.loss_options(locals())
     operands, request = _linear_operands(hidden, weight, bias, token_ids, mask, advantages,
@@ -238,14 +242,27 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
     cfg = _lib.make_config(**loss_opts)
     logp = np.empty((B, T), np.float32)
     ent = np.empty((B, T), np.float32)
-    gh = np.empty((B, T, H), np.float32) if compute_grad else None
-    gw = np.empty((V, H), np.float32) if compute_grad else None
-    gb = np.empty((V,), np.float32) if (compute_grad and has_bias) else None
+    gdt = _grad_dtype_id(grad_dtype)
+    gnp = np.uint16 if gdt == _lib.DTYPE_BF16 else np.float32
+    gh = np.empty((B, T, H), gnp) if compute_grad else None
+    gw = np.empty((V, H), gnp) if compute_grad else None
+    gb = np.empty((V,), gnp) if (compute_grad and has_bias) else None
     loss, metrics = _lib.linear_call(
         cfg, impl, _lib.make_exec(threads, memory_budget), **request, logp=_ptr(logp),
-        entropy=_ptr(ent), grad_hidden=_ptr(gh), grad_weight=_ptr(gw), grad_bias=_ptr(gb))
+        entropy=_ptr(ent), grad_hidden=_ptr(gh), grad_weight=_ptr(gw), grad_bias=_ptr(gb),
+        grad_dtypes=(gdt, gdt, gdt))
+    if gdt == _lib.DTYPE_BF16:
+        gh, gw, gb = (None if g is None else bf16_bits_to_f32(g) for g in (gh, gw, gb))
     return GRPOResult(loss=loss, logp=logp, entropy=ent, metrics=metrics, grad_hidden=gh,
                       grad_weight=gw, grad_bias=gb)
+
+
+def _grad_dtype_id(grad_dtype) -> int:
+    if grad_dtype in ("float32", np.float32):
+        return _lib.DTYPE_F32
+    if grad_dtype == "bfloat16" or _is_bf16_dtype(grad_dtype):
+        return _lib.DTYPE_BF16
+    raise ValueError(f"grad_dtype must be 'float32' or 'bfloat16', not {grad_dtype!r}")
 
 
 def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp=None,
@@ -258,22 +275,25 @@ def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp
                            vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
                            off_policy_mask_threshold=None, top_entropy_quantile=1.0,
                            dtype="float32", memory_budget=None, threads=None, impl="fused",
-                           compute_grad=True) -> dict:
+                           compute_grad=True, grad_dtype="float32") -> dict:
     """What ``fused_linear_grpo`` with the same arguments would hold, without
     running it (the C planner, fg_linear_grpo_plan): a dict with chunk_rows,
     chunks, working_bytes (the workspace the call holds, which memory_stats()
-    then reports as peak_bytes), fixed_bytes, chunk_bytes, gemm_scratch_bytes and
-    min_budget_bytes (the smallest memory_budget the call runs with). A budget
+    then reports as peak_bytes), fixed_bytes, chunk_bytes, gemm_scratch_bytes,
+    min_budget_bytes (the smallest memory_budget the call runs with), gemm_dtype
+    and grad_weight_sum_bytes (a bf16 grad_weight's float32 sums). A budget
     below that raises FusedGRPOError (FG_ERR_BUDGET_TOO_SMALL) whose ``.plan``
     is that dict."""
     loss_opts = _lib.loss_options(locals())
     operands, request = _linear_operands(hidden, weight, bias, token_ids, mask, advantages,
                                          old_logp, ref_logp, is_ratio, dtype, sampling_logp)
     has_bias = operands[2] is not None
+    gdt = _grad_dtype_id(grad_dtype)
     return _lib.linear_plan(_lib.make_config(**loss_opts), impl,
                             _lib.make_exec(threads, memory_budget),
                             want_grad_hidden=compute_grad, want_grad_weight=compute_grad,
-                            want_grad_bias=compute_grad and has_bias, **request)
+                            want_grad_bias=compute_grad and has_bias,
+                            grad_dtypes=(gdt, gdt, gdt), **request)
 
 
 def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=None, *,

@@ -59,6 +59,11 @@ TOLERANCES = {
     # ... and gradients handed back in bfloat16 (torch / JAX, bf16 inputs).
     "bf16_out/grad_hidden": 2e-2,     # 3.56e-3
     "bf16_out/grad_weight": 2e-2,     # 3.12e-3
+    # The NumPy API's bf16 gradient outputs: error (relative L2 against the
+    # reference) over that of the same call's float32 gradient rounded to bf16.
+    # 2 is issue 15's acceptance bound, not a measurement: one rounding of
+    # float32 sums gives ~1 (1.000 on AVX2).
+    "bf16_out/ratio_to_rounded_f32": 2.0,
     # fg_logits_grpo (no GEMM) against the reference. Its row kernels
     # (AVX-512 or AVX2) sum in different orders: both measurements bind.
     "logits/loss": 8e-7,              # 9.23e-8; Haswell 4.24e-7

@@ -48,9 +48,13 @@ for d in lines:
     assert d["roofline_s"] > 0 and d["chunked_gemm_s"] > 0 and d["fused_chunk_rows"] >= 1
     assert abs(d["roofline_ratio"] - d["roofline_s"] / d["step_s_p50"]) <= 1e-9 * d["roofline_ratio"]
     assert d["flops_per_step"] == 6 * d["unmasked_tokens"] * d["hidden"] * d["vocab"]
-# memory_budget: min is one token row a chunk, for every impl's chunked roofline.
-assert all(d["fused_chunk_rows"] == 1 for d in lines), [d["fused_chunk_rows"] for d in lines]
-assert lines[0]["chunk_rows"] == 1 and lines[1]["chunks"] == 1
+# memory_budget: min is a one-row chunk's need rounded up to pages, so the
+# fused path runs 1-row chunks, or 2 where the page rounding leaves room for a
+# second row (AVX2 oneDNN: 2 at this shape; Zen 5: 1); every impl's chunked
+# roofline uses the fused path's chunk rows.
+assert lines[0]["chunk_rows"] in (1, 2), lines[0]
+assert all(d["fused_chunk_rows"] == lines[0]["chunk_rows"] for d in lines), lines
+assert lines[0]["chunks"] > 1 and lines[1]["chunks"] == 1
 
 if importlib.util.find_spec("matplotlib") is None:
     print("matplotlib not available: plot_bench.py not checked")
