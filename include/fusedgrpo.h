@@ -220,7 +220,9 @@ typedef struct fg_linear_outputs {
                               call adds its gradient to them (micro-batches,
                               gradient accumulation): the first chunk's GEMM sums
                               into the caller's buffer, so no extra V x H buffer
-                              or pass. grad_hidden is always overwritten.       */
+                              or pass (a bf16 grad_weight with float32 sums: they
+                              are added to it in their one rounding pass).
+                              grad_hidden is always overwritten.                */
 } fg_linear_outputs;
 
 /* Caller-owned results of fg_logits_grpo; the same rules. */
