@@ -119,7 +119,10 @@ echo "$out" | isa
 echo "wheel_test: qemu -cpu $FG_QEMU_CPU: $vpy -m pytest ${tests[*]}"
 t=$SECONDS
 rc=0
-fg_qemu "$vpy" -m pytest -q -p no:cacheprovider "${tests[@]}" || rc=$?
+# Emulated, the bf16-gradient bound (48 cases of B=7, T=61 with plan
+# queries, 33 s native, ~20 min here) runs one option set's three budgets.
+fg_qemu "$vpy" -m pytest -q -p no:cacheprovider "${tests[@]}" \
+  -k "not bf16_gradients_within or dapo-token-vespo_params" || rc=$?
 if [ $rc -ne 0 ]; then
   fg_qemu_hint $rc
   echo "wheel_test: FAILED under qemu -cpu $FG_QEMU_CPU (status $rc)" >&2
