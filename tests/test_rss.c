@@ -26,16 +26,29 @@
  * ratio and the library's counted peak.
  *
  * The bounds. A steady-state call (the second) must stay within budget + 5%
- * (measured: 1.000 on Zen 5 and with DNNL_MAX_CPU_ISA=AVX2). The first call
- * is held to budget + 25%: oneDNN 2.6's sgemm ("gemm:jit", which it picks
- * for the transposed operands of the logits and grad_weight products; its
- * brgemm takes neither) mallocs a 1.4 MiB packing buffer per block and frees
- * it, and glibc, once its dynamic mmap threshold has risen to that size,
- * keeps the freed buffers resident, fragmented by oneDNN's small per-call
- * allocations: measured 1.092 on Zen 5 and 1.16-1.19 on AVX2 (the live
- * packing memory is ~1.5 MiB per GEMM thread: with MALLOC_MMAP_THRESHOLD_=
- * 131072 the first call measures 1.034 and 1.025). The retained memory is
- * reused by every later call, so it is paid once per process.
+ * (measured: 1.000 on Zen 5 and on AVX2). The first call is held to
+ * budget + 25% by default, and to budget + 5% with `--first-call-bound 1.05`,
+ * which CMake runs as test_rss_mmap_threshold under
+ * GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072 (measured there: 1.025
+ * first, 1.010 second, on AVX2).
+ *
+ * Why the first call exceeds the budget without that setting. oneDNN 2.6's
+ * sgemm ("gemm:jit": every f32 product on AVX2, the transposed ones
+ * elsewhere) posix_memaligns a 1.4 MiB packing buffer for every block it
+ * runs and frees it, outside any scratchpad the library can hand it (2.6 has
+ * no allocator hook). The first one is mmapped; freeing it raises glibc's
+ * dynamic mmap threshold above 1.4 MiB, and from then on the buffers come
+ * from each thread's heap. glibc 2.36's memalign asks its heap for the size
+ * plus the alignment slack, so a freed buffer (trimmed to the exact size) is
+ * never big enough for the next one: each new buffer extends the heap and the
+ * old ones stay resident as free chunks until neighbours coalesce. Seen with
+ * malloc_info after the first call on AVX2 (2 threads): the worker thread's
+ * heap held 28 free chunks of 1,468,017-1,468,113 bytes (41 MB) in most runs
+ * (17 of 20: working RSS 1.178 x the budget), 6 in the rest (1.060), which
+ * of the two depending on how the threads' first frees interleave. Later
+ * calls reuse them (1.000). The library can bound this only process-wide
+ * (mallopt, or the tunable above, which keeps every buffer mmapped), which
+ * is the caller's choice, not a library's.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -90,8 +103,11 @@ static float unit(uint64_t *s)
     return (float)((double)(*s >> 40) * (2.0 / 16777216.0) - 1.0);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    double first_bound = 1.25; /* see the opening comment */
+    if (argc == 3 && strcmp(argv[1], "--first-call-bound") == 0)
+        first_bound = atof(argv[2]);
 #ifdef FG_TEST_SANITIZED
     printf("SKIP: built with a sanitizer, whose own memory the resident size would count\n");
     return 77;
@@ -178,7 +194,7 @@ int main(void)
               (long long)ms.chunks);
         CHECK(ms.peak_bytes <= budget, "call %d: counted peak %zu > budget %zu", call,
               ms.peak_bytes, budget);
-        const double bound = call ? 1.05 : 1.25; /* see the opening comment */
+        const double bound = call ? 1.05 : first_bound;
         CHECK(working <= bound * (double)budget, "call %d: working RSS %.1f MiB > budget %.1f MiB x %.2f",
               call, working / 1048576.0, (double)budget / 1048576.0, bound);
     }
