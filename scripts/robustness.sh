@@ -7,25 +7,27 @@
 #             src/internal.h has it (test_alloc_failure is skipped otherwise)
 #   pyasan    the NumPy front end's tests (tests/python/test_numpy.py) on the
 #             ASan library, CPython allocating through malloc (catches the
-#             library writing past a ctypes or NumPy buffer)
+#             library writing past a ctypes or NumPy buffer); of the 48 cases
+#             of the bf16-gradient bound (numerics, ~1.5 min under ASan) one
+#             option set's three budgets, as under qemu
 #   valgrind  gcc build, memcheck (definite leaks and every error fatal) on
 #             test_api, test_bad_input, test_alloc_failure, test_edges and the
 #             API corpus replay
 #   tsan      clang, ThreadSanitizer with LLVM's OpenMP runtime and its Archer
 #             tool (OpenMP synchronization made visible to TSan) on the
 #             threaded tests; oneDNN is not instrumented (see the doc)
-#   fuzz      each libFuzzer target for FUZZ_SECONDS (default 30) from the
+#   fuzz      each libFuzzer target for FUZZ_SECONDS (default 20) from the
 #             seed corpus in fuzz/corpus/<target>/; new inputs go to the build
 #             directory, crashes to <dir>/fuzz-artifacts/
 #
-# Environment: FUZZ_SECONDS (30), FG_ROBUSTNESS_DIR (build-robustness),
+# Environment: FUZZ_SECONDS (20), FG_ROBUSTNESS_DIR (build-robustness),
 # FG_ROBUSTNESS_STEPS (asan,pyasan,valgrind,tsan,fuzz), JOBS (2).
 # The whole run takes about 6-8 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${FG_ROBUSTNESS_DIR:-$ROOT/build-robustness}
-FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 STEPS=${FG_ROBUSTNESS_STEPS:-asan,pyasan,valgrind,tsan,fuzz}
 JOBS=${JOBS:-2}
 export OMP_WAIT_POLICY=PASSIVE # many tiny calls: no spinning at barriers
@@ -130,7 +132,8 @@ if has_step pyasan; then
     FUSEDGRPO_LIBRARY="$dir/libfusedgrpo.so" PYTHONPATH="$ROOT/python" PYTHONMALLOC=malloc \
       LD_PRELOAD="$(clang -print-file-name=libclang_rt.asan-x86_64.so)" \
       ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      "$py" -m pytest -q -p no:cacheprovider "$ROOT/tests/python/test_numpy.py" >"$log" 2>&1
+      "$py" -m pytest -q -p no:cacheprovider "$ROOT/tests/python/test_numpy.py" \
+        -k "not bf16_gradients_within or dapo-token-vespo_params" >"$log" 2>&1
     rc=$?
   else
     echo "numpy or pytest missing: run scripts/python_test.sh first" >"$log"

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 import fusedgrpo  # noqa: E402
 import fusedgrpo.torch as fgt  # noqa: E402
 from grpo_reference import make_inputs, reference  # noqa: E402
-from tolerance import assert_close, assert_same_fraction, compare_to_reference  # noqa: E402
+from tolerance import (assert_close, assert_same_fraction, bf16_gemms_native,  # noqa: E402
+                       compare_to_reference)
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo"]
 
@@ -146,7 +147,10 @@ def test_threads_and_memory_budget_reach_the_library():
     assert stats["budget_bytes"] == 64 << 10 and stats["chunks"] > 1, stats
     _, _, logp_one_chunk, _ = fgt.fused_linear_grpo_loss(*args, beta=0.1, threads=2)
     assert fusedgrpo.memory_stats()["chunks"] == 1
-    assert_close("chunking/logp", logp, logp_one_chunk)
+    if bf16_gemms_native():
+        assert_close("chunking/logp", logp, logp_one_chunk)
+    else:  # AVX2: oneDNN's sgemm rounds a row the same in any M, so the bits agree
+        np.testing.assert_array_equal(logp.numpy(), logp_one_chunk.numpy())
     with pytest.raises(fusedgrpo.FusedGRPOError) as e:
         fgt.fused_linear_grpo_loss(*args, beta=0.1, memory_budget=1024)
     assert e.value.status == "FG_ERR_BUDGET_TOO_SMALL"

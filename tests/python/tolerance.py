@@ -83,7 +83,7 @@ TOLERANCES = {
     # The library against itself with a small budget (several chunks): the
     # GEMMs run in other blocks, grad_weight is summed in another order.
     "chunking/grad_weight": 1.5e-6,   # 2.82e-7; Haswell 1.69e-7
-    "chunking/logp": 5e-7,            # 8.30e-8
+    "chunking/logp": 5e-7,            # 8.30e-8 (AVX2: the same bits, checked exactly)
     # Batch-sharded under shard_map against the single-device call (partial
     # losses and gradients psum-ed).
     "batch_sharded/loss": 2.5e-7,     # 4.85e-8
@@ -92,7 +92,7 @@ TOLERANCES = {
     "batch_sharded/grad_bias": 1.2e-6,  # 2.41e-7
     # Against other float32 implementations: Liger-Kernel (torch), and the
     # pure-JAX baseline with materialized logits (jax.nn.log_softmax).
-    "liger/loss": 4e-6,               # 8.5e-7 (vespo)
+    "liger/loss": 3e-6,               # 8.5e-7 (vespo); AVX2 3.04e-7
     "liger/metric_kl": 5e-6,          # 1.04e-6
     "liger/grad_hidden": 8e-6,        # 1.83e-6
     "liger/grad_weight": 8e-6,        # 1.71e-6
