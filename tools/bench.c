@@ -32,7 +32,8 @@ static const char USAGE[] =
     "usage: fusedgrpo bench [--config FILE]... [--set key=value]... [options]\n"
     "  Times impls on one seeded batch (or --inputs DIR), each in its own process: the\n"
     "  cold step, mean/p50/p90 over `steps`, counted and RSS peak memory, GFLOP/s and\n"
-    "  the roofline (the step's GEMMs alone, at full shape and in the fused chunks).\n"
+    "  the roofline (the step's GEMMs alone, at full shape and in the fused chunks) and\n"
+    "  the machine's GEMM rate (a 2048-cube product in the step's compute dtype).\n"
     "options:\n"
     "  --impls LIST       comma-separated subset of baseline,logits,fused (default: all)\n"
     "  --sweep KEY=V1,V2  repeat for each value of KEY (e.g. seq_len=512,1024,2048)\n"
@@ -160,8 +161,10 @@ static void print_row(const cJSON *j, const char *val)
         printf("%10s(the library's GEMMs %.4g s of its %.4g s call, %.0f-row chunks x %.0f)\n", "",
                get(j, "gemm_s_mean"), get(j, "call_s_mean"), get(j, "chunk_rows"), get(j, "chunks"));
     if (get(j, "roofline_s") != 0) /* roofline_reps 0: not measured */
-        printf("%10s(bare GEMMs: %.4g s at full shape, %.4g s in the fused path's %.0f-row chunks)\n", "",
-               get(j, "roofline_s"), get(j, "chunked_gemm_s"), get(j, "fused_chunk_rows"));
+        printf("%10s(bare GEMMs: %.4g s at full shape, %.4g s in the fused path's %.0f-row chunks;\n"
+               "%10s full shape %.1f GFLOP/s, a 2048-cube product %.1f GFLOP/s on this machine)\n", "",
+               get(j, "roofline_s"), get(j, "chunked_gemm_s"), get(j, "fused_chunk_rows"), "",
+               get(j, "roofline_gflops"), get(j, "peak_gemm_gflops"));
     if (error) /* a measured run with a non-fatal note (e.g. the roofline failed) */
         printf("          note: %s\n", cJSON_GetStringValue(error));
 }

@@ -9,7 +9,10 @@
  * layer (gemm.h), on the tool's own buffers allocated after the steps (so
  * outside both memory peaks): at full shape over the unmasked tokens as the
  * materialized baseline issues them (roofline_s), and in the fused path's
- * chunk rows as the planner picks them for this call (chunked_gemm_s).
+ * chunk rows as the planner picks them for this call (chunked_gemm_s); and
+ * the machine's rate for a 2048-cube product in the step's compute dtype
+ * (peak_gemm_gflops), the ceiling the full-shape rate (roofline_gflops) is
+ * held against.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
@@ -99,6 +102,41 @@ static double time_gemms(const ft_config *cfg, const ft_problem *p, int64_t rows
     ft_big_free(h, bytes);
     ft_gemm_free(&g);
     return median;
+}
+
+/* The machine's GEMM rate for the step's compute dtype: a PEAK_N-cube product
+ * through the library's GEMM layer (its blocks, all threads), median of
+ * roofline_reps after a dry pass, in FLOP/s; NaN with a note on failure. The
+ * ceiling the step's own products (roofline_s) are held against. */
+#define PEAK_N 2048
+static double peak_gemm_rate(const ft_config *cfg, const ft_problem *p, char *note, size_t notelen)
+{
+    const int64_t n = PEAK_N, reps = cfg->roofline_reps;
+    ft_gemm g;
+    if (ft_gemm_init(&g, (int)cfg->threads, 0, note, notelen) != 0)
+        return NAN;
+    const int cmp = p->s.dtype == FG_DTYPE_BF16 && g.native_bf16 ? FG_DTYPE_BF16 : FG_DTYPE_F32;
+    const size_t op = (size_t)n * (size_t)n * ft_dtype_size(cmp), bytes = 2 * op + (size_t)n * (size_t)n * 4;
+    char *a = ft_big_alloc(bytes);
+    double *t = malloc((size_t)reps * sizeof *t), rate = NAN;
+    int rc = a && t ? 0 : ft_error(g.err.msg, sizeof g.err.msg, "out of memory for %zu bytes", bytes);
+    for (int64_t i = 0; rc == 0 && i < 2 * n * n; i++) /* A then B: small values, no denormals */
+        ft_store(a, cmp, i, (float)((i * 7919) % 1000) * 1e-3f - 0.5f);
+    for (int64_t k = -1; k < reps && rc == 0; k++) {
+        const double t0 = omp_get_wtime();
+        g.dry = k < 0;
+        rc = ft_gemm_logits(&g, cmp, a, n, cmp, a + op, NULL, n, n, FG_DTYPE_F32, a + 2 * op);
+        if (k >= 0)
+            t[k] = omp_get_wtime() - t0;
+    }
+    if (rc == 0)
+        rate = 2.0 * (double)n * (double)n * (double)n / percentile(t, reps, 0.5);
+    else
+        snprintf(note, notelen, "no peak GEMM rate: %s", g.err.msg);
+    free(t);
+    ft_big_free(a, bytes);
+    ft_gemm_free(&g);
+    return rate;
 }
 
 /* The steps and the memory figures into j; 0, or -1 with err. */
@@ -191,16 +229,19 @@ int ft_bench_measure(void *arg, void *out)
     /* Every buffer goes first: the child never holds a step's memory and the
      * roofline's at once (at the headline shape both would not fit). */
     ft_runner_free(&r);
-    double full = 0, chunked = 0, bytes = 0;
+    double full = 0, chunked = 0, bytes = 0, peak = 0;
     if (ok && cfg->roofline_reps > 0 && n > 0) { /* a failure leaves a note */
         full = time_gemms(cfg, p, n, n, &bytes, note, sizeof note);
         chunked = chunk > 0 ? time_gemms(cfg, p, chunk, n, &bytes, note, sizeof note) : NAN;
+        peak = peak_gemm_rate(cfg, p, note, sizeof note);
     }
     const cJSON *median = cJSON_GetObjectItem(j, "step_s_p50");
     num(j, "roofline_s", full);
     num(j, "chunked_gemm_s", chunked);
     num(j, "roofline_ratio", median && full > 0 ? full / median->valuedouble : full);
     num(j, "roofline_bytes", bytes); /* the roofline's own buffers, not the library's */
+    num(j, "peak_gemm_gflops", peak / 1e9);
+    num(j, "roofline_gflops", full > 0 ? flops / full / 1e9 : 0);
     cJSON_AddBoolToObject(j, "ok", ok);
     if (note[0])
         cJSON_AddStringToObject(j, "error", note);
