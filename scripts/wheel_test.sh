@@ -100,7 +100,10 @@ echo "wheel_test: native CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f
 ONEDNN_VERBOSE=1 DNNL_VERBOSE=1 "$vpy" -c "$probe" | isa
 echo "wheel_test: native: $vpy -m pytest ${tests[*]}"
 t=$SECONDS
-"$vpy" -m pytest -q -p no:cacheprovider "${tests[@]}"
+# The bf16-gradient bound's 48 cases (numerics of the same sources) already ran
+# in python_test.sh against the source build: one option set's three here.
+"$vpy" -m pytest -q -p no:cacheprovider "${tests[@]}" \
+  -k "not bf16_gradients_within or dapo-token-vespo_params"
 echo "wheel_test: native tests passed in $((SECONDS - t))s"
 
 # 4. Under qemu (the real interpreter binary behind the venv's symlinks is
