@@ -109,7 +109,8 @@ static double time_gemms(const ft_config *cfg, const ft_problem *p, int64_t rows
  * roofline_reps after a dry pass, in FLOP/s; NaN with a note on failure. The
  * ceiling the step's own products (roofline_s) are held against. */
 #define PEAK_N 2048
-static double peak_gemm_rate(const ft_config *cfg, const ft_problem *p, char *note, size_t notelen)
+static double peak_gemm_rate(const ft_config *cfg, const ft_problem *p, double *bytes_max,
+                             char *note, size_t notelen)
 {
     const int64_t n = PEAK_N, reps = cfg->roofline_reps;
     ft_gemm g;
@@ -133,6 +134,7 @@ static double peak_gemm_rate(const ft_config *cfg, const ft_problem *p, char *no
         rate = 2.0 * (double)n * (double)n * (double)n / percentile(t, reps, 0.5);
     else
         snprintf(note, notelen, "no peak GEMM rate: %s", g.err.msg);
+    *bytes_max = fmax(*bytes_max, (double)(bytes + ft_gemm_bytes(&g)));
     free(t);
     ft_big_free(a, bytes);
     ft_gemm_free(&g);
@@ -233,13 +235,13 @@ int ft_bench_measure(void *arg, void *out)
     if (ok && cfg->roofline_reps > 0 && n > 0) { /* a failure leaves a note */
         full = time_gemms(cfg, p, n, n, &bytes, note, sizeof note);
         chunked = chunk > 0 ? time_gemms(cfg, p, chunk, n, &bytes, note, sizeof note) : NAN;
-        peak = peak_gemm_rate(cfg, p, note, sizeof note);
+        peak = peak_gemm_rate(cfg, p, &bytes, note, sizeof note);
     }
     const cJSON *median = cJSON_GetObjectItem(j, "step_s_p50");
     num(j, "roofline_s", full);
     num(j, "chunked_gemm_s", chunked);
     num(j, "roofline_ratio", median && full > 0 ? full / median->valuedouble : full);
-    num(j, "roofline_bytes", bytes); /* the roofline's own buffers, not the library's */
+    num(j, "roofline_bytes", bytes); /* the roofline's and the peak product's buffers, not the library's */
     num(j, "peak_gemm_gflops", peak / 1e9);
     num(j, "roofline_gflops", full > 0 ? flops / full / 1e9 : 0);
     cJSON_AddBoolToObject(j, "ok", ok);
