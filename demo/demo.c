@@ -79,7 +79,7 @@ static int run(fg_context *ctx, fg_impl impl, const fg_loss_config *cfg, const f
     out.logp = r->logp;
     out.grad_hidden = fg_matrix_make(r->gh, FG_DTYPE_F32, N, H);
     out.grad_weight = fg_matrix_make(r->gw, FG_DTYPE_F32, V, H);
-    fg_linear_options opts = {impl, 0};
+    fg_linear_options opts = {impl, 0, 0.0};
     fg_release_workspace(ctx);
     fg_reset_peak_memory(ctx);
     double warm = 0;

@@ -657,7 +657,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     in.bias = use_bias ? bias : (fg_vector){NULL, in_t, 0};
     in.vocab_start = vocab_start;
     in.vocab_total = vocab_total;
-    const fg_linear_options lo = {path == 0 ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED, round_logits};
+    /* Gradient filtering (fused): off, auto, or a threshold in (0, 1]. Its
+     * gradients are approximate, so the oracle's comparison is off with it. */
+    const unsigned filter_k = u8(r) % 4;
+    const double filter_eps = path != 0 || filter_k < 2 ? 0.0
+                              : filter_k == 2            ? FG_FILTER_EPS_AUTO
+                                                         : ldexp(1.0, -(int)(u8(r) % 24));
+    if (filter_eps != 0)
+        tame = 0;
+    const fg_linear_options lo = {path == 0 ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED, round_logits,
+                                  filter_eps};
     fg_linear_outputs lin_out = {out.loss,        out.metrics,     out.logp,     out.entropy,
                                  out.grad_hidden, out.grad_weight, out.grad_bias, 0};
     fg_logits_outputs log_out = {out.loss, out.metrics, out.logp, out.entropy, out.grad_logits};

@@ -320,6 +320,10 @@ typedef struct fg_memory_stats {
     int64_t gemm_flops;   /* floating-point ops issued to GEMMs, last call   */
     double gemm_seconds;  /* wall time inside GEMMs, last call               */
     double call_seconds;  /* wall time of the whole last call                */
+    int64_t dlogits_entries; /* entries of d loss/d logits the last call's
+                                backward products could use (rows x V)      */
+    int64_t dlogits_kept;    /* of those, the entries they used: all of them
+                                unless gradient filtering dropped some      */
 } fg_memory_stats;
 
 fg_status fg_get_memory_stats(const fg_context *ctx, fg_memory_stats *out);
@@ -352,7 +356,22 @@ typedef struct fg_linear_options {
     /* Materialized only: store the logits in the input dtype (bf16) before the
      * softmax, as frameworks do (the seeds' cast_logits_to_hidden_dtype). */
     int round_logits_to_input_dtype;
+    /* Fused only: gradient filtering. The two backward products use only the
+     * entries of a row's d loss/d logits above filter_eps times the row's
+     * largest |entry| (and always the row's own token); the forward (loss,
+     * metrics, logp, entropy) is unaffected, bit for bit, and so is grad_bias.
+     * 0: off (every entry, the default). FG_FILTER_EPS_AUTO: the default
+     * threshold of the inputs' dtype (fg_filter_eps_auto). A chunk in which
+     * some row keeps more than V/8 entries runs dense (fg_memory_stats
+     * counts the entries used). docs/LOSS_SPEC.md "Gradient filtering" gives
+     * the error bound. */
+    double filter_eps;
 } fg_linear_options;
+
+#define FG_FILTER_EPS_AUTO (-1.0)
+
+/* The threshold FG_FILTER_EPS_AUTO stands for, for hidden/weight of dtype. */
+double fg_filter_eps_auto(fg_dtype dtype);
 
 /*
  * linear_grpo_forward_backward

@@ -35,10 +35,10 @@
 #define FIELDS_fg_exec(X, T) X(T, threads) X(T, memory_budget) X(T, workspace) X(T, workspace_bytes)
 #define FIELDS_fg_memory_stats(X, T)                                                               \
     X(T, current_bytes) X(T, peak_bytes) X(T, budget_bytes) X(T, chunk_rows) X(T, chunks)         \
-    X(T, gemm_flops) X(T, gemm_seconds) X(T, call_seconds)
+    X(T, gemm_flops) X(T, gemm_seconds) X(T, call_seconds) X(T, dlogits_entries) X(T, dlogits_kept)
 #define FIELDS_fg_linear_inputs(X, T)                                                              \
     X(T, hidden) X(T, weight) X(T, bias) X(T, vocab_start) X(T, vocab_total)
-#define FIELDS_fg_linear_options(X, T) X(T, impl) X(T, round_logits_to_input_dtype)
+#define FIELDS_fg_linear_options(X, T) X(T, impl) X(T, round_logits_to_input_dtype) X(T, filter_eps)
 #define FIELDS_fg_linear_plan_info(X, T)                                                           \
     X(T, chunk_rows) X(T, chunks) X(T, working_bytes) X(T, fixed_bytes) X(T, chunk_bytes)         \
     X(T, gemm_scratch_bytes) X(T, min_budget_bytes) X(T, gemm_dtype) X(T, grad_weight_sum_bytes)

@@ -23,6 +23,7 @@ typedef struct fg_call {
     /* Statistics the driver fills for fg_memory_stats. */
     fg_gemm_stats gemm_stats;
     int64_t chunk_rows, chunks;
+    int64_t dlogits_entries, dlogits_kept; /* what the backward products used */
     /* Private to context.c. */
     struct fg_context *ctx;
     fg_arena borrowed; /* the caller's workspace, if any */

@@ -20,7 +20,7 @@ struct fg_context {
     size_t bytes_current; /* held now: the arena                              */
     size_t bytes_peak;    /* high-water mark, a borrowed workspace included   */
     size_t last_budget;
-    int64_t last_chunk_rows, last_chunks, last_gemm_flops;
+    int64_t last_chunk_rows, last_chunks, last_gemm_flops, last_dl_entries, last_dl_kept;
     double last_gemm_seconds, last_call_seconds;
 };
 
@@ -100,6 +100,8 @@ fg_status fg_get_memory_stats(const fg_context *ctx, fg_memory_stats *out)
     out->gemm_flops = ctx->last_gemm_flops;
     out->gemm_seconds = ctx->last_gemm_seconds;
     out->call_seconds = ctx->last_call_seconds;
+    out->dlogits_entries = ctx->last_dl_entries;
+    out->dlogits_kept = ctx->last_dl_kept;
     return FG_OK;
 }
 
@@ -189,5 +191,7 @@ fg_status fg_call_end(fg_call *call, fg_status st)
     ctx->last_gemm_flops = call->gemm_stats.flops;
     ctx->last_gemm_seconds = call->gemm_stats.seconds;
     ctx->last_call_seconds = omp_get_wtime() - call->t0;
+    ctx->last_dl_entries = call->dlogits_entries;
+    ctx->last_dl_kept = call->dlogits_kept;
     return st;
 }

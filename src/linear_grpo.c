@@ -19,15 +19,21 @@
  * (fg_loss_needs_all_tokens): one forward sweep (GEMM 1 only), then the sweep
  * above recomputing the logits, unless everything fits in one chunk.
  *
+ * Gradient filtering (filter_eps > 0, grad_filter.h): GEMMs 2 and 3 become
+ * sparse products over each row's kept entries of dlogits, when every row of
+ * the chunk keeps few enough of them.
+ *
  * Materialized (FG_IMPL_MATERIALIZED): the plain baseline, one chunk of all
  * rows with a separate [N, V] dlogits buffer, as a framework holds them.
  */
+#include <omp.h>
 #include <string.h>
 
 #include "bf16.h"
 #include "call.h"
 #include "finish.h"
 #include "gemm_onednn.h"
+#include "grad_filter.h"
 #include "row_kernels.h"
 #include "validate.h"
 
@@ -69,6 +75,8 @@ typedef struct linear_plan {
     fg_gemm_scratch gemm; /* GEMM scratch of the chosen chunk sizes               */
     int gemm_workers;     /* threads the GEMMs run on: the scratchpads held        */
     size_t scratch_bytes; /* fg_gemm_scratch_bytes(gemm, gemm_workers)             */
+    double filter_eps;    /* gradient filtering's threshold; 0: off                */
+    int64_t kept_cap;     /* kept entries a row may have (fg_kept_cap), filtering  */
 } linear_plan;
 
 /* The chunk size is planned with room for this many GEMM scratchpads (or one,
@@ -142,6 +150,9 @@ static size_t chunk_bytes(const linear_plan *p, int64_t m)
         b += fg_ws_round((size_t)m * (size_t)p->H * sizeof(float));
     if (p->sharded)
         b += fg_ws_round((size_t)m * 5 * sizeof(float));
+    if (p->filter_eps > 0) /* kept ids, their count and each row's token */
+        b += fg_ws_round((size_t)m * (size_t)p->kept_cap * sizeof(int32_t)) +
+             fg_ws_round((size_t)m * sizeof(int32_t)) + fg_ws_round((size_t)m * sizeof(int64_t));
     return b;
 }
 
@@ -344,6 +355,13 @@ static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
     if (o->round_logits_to_input_dtype && o->impl == FG_IMPL_FUSED)
         return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "round_logits_to_input_dtype is a materialized-baseline option");
+    if (!(o->filter_eps == FG_FILTER_EPS_AUTO || (o->filter_eps >= 0 && o->filter_eps <= 1)))
+        return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER,
+                       "filter_eps = %g: 0 (off), a threshold in (0, 1], or FG_FILTER_EPS_AUTO",
+                       o->filter_eps);
+    if (o->filter_eps != 0 && o->impl != FG_IMPL_FUSED)
+        return fg_fail(err, FG_ERR_UNSUPPORTED,
+                       "filter_eps is a fused-path option (the materialized baseline is exact)");
     if (scan && call->check_finite) {
         if ((st = fg_check_finite_matrix(err, call->threads, "hidden", &in->hidden, batch->mask)) !=
                 FG_OK ||
@@ -389,10 +407,47 @@ typedef struct linear_call {
                      grad_bias [V] floats of the workspace, rounded once at the end */
     float *gwsum; /* a bf16 grad_weight's float32 sums [V, H] (plan.gw_sum)   */
     float *stats; /* sharded: 5 floats per chunk row for the statistics merge */
+    int32_t *kept_idx, *kept_nnz; /* gradient filtering: [Nc, kept_cap], [Nc] */
+    int64_t *kept_tgt;            /* [Nc] each row's token in this shard's rows */
     int bad; /* non-finite statistics seen (only possible with the finite check off) */
 } linear_call;
 
 enum sweep_mode { SWEEP_FORWARD, SWEEP_BACKWARD, SWEEP_BOTH };
+
+/* Gradient filtering of chunk rows `rows` (tokens tok): the kept entries,
+ * compacted as *k describes, or -1 when the chunk runs dense. Counts the
+ * entries the backward products use either way. */
+static int64_t filter_chunk(fg_call *call, linear_call *L, const fg_rows *rows, const int64_t *tok,
+                        fg_kept *k)
+{
+    const linear_plan *p = &L->p;
+    const int64_t m = rows->count;
+    call->dlogits_entries += m * p->V;
+    if (p->filter_eps <= 0) {
+        call->dlogits_kept += m * p->V;
+        return -1;
+    }
+    for (int64_t i = 0; i < m; i++) {
+        const int64_t t = L->c.plan.token_ids[tok[i]] - p->vocab_start;
+        L->kept_tgt[i] = t >= 0 && t < p->V ? t : -1;
+    }
+    *k = (fg_kept){rows->dx, rows->dxtype, rows->dx_ld, m, p->V, L->kept_tgt, L->kept_idx,
+                   p->kept_cap, L->kept_nnz};
+    const double t0 = omp_get_wtime();
+    const int64_t kept = fg_filter_select(call->threads, k, p->filter_eps);
+    if (kept >= 0)
+        fg_filter_compact(call->threads, k);
+    call->gemm_stats.seconds += omp_get_wtime() - t0;
+    call->dlogits_kept += kept >= 0 ? kept : m * p->V;
+    return kept;
+}
+
+/* A sparse product's time and work, with the GEMMs'. */
+static void count_sparse(fg_call *call, double t0, int64_t kept, int64_t H)
+{
+    call->gemm_stats.seconds += omp_get_wtime() - t0;
+    call->gemm_stats.flops += 2 * kept * H;
+}
 
 /* One chunk k: GEMM 1 (unless the logits are still there), the row sweep of
  * `mode`, then the bias column sums and GEMMs 2 and 3 when gradients are due. */
@@ -437,9 +492,19 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     }
     if (p->want_gb)
         fg_sweep_column_sums(call->threads, &rows, L->gbacc);
+    fg_kept kept;
+    const int64_t nkept = p->want_gh || p->want_gw ? filter_chunk(call, L, &rows, tok, &kept) : -1;
+    const int sparse = nkept >= 0;
+    if (p->want_gh && sparse) {
+        const double t0 = omp_get_wtime();
+        fg_kept_dhidden(call->threads, &kept, L->in->weight.data, p->in_t, p->w_ld, p->H, L->ghbuf,
+                        p->H);
+        count_sparse(call, t0, nkept, p->H);
+    }
     if (p->want_gh) {
         fg_gemm_shape s2 = shape_dhidden(p, m);
-        if ((st = fg_gemm_run(call->gemm, &s2, L->dlogits, L->in->weight.data, L->ghbuf, NULL,
+        if (!sparse &&
+            (st = fg_gemm_run(call->gemm, &s2, L->dlogits, L->in->weight.data, L->ghbuf, NULL,
                               L->scratch, p->gemm_workers, &call->gemm_stats, call->err)) != FG_OK)
             return st;
         /* Each shard holds its vocab rows' share of grad_hidden: sum them. */
@@ -461,7 +526,12 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
         const int sum_in = !first_backward_chunk || (p->accumulate && !p->gw_sum);
         fg_gemm_shape s3 = shape_dweight(p, m, sum_in);
         void *dst = p->gw_sum ? (void *)L->gwsum : L->out->grad_weight.data;
-        if ((st = fg_gemm_run(call->gemm, &s3, L->dlogits, L->hbuf, dst, NULL, L->scratch,
+        if (sparse) { /* a float32 destination (plan_filter) */
+            const double t0 = omp_get_wtime();
+            fg_kept_dweight(call->threads, &kept, L->hbuf, p->cmp_t, p->H, p->H, dst,
+                            p->gw_sum ? p->H : p->gw_ld, sum_in);
+            count_sparse(call, t0, nkept, p->H);
+        } else if ((st = fg_gemm_run(call->gemm, &s3, L->dlogits, L->hbuf, dst, NULL, L->scratch,
                               p->gemm_workers, &call->gemm_stats, call->err)) != FG_OK)
             return st;
     }
@@ -577,6 +647,19 @@ static fg_status plan_grad_weight_sums(fg_call *call, linear_plan *p)
     return FG_OK;
 }
 
+/* Gradient filtering's threshold, when a backward product runs. The sparse
+ * grad_weight product writes float32: a bf16 grad_weight summed in bf16 per
+ * chunk (plan_grad_weight_sums) runs dense. */
+static void plan_filter(const fg_linear_options *o, linear_plan *p)
+{
+    const double eps = o->filter_eps == FG_FILTER_EPS_AUTO ? fg_filter_eps_auto(p->in_t) : o->filter_eps;
+    const int gw_f32 = !p->want_gw || p->gw_sum || p->gw_t == FG_DTYPE_F32;
+    if (p->fused && eps > 0 && (p->want_gh || p->want_gw) && gw_f32) {
+        p->filter_eps = eps;
+        p->kept_cap = fg_kept_cap(p->V);
+    }
+}
+
 /* The plan of a validated call: dtypes, which products run, and the chunks.
  * `agree`: sharded calls agree on the chunk size. */
 static fg_status plan_call(fg_call *call, const fg_linear_options *o, const fg_linear_inputs *in,
@@ -613,7 +696,10 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const fg_l
     if (p->n_active == 0)
         return FG_OK;
     fg_status st = plan_grad_weight_sums(call, p);
-    return st == FG_OK ? plan_chunks(call, p, agree && p->sharded) : st;
+    if (st != FG_OK)
+        return st;
+    plan_filter(o, p);
+    return plan_chunks(call, p, agree && p->sharded);
 }
 
 /* The arena a planned call reserves. */
@@ -633,7 +719,7 @@ static fg_status check_and_plan(fg_call *call, const fg_linear_options *opts,
                                 const fg_linear_outputs *out, int is_call, linear_plan *p)
 {
     memset(p, 0, sizeof *p);
-    const fg_linear_options fused = {FG_IMPL_FUSED, 0};
+    const fg_linear_options fused = {FG_IMPL_FUSED, 0, 0.0};
     const fg_linear_options *o = opts ? opts : &fused;
     int64_t n_active = 0;
     fg_status st = validate_linear(call, o, req, in, out, is_call, &n_active);
@@ -736,6 +822,11 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
         L.scratch = p->scratch_bytes ? fg_call_take(&call, p->scratch_bytes) : NULL;
         if (p->sharded)
             L.stats = fg_call_take(&call, (size_t)p->Nc * 5 * sizeof(float));
+        if (p->filter_eps > 0) {
+            L.kept_idx = fg_call_take(&call, (size_t)p->Nc * (size_t)p->kept_cap * sizeof(int32_t));
+            L.kept_nnz = fg_call_take(&call, (size_t)p->Nc * sizeof(int32_t));
+            L.kept_tgt = fg_call_take(&call, (size_t)p->Nc * sizeof(int64_t));
+        }
     }
     zero_unwritten(&L, batch);
     if (p->n_active > 0)

@@ -64,7 +64,7 @@ int main(void)
         return tu_finish();
     }
     for (int impl = 0; impl < 2; impl++) {
-        const fg_linear_options opts = {impl ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0};
+        const fg_linear_options opts = {impl ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0, 0.0};
         const char *name = impl ? "materialized" : "fused";
         /* Fused: the smallest budget, one token row a chunk, so every call
          * (whole or micro-batch) walks the rows alike on any CPU. */

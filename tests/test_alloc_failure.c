@@ -166,7 +166,7 @@ static fg_status call_or_plan(fg_context *ctx, const scenario *s, res *r, fg_lin
         out.grad_weight = fg_matrix_make(r->gw, FG_DTYPE_F32, V, H);
         out.grad_bias = fg_vector_make(r->gb, FG_DTYPE_F32, V);
         const fg_linear_options lo = {s->path == P_FUSED ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED,
-                                      s->round_logits};
+                                      s->round_logits, 0.0};
         if (plan)
             return fg_linear_grpo_plan(ctx, &lo, &cfg, &in, batch, &out, NULL, plan);
         fg_exec ex;

@@ -152,7 +152,7 @@ static void judge(const char *path, const char *name, fg_status want, fg_status 
 static void expect_lin(const char *name, fg_status want, S *s) {
     const fg_impl impls[2] = {FG_IMPL_FUSED, FG_IMPL_MATERIALIZED};
     for (int k = 0; k < 2; k++) {
-        fg_linear_options lo = {impls[k], 0};
+        fg_linear_options lo = {impls[k], 0, 0.0};
         fill_sentinels(s);
         fg_status st = fg_linear_grpo(s->null_ctx ? NULL : ctx, &lo, s->null_cfg ? NULL : &s->cfg,
                                       s->null_in ? NULL : &s->in,

@@ -219,7 +219,7 @@ int main(void)
     uint16_t *gh = tu_xmalloc(sizeof(uint16_t) * N * H), *gw = tu_xmalloc(sizeof(uint16_t) * V * H);
     uint16_t *gb = tu_xmalloc(sizeof(uint16_t) * V);
     const bf16_case c = {ctx, &cfg, &in, batch, &ref, p.tb.mask, gh, gw, gb};
-    const fg_linear_options fused = {FG_IMPL_FUSED, 0}, mat = {FG_IMPL_MATERIALIZED, 0};
+    const fg_linear_options fused = {FG_IMPL_FUSED, 0, 0.0}, mat = {FG_IMPL_MATERIALIZED, 0, 0.0};
     fg_linear_outputs o;
     bf16_outputs(&c, &o);
 

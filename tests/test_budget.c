@@ -94,7 +94,7 @@ int main(void) {
         /* fused under the context's 1 MiB, fresh workspace */
         tu_linear_outs of;
         tu_linear_outs_make(&of, N, H, V, 1);
-        const fg_linear_options fused = {FG_IMPL_FUSED, 0};
+        const fg_linear_options fused = {FG_IMPL_FUSED, 0, 0.0};
         fg_release_workspace(cf);
         fg_reset_peak_memory(cf);
         fg_status s = fg_linear_grpo(cf, &fused, &cfg, &in, batch, &of.out, NULL);
@@ -125,7 +125,7 @@ int main(void) {
         /* materialized reference */
         tu_linear_outs om;
         tu_linear_outs_make(&om, N, H, V, 1);
-        const fg_linear_options mat = {FG_IMPL_MATERIALIZED, 0};
+        const fg_linear_options mat = {FG_IMPL_MATERIALIZED, 0, 0.0};
         s = fg_linear_grpo(cm, &mat, &cfg, &in, batch, &om.out, NULL);
         CHECK(s == FG_OK, "%s materialized: %s (%s)", dn, fg_status_name(s), fg_last_error(cm));
 

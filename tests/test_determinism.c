@@ -57,7 +57,7 @@ static fg_status run(fg_context *ctx, int path, const fg_loss_config *cfg, const
         out.grad_weight = fg_matrix_make(r->gw, FG_DTYPE_F32, V, H);
         out.grad_bias = fg_vector_make(r->gb, FG_DTYPE_F32, V);
         const fg_linear_inputs in = tu_problem_inputs(x->prob);
-        const fg_linear_options lo = {path == 0 ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED, 0};
+        const fg_linear_options lo = {path == 0 ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED, 0, 0.0};
         s = fg_linear_grpo(ctx, &lo, cfg, &in, batch, &out, &ex);
         r->loss = out.loss;
         r->metrics = out.metrics;

@@ -168,7 +168,7 @@ static void run_case(const char *name, const fg_loss_config *cfg, tu_problem *p,
     for (int impl = 0; impl < 2; impl++) {
         tu_linear_outs w;
         tu_linear_outs_make(&w, N, H, V, 1);
-        const fg_linear_options lo = {impl ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0};
+        const fg_linear_options lo = {impl ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0, 0.0};
         fg_exec ex;
         fg_exec_init(&ex);
         ex.memory_budget = impl ? 0 : budget;
@@ -522,7 +522,7 @@ static fg_status nf_call(nf *s, int path, fg_dtype dt, double *loss)
     in.hidden = (fg_matrix){bf ? (void *)s->hid16 : (void *)s->hid, dt, NN, NH, LDH};
     in.weight = fg_matrix_make(bf ? (void *)s->wt16 : (void *)s->wt, dt, NV, NH);
     in.bias = fg_vector_make(bf ? (void *)s->bias16 : (void *)s->bias, dt, NV);
-    const fg_linear_options lo = {path ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0};
+    const fg_linear_options lo = {path ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0, 0.0};
     st = fg_linear_grpo(ctx, &lo, &cfg, &in, tu_batch_view(&s->tb), &out, NULL);
     *loss = out.loss;
     return st;
@@ -629,7 +629,7 @@ static void case_nonfinite(void)
                 memset(&in, 0, sizeof in);
                 in.hidden = (fg_matrix){s->hid, FG_DTYPE_F32, NN, NH, LDH};
                 in.weight = fg_matrix_make(s->wt, FG_DTYPE_F32, NV, NH);
-                const fg_linear_options lo = {path ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0};
+                const fg_linear_options lo = {path ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0, 0.0};
                 st = fg_linear_grpo(ctx, &lo, &cfg, &in, tu_batch_view(&s->tb), &out, NULL);
                 loss = out.loss;
             }

@@ -191,7 +191,7 @@ static void caller_workspace(const tu_problem *p, fg_impl impl, int chunked)
 {
     const fg_linear_inputs in = tu_problem_inputs(p);
     const fg_batch *batch = &p->tb.view;
-    const fg_linear_options lo = {impl, 0};
+    const fg_linear_options lo = {impl, 0, 0.0};
     size_t budget = 0;
     if (chunked) {
         fg_context *c = make_ctx(0);

@@ -79,7 +79,7 @@ static void check_case(fg_context *ctx, fg_dtype dt, int materialized, double te
     const fg_batch *batch = tu_batch_view(&p.tb);
     const fg_tokens tok = tokens_of(batch);
     const fg_linear_inputs in = tu_problem_inputs(&p);
-    const fg_linear_options opts = {materialized ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0};
+    const fg_linear_options opts = {materialized ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0, 0.0};
     const char *dname = dt == FG_DTYPE_BF16 ? "bf16" : "f32";
     const char *iname = materialized ? "materialized" : "fused";
     /* Fused: a budget a little above the smallest (a few rows a chunk). */

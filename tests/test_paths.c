@@ -338,7 +338,7 @@ static void compare(const char *tag, int path, fg_dtype dt, const fg_loss_config
 static fg_status fused_call(const fg_loss_config *cfg, const fg_linear_inputs *in,
                             const fg_batch *batch, outbuf *o, size_t budget,
                             fg_memory_stats *st) {
-    const fg_linear_options lo = {FG_IMPL_FUSED, 0};
+    const fg_linear_options lo = {FG_IMPL_FUSED, 0, 0.0};
     fg_exec ex;
     fg_exec_init(&ex);
     ex.memory_budget = budget;
@@ -356,7 +356,7 @@ static fg_status fused_call(const fg_loss_config *cfg, const fg_linear_inputs *i
 static size_t planned_budget(const fg_loss_config *cfg, const fg_linear_inputs *in,
                              const fg_batch *batch, const fg_linear_outputs *out,
                              int64_t want_rows) {
-    const fg_linear_options lo = {FG_IMPL_FUSED, 0};
+    const fg_linear_options lo = {FG_IMPL_FUSED, 0, 0.0};
     fg_linear_plan_info info;
     fg_exec ex;
     fg_exec_init(&ex);
@@ -453,7 +453,7 @@ static void run_case(int si, int lt, int lvl, int set, fg_dtype dt, int case_idx
     {
         outbuf o;
         outbuf_init(&o, N, H, V, op->bias, op->pad, 0, FG_DTYPE_F32, NULL, 0);
-        const fg_linear_options lo = {FG_IMPL_MATERIALIZED, 0};
+        const fg_linear_options lo = {FG_IMPL_MATERIALIZED, 0, 0.0};
         fg_status s = fg_linear_grpo(ctx_mat, &lo, &cfg, &in, batch, &o.lin, NULL);
         snprintf(t2, sizeof t2, "%s materialized]", tag);
         CHECK(s == FG_OK, "%s status %s: %s", t2, fg_status_name(s), fg_last_error(ctx_mat));
@@ -466,7 +466,7 @@ static void run_case(int si, int lt, int lvl, int set, fg_dtype dt, int case_idx
         outbuf_init(&o, N, H, V, op->bias, op->pad, 0, FG_DTYPE_F32, NULL, 0);
         const size_t budget = planned_budget(&cfg, &in, batch, &o.lin, (case_idx & 1) ? 4 : 1);
         fg_linear_plan_info plan;
-        const fg_linear_options flo = {FG_IMPL_FUSED, 0};
+        const fg_linear_options flo = {FG_IMPL_FUSED, 0, 0.0};
         fg_exec ex;
         fg_exec_init(&ex);
         ex.memory_budget = budget;
@@ -534,7 +534,7 @@ static void run_case(int si, int lt, int lvl, int set, fg_dtype dt, int case_idx
     if (bf) {
         outbuf o;
         outbuf_init(&o, N, H, V, op->bias, op->pad, 0, FG_DTYPE_F32, NULL, 0);
-        const fg_linear_options lo = {FG_IMPL_MATERIALIZED, 1};
+        const fg_linear_options lo = {FG_IMPL_MATERIALIZED, 1, 0.0};
         fg_status s = fg_linear_grpo(ctx_mat, &lo, &cfg, &in, batch, &o.lin, NULL);
         snprintf(t2, sizeof t2, "%s baseline]", tag);
         CHECK(s == FG_OK, "%s status %s: %s", t2, fg_status_name(s), fg_last_error(ctx_mat));

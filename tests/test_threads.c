@@ -96,7 +96,7 @@ static fg_status run(fg_context *ctx, int threads, int path, fg_dtype dt, fg_is_
         out.grad_weight = fg_matrix_make(r->gw, FG_DTYPE_F32, V, H);
         out.grad_bias = fg_vector_make(r->gb, FG_DTYPE_F32, V);
         ex.memory_budget = path == P_FUSED_CHUNKS ? (size_t)1 << 20 : 0;
-        const fg_linear_options lo = {path == P_MAT ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0};
+        const fg_linear_options lo = {path == P_MAT ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0, 0.0};
         st = fg_linear_grpo(ctx, &lo, &cfg, &in, batch, &out, &ex);
         r->loss = out.loss;
         r->metrics = out.metrics;

@@ -141,6 +141,14 @@ static double get(const cJSON *j, const char *key)
     return cJSON_IsNumber(it) ? it->valuedouble : NAN;
 }
 
+/* Gradient filtering's share of dlogits kept, for the row's annotation. */
+static const char *kept_note(double frac)
+{
+    static char buf[64];
+    snprintf(buf, sizeof buf, "; filtering kept %.3g%% of dlogits", 100.0 * frac);
+    return buf;
+}
+
 static void print_row(const cJSON *j, const char *val)
 {
     const char *impl = cJSON_GetStringValue(cJSON_GetObjectItem(j, "impl"));
@@ -158,8 +166,9 @@ static void print_row(const cJSON *j, const char *val)
         printf("%10s(fg_logits_grpo alone %.4g s of the step; the rest is the tool's GEMMs)\n", "",
                get(j, "kernel_s_mean"));
     else
-        printf("%10s(the library's GEMMs %.4g s of its %.4g s call, %.0f-row chunks x %.0f)\n", "",
-               get(j, "gemm_s_mean"), get(j, "call_s_mean"), get(j, "chunk_rows"), get(j, "chunks"));
+        printf("%10s(the library's GEMMs %.4g s of its %.4g s call, %.0f-row chunks x %.0f%s)\n", "",
+               get(j, "gemm_s_mean"), get(j, "call_s_mean"), get(j, "chunk_rows"), get(j, "chunks"),
+               get(j, "dlogits_kept_frac") < 1 ? kept_note(get(j, "dlogits_kept_frac")) : "");
     if (get(j, "roofline_s") != 0) /* roofline_reps 0: not measured */
         printf("%10s(bare GEMMs: %.4g s at full shape, %.4g s in the fused path's %.0f-row chunks;\n"
                "%10s full shape %.1f GFLOP/s, a 2048-cube product %.1f GFLOP/s on this machine)\n", "",

@@ -195,6 +195,9 @@ static int time_steps(const ft_config *cfg, ft_runner *r, cJSON *j, double fixed
     num(j, "chunk_rows", (double)ms.chunk_rows);
     num(j, "chunks", (double)ms.chunks);
     num(j, "lib_gemm_flops", (double)ms.gemm_flops);
+    /* Gradient filtering: the share of d loss/d logits the backward products used. */
+    num(j, "dlogits_kept_frac",
+        ms.dlogits_entries > 0 ? (double)ms.dlogits_kept / (double)ms.dlogits_entries : 1.0);
     num(j, "gflops", p50 > 0 ? flops / p50 / 1e9 : 0.0);
     num(j, "loss", r->loss_value); /* the last step's, a sanity value */
     free(t);

@@ -51,6 +51,9 @@ static const key_def KEYS[] = {
     NUM(memory_budget, K_BYTES, "0", 0, BIG,
         "fused working-memory cap in bytes (suffixes KiB/MiB/GiB); 0: library default; "
         "min: the planner's smallest (one token row a chunk)"),
+    AUTO(filter_eps, K_DOUBLE, "0", 0, 1, "auto",
+         "fused only: gradient filtering threshold (relative to a row's largest |dlogit|); 0: off; "
+         "auto: the dtype's default"),
     NUM(threads, K_INT, "0", 0, 4096, "threads; 0: OpenMP default"),
     BOOL(check_finite, "true", "library scans inputs for NaN/Inf"),
 

@@ -31,6 +31,7 @@ typedef struct ft_config {
     int64_t batch, seq_len, hidden, vocab;
     int dtype, impl, round_logits;
     uint64_t memory_budget; /* 0: the library default; FT_BUDGET_MIN: the planner's smallest */
+    double filter_eps;      /* NaN: auto (FG_FILTER_EPS_AUTO) */
     int64_t threads;        /* 0: the OpenMP default */
     int check_finite;
     int loss_type, importance_sampling_level;

@@ -311,6 +311,10 @@ static int check(report *rep, ft_runner *run, ft_reference *ref, const ft_config
     const int auto_kind = oracle_fits ? FT_REF_ORACLE : FT_REF_BASELINE, logits = cfg->impl == FT_IMPL_LOGITS;
     const int ref_kind = cfg->reference != FT_REF_AUTO ? cfg->reference : auto_kind;
     double t0 = omp_get_wtime(), kernel_s, ref_s;
+    if (cfg->filter_eps != 0) /* NaN (auto) included */
+        return ft_error(err, errlen,
+                        "gradcheck checks the exact gradient: set filter_eps: 0 (gradient "
+                        "filtering is checked against its own definition by tests/test_filter.c)");
     if (ft_runner_init(run, cfg, p, cfg->impl, 0) != 0 ||
         (logits ? ft_runner_materialize_logits(run) : ft_runner_step(run)) != 0)
         return ft_error(err, errlen, "%s", run->err);

@@ -94,6 +94,9 @@ int ft_runner_init(ft_runner *r, const ft_config *cfg, const ft_problem *p, int 
                                 fg_vector_make(p->bias, s->dtype, p->bias ? V : 0), 0, 0};
     r->lopts.impl = impl == FT_IMPL_BASELINE ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED;
     r->lopts.round_logits_to_input_dtype = impl == FT_IMPL_BASELINE && cfg->round_logits;
+    r->lopts.filter_eps = impl != FT_IMPL_FUSED  ? 0.0
+                          : isnan(cfg->filter_eps) ? FG_FILTER_EPS_AUTO
+                                                   : cfg->filter_eps;
 
     /* One pre-faulted mapping: logp, entropy, the gradients (when wanted),
      * then the logits impl's logits, which are tool memory, not outputs. */
@@ -189,7 +192,7 @@ size_t ft_runner_tool_bytes(const ft_runner *r) { return r->logits_bytes + ft_ge
 
 int64_t ft_runner_fused_chunk_rows(ft_runner *r)
 {
-    const fg_linear_options fused = {FG_IMPL_FUSED, 0};
+    const fg_linear_options fused = {FG_IMPL_FUSED, 0, 0.0};
     fg_exec exec = {0};
     fg_linear_plan_info info;
     return plan(r, &fused, &exec, &info) == 0 ? info.chunk_rows : 0;

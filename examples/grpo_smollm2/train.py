@@ -201,6 +201,9 @@ def main(argv=None):
         steps = 2
     seed = cfg.get("seed", 0)
     max_operand = cfg.pop("max_operand", 50)
+    # Gradient filtering of the fused arm (fusedgrpo.trl.FusedGRPOTrainer.fusedgrpo_filter_eps);
+    # the materialized arm is the exact baseline and the trl arm has none.
+    filter_eps = cfg.pop("fusedgrpo_filter_eps", 0.0)
     out = a.out or os.path.join("bench", "results", "train_ab",
                                 f"{arm}{'_smoke' if a.smoke else ''}.jsonl")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
@@ -229,6 +232,8 @@ def main(argv=None):
                   train_dataset=data)
     if arm == "materialized":
         trainer.fusedgrpo_impl = "materialized"
+    elif arm == "fusedgrpo":
+        trainer.fusedgrpo_filter_eps = filter_eps
 
     class Log(TrainerCallback):
         def __init__(self):

@@ -217,7 +217,7 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
                       vespo_lambda_neg=2.0, off_policy_mask_threshold=None,
                       top_entropy_quantile=1.0, dtype="float32", memory_budget=None,
                       threads=None, impl="fused", compute_grad=True,
-                      grad_dtype="float32") -> GRPOResult:
+                      grad_dtype="float32", filter_eps=0.0) -> GRPOResult:
     """The GRPO loss of LOSS_SPEC.md from LM-head inputs, forward and backward.
 
     hidden [B, T, H], weight [V, H], bias [V] (optional), token_ids / mask [B, T],
@@ -232,6 +232,10 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
     ``grad_dtype="bfloat16"`` (bf16 inputs only) has the library write the
     gradients in bf16, summed in float32 and rounded once (fusedgrpo.h); they
     come back as float32 arrays holding those bf16 values.
+    ``filter_eps`` (fused): gradient filtering, 0 off (default), "auto" or a
+    threshold: the backward products drop each row's d loss/d logits entries
+    below filter_eps times its largest (docs/LOSS_SPEC.md "Gradient
+    filtering"); loss, logp, entropy, metrics and grad_bias are unaffected.
     Returns a GRPOResult (grad_bias None without a bias).
     """
     loss_opts = _lib.loss_options(locals())
@@ -250,7 +254,7 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
     loss, metrics = _lib.linear_call(
         cfg, impl, _lib.make_exec(threads, memory_budget), **request, logp=_ptr(logp),
         entropy=_ptr(ent), grad_hidden=_ptr(gh), grad_weight=_ptr(gw), grad_bias=_ptr(gb),
-        grad_dtypes=(gdt, gdt, gdt))
+        grad_dtypes=(gdt, gdt, gdt), filter_eps=filter_eps)
     if gdt == _lib.DTYPE_BF16:
         gh, gw, gb = (None if g is None else bf16_bits_to_f32(g) for g in (gh, gw, gb))
     return GRPOResult(loss=loss, logp=logp, entropy=ent, metrics=metrics, grad_hidden=gh,
@@ -275,7 +279,7 @@ def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp
                            vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
                            off_policy_mask_threshold=None, top_entropy_quantile=1.0,
                            dtype="float32", memory_budget=None, threads=None, impl="fused",
-                           compute_grad=True, grad_dtype="float32") -> dict:
+                           compute_grad=True, grad_dtype="float32", filter_eps=0.0) -> dict:
     """What ``fused_linear_grpo`` with the same arguments would hold, without
     running it (the C planner, fg_linear_grpo_plan): a dict with chunk_rows,
     chunks, working_bytes (the workspace the call holds, which memory_stats()
@@ -293,7 +297,7 @@ def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp
                             _lib.make_exec(threads, memory_budget),
                             want_grad_hidden=compute_grad, want_grad_weight=compute_grad,
                             want_grad_bias=compute_grad and has_bias,
-                            grad_dtypes=(gdt, gdt, gdt), **request)
+                            grad_dtypes=(gdt, gdt, gdt), filter_eps=filter_eps, **request)
 
 
 def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=None, *,

@@ -20,7 +20,8 @@
 // Attributes: loss_type, level, impl (strings); beta, epsilon_low, epsilon_high,
 //   delta, temperature, sapo_temperature_pos, sapo_temperature_neg (f64);
 //   max_completion_length, use_bias_correction_kl, threads, memory_budget,
-//   vocab_shards, vocab_total (s64). threads (<= 0: OpenMP's default) and
+//   vocab_shards, vocab_total (s64); filter_eps (f64: fg_linear_options.filter_eps,
+//   -1 auto). threads (<= 0: OpenMP's default) and
 //   memory_budget (bytes, 0: the library's default) go into the call's fg_exec.
 //
 // Vocab sharding (vocab_shards > 1): weight holds rows [rank*V, rank*V + V) of
@@ -230,7 +231,7 @@ ffi::Error LinearGrpoImpl(ffi::AnyBuffer hidden, ffi::AnyBuffer weight, ffi::Any
                           double sapo_temperature_neg, int64_t max_completion_length,
                           int64_t use_bias_correction_kl, int64_t threads,
                           int64_t memory_budget, int64_t vocab_shards,
-                          int64_t vocab_total) {
+                          int64_t vocab_total, double filter_eps) {
     auto hd = hidden.dimensions();
     auto wd = weight.dimensions();
     if (hd.size() != 3 || wd.size() != 2)
@@ -291,7 +292,7 @@ ffi::Error LinearGrpoImpl(ffi::AnyBuffer hidden, ffi::AnyBuffer weight, ffi::Any
     cfg.use_bias_correction_kl = use_bias_correction_kl != 0;
     cfg.entropy_coef = sc[1];
 
-    fg_linear_options lo = {FG_IMPL_FUSED, 0};
+    fg_linear_options lo = {FG_IMPL_FUSED, 0, filter_eps};
     if (im == "materialized")
         lo.impl = FG_IMPL_MATERIALIZED;
     else if (im != "fused")
@@ -428,4 +429,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLinearGrpo, LinearGrpoImpl,
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("memory_budget")
                                   .Attr<int64_t>("vocab_shards")
-                                  .Attr<int64_t>("vocab_total"));
+                                  .Attr<int64_t>("vocab_total")
+                                  .Attr<double>("filter_eps"));

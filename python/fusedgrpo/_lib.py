@@ -103,7 +103,8 @@ class fg_exec(Structure):
 class fg_memory_stats(Structure):
     _fields_ = [("current_bytes", c_size_t), ("peak_bytes", c_size_t), ("budget_bytes", c_size_t),
                 ("chunk_rows", c_int64), ("chunks", c_int64), ("gemm_flops", c_int64),
-                ("gemm_seconds", c_double), ("call_seconds", c_double)]
+                ("gemm_seconds", c_double), ("call_seconds", c_double),
+                ("dlogits_entries", c_int64), ("dlogits_kept", c_int64)]
 
 
 class fg_linear_inputs(Structure):
@@ -112,7 +113,22 @@ class fg_linear_inputs(Structure):
 
 
 class fg_linear_options(Structure):
-    _fields_ = [("impl", c_int), ("round_logits_to_input_dtype", c_int)]
+    _fields_ = [("impl", c_int), ("round_logits_to_input_dtype", c_int), ("filter_eps", c_double)]
+
+
+FILTER_EPS_AUTO = -1.0  # FG_FILTER_EPS_AUTO
+
+
+def filter_eps_value(filter_eps) -> float:
+    """fg_linear_options.filter_eps of a front end's ``filter_eps``: "auto" (the
+    library's default for the dtype), 0 or None (off), or a threshold in (0, 1]
+    (the library checks it)."""
+    if isinstance(filter_eps, str):
+        if filter_eps != "auto":
+            raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER",
+                                 f"filter_eps must be 'auto', 0 or a number, not {filter_eps!r}")
+        return FILTER_EPS_AUTO
+    return 0.0 if filter_eps is None else float(filter_eps)
 
 
 class fg_linear_plan_info(Structure):
@@ -410,12 +426,14 @@ def _metrics(m: fg_metrics) -> dict:
 def _linear_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_weight, bias,
                     token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
                     is_ratio_per_sequence, logp, entropy, grad_hidden, grad_weight, grad_bias,
-                    vocab_start=0, vocab_total=0, sampling_logp=0, grad_dtypes=None):
+                    vocab_start=0, vocab_total=0, sampling_logp=0, grad_dtypes=None,
+                    filter_eps=0.0):
     """(options, inputs, batch, outputs) of fg_linear_grpo on raw addresses.
-    grad_dtypes: the DTYPE_* of grad_hidden, grad_weight, grad_bias (default f32)."""
+    grad_dtypes: the DTYPE_* of grad_hidden, grad_weight, grad_bias (default f32);
+    filter_eps: see filter_eps_value."""
     if impl not in IMPLS:
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of {tuple(IMPLS)}")
-    options = fg_linear_options(IMPLS[impl], 0)
+    options = fg_linear_options(IMPLS[impl], 0, filter_eps_value(filter_eps))
     inputs = fg_linear_inputs(_mat(hidden, dtype, B * T, H, ld_hidden),
                               _mat(weight, dtype, V, H, ld_weight),
                               fg_vector(bias or None, dtype, V), vocab_start, vocab_total)
@@ -492,11 +510,11 @@ def logits_call(cfg: fg_loss_config, exec_: fg_exec, *, B, T, V, dtype, logits, 
 
 
 def _head_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_weight, bias,
-                  token_ids, mask):
+                  token_ids, mask, filter_eps=0.0):
     """(options, inputs, tokens) of the head-only entry points on raw addresses."""
     if impl not in IMPLS:
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of {tuple(IMPLS)}")
-    options = fg_linear_options(IMPLS[impl], 0)
+    options = fg_linear_options(IMPLS[impl], 0, filter_eps_value(filter_eps))
     inputs = fg_linear_inputs(_mat(hidden, dtype, B * T, H, ld_hidden),
                               _mat(weight, dtype, V, H, ld_weight),
                               fg_vector(bias or None, dtype, V), 0, 0)

@@ -127,12 +127,14 @@ class _Static(NamedTuple):
     memory_budget: int           # bytes; 0: the library's default
     vocab_shards: int = 1        # set by the sharded wrapper
     vocab_total: int = 0
+    filter_eps: float = 0.0      # gradient filtering (-1: auto; _lib.filter_eps_value)
 
 
 def _static(loss_type="dapo", importance_sampling_level="token", impl="fused", beta=0.0,
             epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
             sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, max_completion_length=None,
-            use_bias_correction_kl=False, threads=None, memory_budget=None) -> _Static:
+            use_bias_correction_kl=False, threads=None, memory_budget=None,
+            filter_eps=0.0) -> _Static:
     if loss_type not in _lib.LOSS_TYPES:
         raise FusedGRPOError("FG_ERR_UNKNOWN_LOSS_TYPE", f"unknown loss_type {loss_type!r}")
     if importance_sampling_level not in _lib.LEVELS:
@@ -146,7 +148,8 @@ def _static(loss_type="dapo", importance_sampling_level="token", impl="fused", b
                    0.0 if delta is None else float(delta), float(temperature),
                    float(sapo_temperature_pos), float(sapo_temperature_neg),
                    0 if max_completion_length is None else int(max_completion_length),
-                   1 if use_bias_correction_kl else 0, exec_.threads, exec_.memory_budget)
+                   1 if use_bias_correction_kl else 0, exec_.threads, exec_.memory_budget,
+                   filter_eps=_lib.filter_eps_value(filter_eps))
 
 
 def _empty(dtype=jnp.float32):
@@ -193,7 +196,7 @@ def _callback_impl(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, is
         sapo_temperature_neg=cfg.sapo_temperature_neg,
         use_bias_correction_kl=bool(cfg.use_bias_correction_kl), entropy_coef=float(sc[1]),
         memory_budget=cfg.memory_budget, threads=cfg.threads, impl=cfg.impl,
-        compute_grad=any(need))
+        compute_grad=any(need), filter_eps=cfg.filter_eps)
     z = np.zeros((0,), np.float32)
     g = _grad_dtypes(hidden.dtype)  # the callback path casts (the FFI path writes them)
     return (np.float32(r.loss), np.array([r.metrics[n] for n in METRIC_NAMES], np.float32),
@@ -232,7 +235,8 @@ def _prim(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalar
                     use_bias_correction_kl=np.int64(cfg.use_bias_correction_kl),
                     threads=np.int64(cfg.threads), memory_budget=np.int64(cfg.memory_budget),
                     vocab_shards=np.int64(cfg.vocab_shards),
-                    vocab_total=np.int64(cfg.vocab_total))
+                    vocab_total=np.int64(cfg.vocab_total),
+                    filter_eps=np.float64(cfg.filter_eps))
     if cfg.vocab_shards > 1:
         raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler "
                                   "(the pure_callback backend cannot do it)")
@@ -312,15 +316,19 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, old_logp
                            max_completion_length=None, num_items_in_batch=None,
                            sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
                            use_bias_correction_kl=False, entropy_coef=0.0, impl="fused",
-                           memory_budget=None, threads=None, return_aux=False):
+                           memory_budget=None, threads=None, return_aux=False,
+                           filter_eps=0.0):
     """The loss of LOSS_SPEC.md from hidden [B, T, H] (float32 or bfloat16), weight
     [V, H] (same dtype), bias [V]; differentiable w.r.t. hidden, weight, bias.
-    ``num_items_in_batch`` and ``entropy_coef`` may be traced values. With
+    ``num_items_in_batch`` and ``entropy_coef`` may be traced values.
+    ``filter_eps``: gradient filtering, 0 (off), "auto" or a threshold
+    (fusedgrpo.fused_linear_grpo). With
     ``return_aux=True`` returns ``(loss, {"metrics": {...}, "logp", "entropy"})``
     (aux is not differentiable)."""
     cfg = _static(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
                delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
-               max_completion_length, use_bias_correction_kl, threads, memory_budget)
+               max_completion_length, use_bias_correction_kl, threads, memory_budget,
+               filter_eps)
     items = -1.0 if num_items_in_batch is None else num_items_in_batch
     batch = _batch(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, items,
                    entropy_coef)
@@ -338,7 +346,7 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
                                    sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
                                    use_bias_correction_kl=False, entropy_coef=0.0,
                                    impl="fused", memory_budget=None, threads=None,
-                                   return_aux=False):
+                                   return_aux=False, filter_eps=0.0):
     """The same loss under ``jax.shard_map`` over ``mesh``.
 
     ``batch_axis`` (or None): sequences are split over it (B must divide
@@ -354,7 +362,8 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
 
     cfg = _static(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
                delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
-               max_completion_length, use_bias_correction_kl, threads, memory_budget)
+               max_completion_length, use_bias_correction_kl, threads, memory_budget,
+               filter_eps)
     nb = mesh.shape[batch_axis] if batch_axis else 1
     nv = mesh.shape[vocab_axis] if vocab_axis else 1
     B_glob, V_glob = hidden.shape[0], weight.shape[0]

@@ -121,7 +121,8 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
                 top_entropy_quantile: float = 1.0, compute_grad_hidden: bool = True,
                 compute_grad_weight: bool = True, compute_grad_bias: bool = True,
                 impl: str = "fused", threads: Optional[int] = None,
-                memory_budget: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor,
+                memory_budget: Optional[int] = None,
+                filter_eps: float = 0.0) -> tuple[Tensor, Tensor, Tensor, Tensor,
                                                               Tensor, Tensor, Tensor]:
     """One C call: (loss [], metrics [len(METRIC_NAMES)] (METRIC_NAMES order), logp [B, T],
     entropy [B, T], grad_hidden [B, T, H], grad_weight [V, H], grad_bias [V]),
@@ -131,7 +132,8 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
     take no keyword-only tensors; of them only hidden, weight and bias get
     gradients), the options keyword-only: LOSS_SPEC.md's loss options, None
     meaning the spec's default, and this call's execution options, threads
-    (None: OpenMP's default) and memory_budget (bytes, None: 256 MiB)."""
+    (None: OpenMP's default) and memory_budget (bytes, None: 256 MiB), and
+    filter_eps (gradient filtering; -1.0 is "auto", _lib.filter_eps_value)."""
     loss_opts = _lib.loss_options(locals())
     keep, req, p = _head_args(hidden, weight, token_ids, mask, bias)
     B, T, H, V = (req[k] for k in "BTHV")
@@ -157,7 +159,8 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
         cfg, impl, _lib.make_exec(threads, memory_budget), **req, advantages=p(adv),
         old_logp=p(old), ref_logp=p(ref), is_ratio=p(isr), is_ratio_per_sequence=per_seq,
         sampling_logp=p(samp), logp=p(logp), entropy=p(ent), grad_hidden=p(gh),
-        grad_weight=p(gw), grad_bias=p(gb), grad_dtypes=tuple(_DT[d] for d in gdt))
+        grad_weight=p(gw), grad_bias=p(gb), grad_dtypes=tuple(_DT[d] for d in gdt),
+        filter_eps=filter_eps)
     del keep
     return (torch.tensor(loss, dtype=f32), torch.tensor([metrics[n] for n in METRIC_NAMES],
                                                         dtype=f32), logp, ent, gh, gw, gb)
@@ -226,10 +229,11 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
                            use_bias_correction_kl=False, entropy_coef=0.0, vespo_k_pos=2.0,
                            vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
                            off_policy_mask_threshold=None, top_entropy_quantile=1.0,
-                           impl="fused", threads=None, memory_budget=None):
+                           impl="fused", threads=None, memory_budget=None, filter_eps=0.0):
     """Functional form: (loss, metrics dict of 0-dim tensors, logp, entropy); the
     loss is differentiable w.r.t. hidden, weight and bias. Only the gradients of
-    the tensors that require one (with grad mode on) are computed."""
+    the tensors that require one (with grad mode on) are computed. filter_eps:
+    gradient filtering, 0 (off), "auto" or a threshold (fused_linear_grpo)."""
     if isinstance(num_items_in_batch, Tensor):
         num_items_in_batch = float(num_items_in_batch)
     grad_on = torch.is_grad_enabled()
@@ -249,7 +253,8 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
         compute_grad_hidden=grad_on and hidden.requires_grad,
         compute_grad_weight=grad_on and weight.requires_grad,
         compute_grad_bias=grad_on and bias is not None and bias.requires_grad, impl=impl,
-        threads=threads, memory_budget=memory_budget)
+        threads=threads, memory_budget=memory_budget,
+        filter_eps=_lib.filter_eps_value(filter_eps))
     return loss, {n: metrics[i] for i, n in enumerate(METRIC_NAMES)}, logp, ent
 
 
@@ -426,7 +431,8 @@ class FusedLinearGRPOLoss(torch.nn.Module):
     ``compiled`` takes either value: it says whether Liger torch.compiles its
     per-chunk loss, and the C kernel computes the same thing either way. Extra
     keyword-only arguments: entropy_coef, impl ("fused" / "materialized"),
-    memory_budget (bytes), threads, return_metrics_dict.
+    memory_budget (bytes), threads, filter_eps (gradient filtering: 0 off, "auto",
+    or a threshold; fusedgrpo.fused_linear_grpo), return_metrics_dict.
 
     ``metrics`` is Liger's tuple: ``(kl, clip_ratio)``, ``(clip_ratio,)`` when
     beta == 0, where clip_ratio is, per loss type as Liger reports it, the
@@ -445,7 +451,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
                  vespo_k_neg: float = 3.0, vespo_lambda_neg: float = 2.0, *,
                  entropy_coef: float = 0.0, impl: str = "fused",
                  memory_budget: Optional[int] = None, threads: Optional[int] = None,
-                 return_metrics_dict: bool = False):
+                 filter_eps=0.0, return_metrics_dict: bool = False):
         super().__init__()
         _refuse_unsupported(compiled=compiled, chunk_size=chunk_size)
         if sapo_temperature_pos <= 0:
@@ -483,6 +489,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         self.impl = impl
         self.memory_budget = memory_budget
         self.threads = threads
+        self.filter_eps = _lib.filter_eps_value(filter_eps)  # checked by the library per call
         self.return_metrics_dict = return_metrics_dict
 
     def _ref_logps(self, ref_input, ref_weight, ref_bias, selected_token_ids, attention_mask,
@@ -537,7 +544,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
             vespo_k_pos=self.vespo_k_pos, vespo_lambda_pos=self.vespo_lambda_pos,
             vespo_k_neg=self.vespo_k_neg, vespo_lambda_neg=self.vespo_lambda_neg,
             entropy_coef=self.entropy_coef, impl=self.impl, threads=self.threads,
-            memory_budget=self.memory_budget)
+            memory_budget=self.memory_budget, filter_eps=self.filter_eps)
         if self.return_metrics_dict:
             return loss, metrics
         out = []

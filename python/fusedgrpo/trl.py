@@ -124,12 +124,16 @@ class FusedGRPOTrainer(GRPOTrainer):
         whole [tokens, vocab] logits; for A/B comparisons);
       fusedgrpo_memory_budget: working-memory cap of the fused path in bytes
         (None: the library's default, 256 MiB);
-      fusedgrpo_threads: OpenMP threads of the C calls (None: OpenMP's default).
+      fusedgrpo_threads: OpenMP threads of the C calls (None: OpenMP's default);
+      fusedgrpo_filter_eps: gradient filtering of the fused loss (0: off, the
+        default; "auto": the library's threshold for the dtype, off for float32;
+        or a threshold: docs/LOSS_SPEC.md "Gradient filtering").
     """
 
     fusedgrpo_impl = "fused"
     fusedgrpo_memory_budget = None
     fusedgrpo_threads = None
+    fusedgrpo_filter_eps = 0.0
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -212,7 +216,9 @@ class FusedGRPOTrainer(GRPOTrainer):
                 inputs.get("ref_per_token_logps") if self.beta != 0.0 else None, is_ratio,
                 inputs.get("sampling_per_token_logps") if self.off_policy_mask_threshold is not None
                 else None, impl=self.fusedgrpo_impl, memory_budget=self.fusedgrpo_memory_budget,
-                threads=self.fusedgrpo_threads, **cfg)
+                threads=self.fusedgrpo_threads,
+                filter_eps=self.fusedgrpo_filter_eps if self.fusedgrpo_impl == "fused" else 0.0,
+                **cfg)
         loss = loss * scale if scale != 1.0 else loss
         self._log_metrics(mode, metrics, entropies, mask)
         return loss

@@ -22,6 +22,7 @@ def run(*cmd):
     print(r.stdout, r.stderr)
     if r.returncode != 0:
         sys.exit(f"{cmd[:2]} exited with {r.returncode}")
+    return r.stdout
 
 
 run(fg, "gradcheck", "--config", config, "--set", "impl=logits", "--json", gj)
@@ -49,6 +50,7 @@ for d in lines:
     assert d["peak_gemm_gflops"] > 0 and d["roofline_gflops"] > 0
     assert abs(d["roofline_ratio"] - d["roofline_s"] / d["step_s_p50"]) <= 1e-9 * d["roofline_ratio"]
     assert d["flops_per_step"] == 6 * d["unmasked_tokens"] * d["hidden"] * d["vocab"]
+    assert d["dlogits_kept_frac"] == 1.0  # no gradient filtering
 # memory_budget: min is a one-row chunk's need rounded up to pages, so the
 # fused path runs 1-row chunks, or 2 where the page rounding leaves room for a
 # second row (AVX2 oneDNN: 2 at this shape; Zen 5: 1); every impl's chunked
@@ -56,6 +58,14 @@ for d in lines:
 assert lines[0]["chunk_rows"] in (1, 2), lines[0]
 assert all(d["fused_chunk_rows"] == lines[0]["chunk_rows"] for d in lines), lines
 assert lines[0]["chunks"] > 1 and lines[1]["chunks"] == 1
+
+# Gradient filtering: a threshold of 0.5 keeps a few entries of each row.
+fj = os.path.join(work, "bench_filter.jsonl")
+out = run(fg, "bench", "--config", config, "--set", "steps=2", "--set", "filter_eps=0.5",
+          "--set", "roofline_reps=0", "--impls", "fused", "--json", fj)
+d = json.loads(open(fj).read())
+assert d["ok"] and 0 < d["dlogits_kept_frac"] < 0.5, d
+assert "filtering kept" in out, out
 
 if importlib.util.find_spec("matplotlib") is None:
     print("matplotlib not available: plot_bench.py not checked")

@@ -1,0 +1,277 @@
+/*
+ * test_filter: gradient filtering (fg_linear_options.filter_eps).
+ *
+ * The filtered gradient has an exact definition (docs/LOSS_SPEC.md "Gradient
+ * filtering"): per token row, the entries of d loss/d logits above eps times
+ * the row's largest |entry|, plus the row's own token, go into the two
+ * backward products; nothing else changes. So the reference is the float64
+ * oracle's d loss/d logits with that rule applied in double, multiplied out
+ * in double. On a peaked distribution (odd sizes, bias, ragged mask, beta and
+ * an entropy bonus; f32 and bf16 inputs; one chunk and one row a chunk):
+ *   - the forward (loss, metrics, logp, entropy) and grad_bias are bitwise the
+ *     unfiltered call's;
+ *   - grad_hidden and grad_weight match the filtered reference;
+ *   - fg_memory_stats counts the entries the rule keeps (a counted quantity);
+ *   - results are bitwise the same on 1 and 2 threads;
+ *   - accumulate adds the filtered gradient onto the caller's;
+ *   - a flat distribution (rows keeping more than V/8 entries) runs dense:
+ *     every entry counted, gradients bitwise the unfiltered ones;
+ *   - bad thresholds and the materialized path are refused before any write.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fg_oracle.h"
+#include "test_util.h"
+
+enum { B = 3, T = 11, H = 37, V = 1031, N = B * T };
+
+/* The filtered reference: gh [N, H], gw [V, H] from the oracle's grad_logits;
+ * returns the kept entries over the unmasked rows. */
+static int64_t filtered_reference(const tu_problem *p, const double *gl, double eps, double *gh,
+                                  double *gw)
+{
+    int64_t kept = 0;
+    memset(gh, 0, sizeof(double) * N * H);
+    memset(gw, 0, sizeof(double) * V * H);
+    for (int64_t n = 0; n < N; n++) {
+        if (!p->tb.mask[n])
+            continue;
+        const double *g = gl + n * V;
+        double mx = 0;
+        for (int64_t v = 0; v < V; v++)
+            mx = fmax(mx, fabs(g[v]));
+        for (int64_t v = 0; v < V; v++) {
+            /* The library compares in float: so does the rule here. */
+            if (!(fabsf((float)g[v]) > (float)(eps * (double)(float)mx)) && v != p->tb.token_ids[n])
+                continue;
+            kept++;
+            for (int64_t h = 0; h < H; h++) {
+                gh[n * H + h] += g[v] * p->weight[v * H + h];
+                gw[v * H + h] += g[v] * p->hidden[n * H + h];
+            }
+        }
+    }
+    return kept;
+}
+
+static double rel_l2_f(const float *a, const double *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int same_forward(const tu_linear_outs *a, const tu_linear_outs *b)
+{
+    return memcmp(&a->out.loss, &b->out.loss, sizeof a->out.loss) == 0 &&
+           memcmp(&a->out.metrics, &b->out.metrics, sizeof a->out.metrics) == 0 &&
+           memcmp(a->logp, b->logp, sizeof(float) * N) == 0 &&
+           memcmp(a->entropy, b->entropy, sizeof(float) * N) == 0 &&
+           memcmp(a->grad_bias, b->grad_bias, sizeof(float) * V) == 0;
+}
+
+static fg_status run(fg_context *ctx, double eps, const fg_loss_config *cfg,
+                     const fg_linear_inputs *in, const fg_batch *batch, tu_linear_outs *o,
+                     size_t budget, int threads, fg_memory_stats *ms)
+{
+    const fg_linear_options opts = {FG_IMPL_FUSED, 0, eps};
+    fg_exec exec = {0};
+    exec.memory_budget = budget;
+    exec.threads = threads;
+    const fg_status st = fg_linear_grpo(ctx, &opts, cfg, in, batch, &o->out, &exec);
+    fg_get_memory_stats(ctx, ms);
+    return st;
+}
+
+/* Peaked data: filtered against the reference, in both dtypes and budgets. */
+static void peaked(fg_context *ctx, fg_dtype dt, const char *dname)
+{
+    tu_problem_opts po = {0};
+    po.weight_scale = 9.0 / sqrt((double)H); /* logits of std ~9: a peaked softmax */
+    tu_problem p;
+    tu_problem_make_opts(&p, B, T, H, V, dt, 1, 777, &po);
+    CHECK(tu_problem_fill_logp(&p, 1.0, 0.2, 0.3) == 0, "%s", "oracle log-probs");
+    p.tb.is_mode = 0;
+    const fg_batch *batch = tu_batch_view(&p.tb);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    cfg.loss_type = FG_LOSS_DAPO;
+    cfg.beta = 0.04;
+    cfg.entropy_coef = 0.5; /* its term can outweigh the token's own entry */
+    const fg_linear_inputs in = tu_problem_inputs(&p);
+    fg_oracle_result ref;
+    CHECK(fg_oracle_linear(&cfg, batch, p.hidden, p.weight, p.bias, H, V, &ref) == 0, "%s",
+          "oracle");
+    const int64_t active = tu_batch_unmasked(&p.tb);
+    double *gh = tu_xmalloc(sizeof(double) * N * H), *gw = tu_xmalloc(sizeof(double) * V * H);
+    tu_linear_outs base, f, f2;
+    tu_linear_outs_make(&base, N, H, V, 1);
+    tu_linear_outs_make(&f, N, H, V, 1);
+    tu_linear_outs_make(&f2, N, H, V, 1);
+    fg_linear_plan_info plan;
+    const fg_linear_options fo = {FG_IMPL_FUSED, 0, 1e-3};
+    CHECK(fg_linear_grpo_plan(ctx, &fo, &cfg, &in, batch, &f.out, NULL, &plan) == FG_OK,
+          "plan: %s", fg_last_error(ctx));
+    const size_t budgets[2] = {0, plan.min_budget_bytes};
+    const int approx = dt == FG_DTYPE_BF16 && tu_bf16_gemms_native();
+    const double tol = approx ? 1e-2 : 1e-5;
+    const double epss[3] = {1e-3, 1e-5, 0.9}; /* 0.9: mostly the token alone */
+    /* What the filter drops (grad_hidden against the exact gradient), measured
+     * 2026-11-25 on AVX2 for these thresholds: 2.3e-3, 3.8e-5, 0.30. */
+    const double dropped_tol[3] = {6e-3, 8e-5, 0.6};
+    for (int bi = 0; bi < 2; bi++)
+        for (int ei = 0; ei < 3; ei++) {
+            const double eps = epss[ei];
+            fg_memory_stats ms;
+            CHECK(run(ctx, 0.0, &cfg, &in, batch, &base, budgets[bi], 2, &ms) == FG_OK, "%s",
+                  fg_last_error(ctx));
+            CHECK(ms.dlogits_kept == ms.dlogits_entries && ms.dlogits_entries == active * V,
+                  "unfiltered: %lld of %lld entries counted", (long long)ms.dlogits_kept,
+                  (long long)ms.dlogits_entries);
+            CHECK(run(ctx, eps, &cfg, &in, batch, &f, budgets[bi], 2, &ms) == FG_OK, "%s",
+                  fg_last_error(ctx));
+            CHECK(bi == 0 ? ms.chunks == 1 : ms.chunks == active, "%lld chunks",
+                  (long long)ms.chunks);
+            const int64_t kept = filtered_reference(&p, ref.grad_logits, eps, gh, gw);
+            /* With bf16 GEMM kernels dlogits are bf16 values (LOSS_SPEC.md):
+             * entries near the threshold may fall either side. */
+            const int64_t slack = approx ? kept / 50 : 0;
+            CHECK(ms.dlogits_entries == active * V && llabs(ms.dlogits_kept - kept) <= slack,
+                  "%s eps %g budget %d: kept %lld of %lld, the rule keeps %lld", dname, eps, bi,
+                  (long long)ms.dlogits_kept, (long long)ms.dlogits_entries, (long long)kept);
+            CHECK(kept < active * V / 10, "%s eps %g: the data keeps %lld of %lld entries (not "
+                  "peaked enough to test filtering)", dname, eps, (long long)kept,
+                  (long long)(active * V));
+            CHECK(same_forward(&f, &base), "%s eps %g budget %d: forward or grad_bias differs "
+                  "from the unfiltered call", dname, eps, bi);
+            /* Tolerances: the filtered products carry the unfiltered path's
+             * own error (softmax of logits of std ~9 in float32). Measured
+             * 2026-11-25 on AVX2, worst over budgets and thresholds, both
+             * unfiltered and filtered: f32 3.4e-6 (grad_hidden) and 3.7e-6
+             * (grad_weight); bf16 inputs (f32 GEMMs here) 1.6e-6. With bf16
+             * GEMMs: the bf16 path's tolerance of test_paths. */
+            char name[64];
+            snprintf(name, sizeof name, "filter %s unfiltered grad_hidden", dname);
+            TOL_CHECK(name, rel_l2_f(base.grad_hidden, ref.grad_hidden, N * H), tol,
+                      "budget %d", bi);
+            snprintf(name, sizeof name, "filter %s unfiltered grad_weight", dname);
+            TOL_CHECK(name, rel_l2_f(base.grad_weight, ref.grad_weight, V * H), tol,
+                      "budget %d", bi);
+            snprintf(name, sizeof name, "filter %s grad_hidden", dname);
+            TOL_CHECK(name, rel_l2_f(f.grad_hidden, gh, N * H), tol, "eps %g budget %d", eps, bi);
+            snprintf(name, sizeof name, "filter %s grad_weight", dname);
+            TOL_CHECK(name, rel_l2_f(f.grad_weight, gw, V * H), tol, "eps %g budget %d", eps, bi);
+            /* What the filter drops, against the exact gradient (information
+             * for docs/LOSS_SPEC.md, bounded loosely). */
+            snprintf(name, sizeof name, "filter %s eps %g dropped", dname, eps);
+            TOL_CHECK(name, rel_l2_f(f.grad_hidden, ref.grad_hidden, N * H), dropped_tol[ei],
+                      "grad_hidden against the unfiltered oracle");
+
+            /* One thread: the same bits. */
+            CHECK(run(ctx, eps, &cfg, &in, batch, &f2, budgets[bi], 1, &ms) == FG_OK, "%s",
+                  fg_last_error(ctx));
+            CHECK(tu_linear_outs_same(&f, &f2), "%s eps %g budget %d: 1 and 2 threads differ",
+                  dname, eps, bi);
+
+            /* Accumulate onto the previous gradient. */
+            f2.out.accumulate = 1;
+            CHECK(run(ctx, eps, &cfg, &in, batch, &f2, budgets[bi], 2, &ms) == FG_OK, "%s",
+                  fg_last_error(ctx));
+            f2.out.accumulate = 0;
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < (int64_t)V * H; i++) {
+                const double d = (double)f2.grad_weight[i] - 2.0 * f.grad_weight[i];
+                num += d * d;
+                den += 4.0 * f.grad_weight[i] * f.grad_weight[i];
+            }
+            snprintf(name, sizeof name, "filter %s accumulate", dname);
+            TOL_CHECK(name, sqrt(num / den), 1.2e-7, "grad_weight accumulated twice vs 2x once (eps %g)", eps);
+        }
+    free(gh);
+    free(gw);
+    tu_linear_outs_free(&base);
+    tu_linear_outs_free(&f);
+    tu_linear_outs_free(&f2);
+    fg_oracle_result_free(&ref);
+    tu_problem_free(&p);
+}
+
+/* A flat distribution: every row keeps more than V/8 entries, the chunk runs
+ * dense, and the result is the unfiltered one. */
+static void flat(fg_context *ctx)
+{
+    tu_problem_opts po = {0};
+    po.weight_scale = 0.01 / sqrt((double)H);
+    tu_problem p;
+    tu_problem_make_opts(&p, B, T, H, V, FG_DTYPE_F32, 1, 99, &po);
+    CHECK(tu_problem_fill_logp(&p, 1.0, 0.2, 0.3) == 0, "%s", "oracle log-probs");
+    const fg_batch *batch = tu_batch_view(&p.tb);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    const fg_linear_inputs in = tu_problem_inputs(&p);
+    tu_linear_outs base, f;
+    tu_linear_outs_make(&base, N, H, V, 1);
+    tu_linear_outs_make(&f, N, H, V, 1);
+    fg_memory_stats ms;
+    CHECK(run(ctx, 0.0, &cfg, &in, batch, &base, 0, 2, &ms) == FG_OK, "%s", fg_last_error(ctx));
+    CHECK(run(ctx, 1e-3, &cfg, &in, batch, &f, 0, 2, &ms) == FG_OK, "%s", fg_last_error(ctx));
+    CHECK(ms.dlogits_kept == ms.dlogits_entries && ms.dlogits_entries > 0,
+          "flat: %lld of %lld entries kept (a dense chunk uses every one)",
+          (long long)ms.dlogits_kept, (long long)ms.dlogits_entries);
+    CHECK(tu_linear_outs_same(&f, &base), "%s", "flat: a dense chunk differs from unfiltered");
+    tu_linear_outs_free(&base);
+    tu_linear_outs_free(&f);
+    tu_problem_free(&p);
+}
+
+/* Refusals, before any output is written. */
+static void refused(fg_context *ctx)
+{
+    tu_problem p;
+    tu_problem_make(&p, B, T, H, V, FG_DTYPE_F32, 1, 5);
+    CHECK(tu_problem_fill_logp(&p, 1.0, 0.2, 0.3) == 0, "%s", "oracle log-probs");
+    const fg_batch *batch = tu_batch_view(&p.tb);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    const fg_linear_inputs in = tu_problem_inputs(&p);
+    tu_linear_outs o;
+    tu_linear_outs_make(&o, N, H, V, 1);
+    const double bad[4] = {-0.5, 1.5, NAN, INFINITY};
+    for (int i = 0; i < 4; i++) {
+        tu_linear_outs_fill(&o, 0x5a);
+        const fg_linear_options opts = {FG_IMPL_FUSED, 0, bad[i]};
+        const fg_status st = fg_linear_grpo(ctx, &opts, &cfg, &in, batch, &o.out, NULL);
+        CHECK(st == FG_ERR_BAD_HYPERPARAMETER && tu_linear_outs_are(&o, 0x5a),
+              "filter_eps %g: %s (%s)", bad[i], fg_status_name(st), fg_last_error(ctx));
+    }
+    tu_linear_outs_fill(&o, 0x5a);
+    const fg_linear_options mat = {FG_IMPL_MATERIALIZED, 0, FG_FILTER_EPS_AUTO};
+    const fg_status st = fg_linear_grpo(ctx, &mat, &cfg, &in, batch, &o.out, NULL);
+    CHECK(st == FG_ERR_UNSUPPORTED && tu_linear_outs_are(&o, 0x5a), "materialized: %s (%s)",
+          fg_status_name(st), fg_last_error(ctx));
+    CHECK(fg_filter_eps_auto(FG_DTYPE_F32) == 0 && fg_filter_eps_auto(FG_DTYPE_BF16) > 0,
+          "auto: f32 %g, bf16 %g", fg_filter_eps_auto(FG_DTYPE_F32),
+          fg_filter_eps_auto(FG_DTYPE_BF16));
+    tu_linear_outs_free(&o);
+    tu_problem_free(&p);
+}
+
+int main(void)
+{
+    fg_context *ctx = NULL;
+    if (fg_context_create(NULL, &ctx) != FG_OK) {
+        CHECK(0, "%s", "context create");
+        return tu_finish();
+    }
+    peaked(ctx, FG_DTYPE_F32, "f32");
+    peaked(ctx, FG_DTYPE_BF16, "bf16");
+    flat(ctx);
+    refused(ctx);
+    fg_context_destroy(ctx);
+    return tu_finish();
+}
