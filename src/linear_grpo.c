@@ -417,8 +417,8 @@ enum sweep_mode { SWEEP_FORWARD, SWEEP_BACKWARD, SWEEP_BOTH };
 /* Gradient filtering of chunk rows `rows` (tokens tok): the kept entries,
  * compacted as *k describes, or -1 when the chunk runs dense. Counts the
  * entries the backward products use either way. */
-static int64_t filter_chunk(fg_call *call, linear_call *L, const fg_rows *rows, const int64_t *tok,
-                        fg_kept *k)
+static int64_t filter_chunk(fg_call *call, linear_call *L, const fg_rows *rows,
+                            const int64_t *tok, fg_kept *k)
 {
     const linear_plan *p = &L->p;
     const int64_t m = rows->count;
@@ -495,18 +495,18 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     fg_kept kept;
     const int64_t nkept = p->want_gh || p->want_gw ? filter_chunk(call, L, &rows, tok, &kept) : -1;
     const int sparse = nkept >= 0;
-    if (p->want_gh && sparse) {
-        const double t0 = omp_get_wtime();
-        fg_kept_dhidden(call->threads, &kept, L->in->weight.data, p->in_t, p->w_ld, p->H, L->ghbuf,
-                        p->H);
-        count_sparse(call, t0, nkept, p->H);
-    }
     if (p->want_gh) {
         fg_gemm_shape s2 = shape_dhidden(p, m);
-        if (!sparse &&
-            (st = fg_gemm_run(call->gemm, &s2, L->dlogits, L->in->weight.data, L->ghbuf, NULL,
-                              L->scratch, p->gemm_workers, &call->gemm_stats, call->err)) != FG_OK)
+        if (sparse) {
+            const double t0 = omp_get_wtime();
+            fg_kept_dhidden(call->threads, &kept, L->in->weight.data, p->in_t, p->w_ld, p->H,
+                            L->ghbuf, p->H);
+            count_sparse(call, t0, nkept, p->H);
+        } else if ((st = fg_gemm_run(call->gemm, &s2, L->dlogits, L->in->weight.data, L->ghbuf,
+                                     NULL, L->scratch, p->gemm_workers, &call->gemm_stats,
+                                     call->err)) != FG_OK) {
             return st;
+        }
         /* Each shard holds its vocab rows' share of grad_hidden: sum them. */
         if (p->sharded &&
             call->comm.allreduce(call->comm.user, L->ghbuf, m * p->H, FG_REDUCE_SUM) != 0)
@@ -531,9 +531,11 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
             fg_kept_dweight(call->threads, &kept, L->hbuf, p->cmp_t, p->H, p->H, dst,
                             p->gw_sum ? p->H : p->gw_ld, sum_in);
             count_sparse(call, t0, nkept, p->H);
-        } else if ((st = fg_gemm_run(call->gemm, &s3, L->dlogits, L->hbuf, dst, NULL, L->scratch,
-                              p->gemm_workers, &call->gemm_stats, call->err)) != FG_OK)
+        } else if ((st = fg_gemm_run(call->gemm, &s3, L->dlogits, L->hbuf, dst, NULL,
+                                     L->scratch, p->gemm_workers, &call->gemm_stats,
+                                     call->err)) != FG_OK) {
             return st;
+        }
     }
     return FG_OK;
 }

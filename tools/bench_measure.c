@@ -200,6 +200,7 @@ static int time_steps(const ft_config *cfg, ft_runner *r, cJSON *j, double fixed
         ms.dlogits_entries > 0 ? (double)ms.dlogits_kept / (double)ms.dlogits_entries : 1.0);
     num(j, "gflops", p50 > 0 ? flops / p50 / 1e9 : 0.0);
     num(j, "loss", r->loss_value); /* the last step's, a sanity value */
+    num(j, "entropy_mean", r->metrics.entropy); /* the batch's: how peaked its softmax is */
     free(t);
     return 0;
 }
