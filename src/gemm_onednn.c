@@ -177,7 +177,7 @@ fg_status fg_gemm_cache_create(fg_gemm_cache **out)
     }
     /* Probe once: does this CPU have oneDNN bf16 matmul kernels? */
     fg_gemm_shape probe = {16, 16, 16, FG_DTYPE_BF16, FG_DTYPE_BF16, FG_DTYPE_F32,
-                           16, 1, 16, 1, 16, 0, 0, 0, 0, 0};
+                           16, 1, 16, 1, 16, 0, 0, 0, 0, 0, 0, 0};
     gemm_slot tmp;
     memset(&tmp, 0, sizeof tmp);
     const int probed = create_primitive(c, &probe, &tmp);
@@ -254,69 +254,161 @@ static fg_status slot_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int work
     return FG_OK;
 }
 
-/* A product cut into fixed blocks of bm x bn of C, as the shape asks: at
- * most four block shapes (full and last in each dimension), each one
- * primitive. The blocks do not depend on the thread count, and each runs on
- * one thread with its whole K, so C's bits do not either (oneDNN's own thread
- * split may cut K and sum partial products in an order set by the thread
- * count). Every worker has its own scratchpad. */
+/* A product cut into fixed blocks of bm x bn of C, as the shape asks. The
+ * blocks do not depend on the thread count, and each runs on one thread with
+ * its whole K, so C's bits do not either (oneDNN's own thread split may cut K
+ * and sum partial products in an order set by the thread count). Every worker
+ * has its own scratchpad.
+ *
+ * With a row granule g, bm is a multiple of g and the M % g rows past the
+ * last whole group (the tail) run as one more block row of g rows: A's tail
+ * rows copied once into a zero-padded [g, K] scratch shared by the workers,
+ * C's into a [g, TAIL_BLOCK_N] scratch of the worker's own, so that every
+ * row of C comes out of a full register tile. The tail's column blocks are
+ * narrower than the body's, to keep that scratch (part of the smallest
+ * budget) small; both start at multiples of the column granule, so a column
+ * keeps its place in a kernel tile. The scratch is laid out as
+ * [padded A][worker 0]...[worker n-1]. Row blocks are of three kinds: full
+ * (bm rows), last (the rest of the whole groups) and tail; each kind has a
+ * primitive per column kind. */
+enum { ROWS_FULL, ROWS_LAST, ROWS_TAIL };
+#define TAIL_BLOCK_N 96 /* a multiple of FG_LOGITS_COL_GRANULE */
+
 typedef struct blocking {
-    int64_t bm, bn, tm, tn;
-    gemm_slot *slot[2][2]; /* [last block row][last block column] */
-    size_t per_worker;     /* one worker's scratchpad, rounded           */
-    int workers;           /* memory-object sets prepared: min(threads, blocks) */
+    int64_t bm, bn, tm, tn; /* body blocks: rows, columns, block rows and columns */
+    int64_t tbn, ttn;       /* tail blocks: columns, block columns (0: no tail)  */
+    int64_t g, tail;        /* row granule (1: none), rows in the tail   */
+    int64_t body_blocks;    /* = tm                                      */
+    gemm_slot *slot[3][2];  /* [row kind][last block column]; NULL: none */
+    size_t native_bytes;    /* one worker's oneDNN scratchpad, rounded   */
+    size_t apad_bytes;      /* the padded A tail, shared, rounded        */
+    size_t per_worker;      /* one worker's scratch: oneDNN's + C's tail */
+    int workers;            /* memory-object sets prepared: min(threads, blocks) */
 } blocking;
+
+/* The shape of a block of the given kinds; 0 when the product has none. */
+static int block_shape(const fg_gemm_shape *s, const blocking *b, int kind, int last_col,
+                       fg_gemm_shape *u)
+{
+    const int64_t body = s->M - b->tail;
+    *u = *s;
+    if (kind == ROWS_TAIL)
+        u->N = last_col ? s->N - (b->ttn - 1) * b->tbn : b->tbn;
+    else
+        u->N = last_col ? s->N - (b->tn - 1) * b->bn : b->bn;
+    switch (kind) {
+    case ROWS_FULL:
+        u->M = b->bm;
+        return b->body_blocks > 1;
+    case ROWS_LAST:
+        u->M = body - (b->body_blocks - 1) * b->bm;
+        return b->body_blocks > 0;
+    default: /* the padded scratches: A row-major [g, K], C [g, tbn] */
+        u->M = b->g;
+        u->a_rs = s->K;
+        u->a_cs = 1;
+        u->c_ld = b->tbn;
+        return b->tail > 0;
+    }
+}
 
 static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int threads, blocking *b,
                                  fg_error *err)
 {
+    memset(b, 0, sizeof *b);
+    b->g = s->row_granule > 1 ? s->row_granule : 1;
     b->bm = s->block_m > 0 && s->block_m < s->M ? s->block_m : s->M;
+    b->bm = b->bm / b->g * b->g; /* whole groups (0 when M < g: all tail) */
+    b->bm = b->bm > 0 ? b->bm : b->g;
     b->bn = s->block_n > 0 && s->block_n < s->N ? s->block_n : s->N;
-    b->tm = (s->M + b->bm - 1) / b->bm;
+    b->tail = s->M % b->g;
+    b->body_blocks = (s->M - b->tail + b->bm - 1) / b->bm;
+    b->tm = b->body_blocks;
     b->tn = (s->N + b->bn - 1) / b->bn;
+    if (b->tail) {
+        b->tbn = b->bn < TAIL_BLOCK_N ? b->bn : TAIL_BLOCK_N;
+        b->ttn = (s->N + b->tbn - 1) / b->tbn;
+    }
     b->workers = threads < 1 ? 1 : threads;
-    if ((int64_t)b->workers > b->tm * b->tn)
-        b->workers = (int)(b->tm * b->tn);
-    b->per_worker = 0;
-    for (int i = 0; i < 2; i++)
+    if ((int64_t)b->workers > b->tm * b->tn + b->ttn)
+        b->workers = (int)(b->tm * b->tn + b->ttn);
+    for (int k = 0; k < 3; k++)
         for (int j = 0; j < 2; j++) {
-            fg_gemm_shape u = *s;
-            u.M = i ? s->M - (b->tm - 1) * b->bm : b->bm;
-            u.N = j ? s->N - (b->tn - 1) * b->bn : b->bn;
-            fg_status st = slot_prepare(c, &u, b->workers, &b->slot[i][j], err);
+            fg_gemm_shape u;
+            if (!block_shape(s, b, k, j, &u))
+                continue;
+            fg_status st = slot_prepare(c, &u, b->workers, &b->slot[k][j], err);
             if (st != FG_OK)
                 return st;
-            const size_t sb = fg_ws_round(b->slot[i][j]->scratch_bytes);
-            b->per_worker = sb > b->per_worker ? sb : b->per_worker;
+            const size_t sb = fg_ws_round(b->slot[k][j]->scratch_bytes);
+            b->native_bytes = sb > b->native_bytes ? sb : b->native_bytes;
         }
-    /* The four were found or made in turn: look them up again in case a later
-     * one evicted an earlier one (only with a cache smaller than four). */
-    for (int i = 0; i < 2; i++)
+    /* The shapes were found or made in turn: look them up again in case a
+     * later one evicted an earlier one (only with a tiny cache). */
+    for (int k = 0; k < 3; k++)
         for (int j = 0; j < 2; j++) {
-            fg_gemm_shape u = *s;
-            u.M = i ? s->M - (b->tm - 1) * b->bm : b->bm;
-            u.N = j ? s->N - (b->tn - 1) * b->bn : b->bn;
-            if (find_slot(c, &u) != b->slot[i][j])
+            fg_gemm_shape u;
+            if (block_shape(s, b, k, j, &u) && find_slot(c, &u) != b->slot[k][j])
                 return fg_fail(err, FG_ERR_BACKEND, "internal: GEMM cache too small");
         }
+    if (b->tail) {
+        b->apad_bytes = fg_ws_round((size_t)(b->g * s->K) * fg_dtype_size(s->a_type));
+        b->per_worker =
+            b->native_bytes + fg_ws_round((size_t)(b->g * b->tbn) * fg_dtype_size(s->c_type));
+    } else {
+        b->per_worker = b->native_bytes;
+    }
     return FG_OK;
 }
 
+/* Copies `rows` x `cols` elements of `es` bytes; element (r, k) of src at
+ * r*s_rs + k*s_cs, of dst at r*d_rs + k. */
+static void copy_block(unsigned char *dst, int64_t d_rs, const unsigned char *src, int64_t s_rs,
+                       int64_t s_cs, int64_t rows, int64_t cols, size_t es)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        unsigned char *d = dst + (size_t)(r * d_rs) * es;
+        const unsigned char *sr = src + (size_t)(r * s_rs) * es;
+        if (s_cs == 1)
+            memcpy(d, sr, (size_t)cols * es);
+        else
+            for (int64_t k = 0; k < cols; k++)
+                memcpy(d + (size_t)k * es, sr + (size_t)(k * s_cs) * es, es);
+    }
+}
+
+/* Runs block t on worker w; `scratch` as blocked_prepare lays it out, the
+ * padded A tail (if any) already filled. */
 static int run_block(fg_gemm_cache *c, const fg_gemm_shape *s, const blocking *b,
                      int64_t t, int w, const void *A, const void *B, void *C, const void *bias,
                      unsigned char *scratch)
 {
-    const int64_t i = t / b->tn, j = t % b->tn;
-    const gemm_slot *slot = b->slot[i == b->tm - 1][j == b->tn - 1];
+    const int tail = t >= b->tm * b->tn;
+    const int64_t i = tail ? b->tm : t / b->tn, j = tail ? t - b->tm * b->tn : t % b->tn;
+    const int kind = tail ? ROWS_TAIL : i == b->tm - 1 ? ROWS_LAST : ROWS_FULL;
+    const gemm_slot *slot = b->slot[kind][j == (tail ? b->ttn : b->tn) - 1];
     const size_t ea = fg_dtype_size(s->a_type), eb = fg_dtype_size(s->b_type),
                  ec = fg_dtype_size(s->c_type);
-    const int64_t r0 = i * b->bm, c0 = j * b->bn;
-    void *const handle[MEM_COUNT] = {
-        (unsigned char *)A + (size_t)(r0 * s->a_rs) * ea,
-        (unsigned char *)B + (size_t)(c0 * s->b_cs) * eb,
-        (unsigned char *)C + (size_t)(r0 * s->c_ld + c0) * ec,
-        bias ? (unsigned char *)bias + (size_t)c0 * eb : NULL,
-        scratch ? scratch + (size_t)w * b->per_worker : NULL};
+    /* The tail's rows start after the whole groups, not at i * bm: the block
+     * row before it may be short. */
+    const int64_t r0 = tail ? s->M - b->tail : i * b->bm;
+    const int64_t c0 = j * (tail ? b->tbn : b->bn), nb = slot->shape.N;
+    unsigned char *const mine = scratch ? scratch + b->apad_bytes + (size_t)w * b->per_worker : NULL;
+    unsigned char *a = (unsigned char *)A + (size_t)(r0 * s->a_rs) * ea;
+    unsigned char *cc = (unsigned char *)C + (size_t)(r0 * s->c_ld + c0) * ec;
+    if (tail) {
+        unsigned char *cpad = mine + b->native_bytes;
+        if (s->accumulate) { /* C's rows in; the padding rows zero, never stale */
+            copy_block(cpad, b->tbn, cc, s->c_ld, 1, b->tail, nb, ec);
+            memset(cpad + (size_t)(b->tail * b->tbn) * ec, 0,
+                   (size_t)((b->g - b->tail) * b->tbn) * ec);
+        }
+        a = scratch;
+        cc = cpad;
+    }
+    void *const handle[MEM_COUNT] = {a, (unsigned char *)B + (size_t)(c0 * s->b_cs) * eb, cc,
+                                     bias ? (unsigned char *)bias + (size_t)c0 * eb : NULL,
+                                     b->native_bytes ? mine : NULL};
     static const int arg_of[MEM_COUNT] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST,
                                           DNNL_ARG_BIAS, DNNL_ARG_SCRATCHPAD};
     dnnl_exec_arg_t args[MEM_COUNT];
@@ -329,8 +421,13 @@ static int run_block(fg_gemm_cache *c, const fg_gemm_shape *s, const blocking *b
             return 1;
         args[nargs++] = (dnnl_exec_arg_t){arg_of[k], m};
     }
-    return dnnl_primitive_execute(slot->prim, c->streams[w], nargs, args) != dnnl_success ||
-           dnnl_stream_wait(c->streams[w]) != dnnl_success;
+    if (dnnl_primitive_execute(slot->prim, c->streams[w], nargs, args) != dnnl_success ||
+        dnnl_stream_wait(c->streams[w]) != dnnl_success)
+        return 1;
+    if (tail) /* the real rows back to C */
+        copy_block((unsigned char *)C + (size_t)(r0 * s->c_ld + c0) * ec, s->c_ld, cc, b->tbn, 1,
+                   b->tail, nb, ec);
+    return 0;
 }
 
 static fg_status native_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *A, const void *B,
@@ -343,9 +440,16 @@ static fg_status native_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void
         return st;
     const double t0 = omp_get_wtime();
     int failed = 0;
-    const int64_t blocks = b.tm * b.tn;
+    const int64_t blocks = b.tm * b.tn + b.ttn;
     workers = workers < b.workers ? workers : b.workers;
     workers = workers < 1 ? 1 : workers;
+    if (b.tail) { /* A's tail rows, zero-padded to a whole group */
+        const size_t ea = fg_dtype_size(s->a_type);
+        unsigned char *apad = scratch;
+        copy_block(apad, s->K, (const unsigned char *)A + (size_t)((s->M - b.tail) * s->a_rs) * ea,
+                   s->a_rs, s->a_cs, b.tail, s->K, ea);
+        memset(apad + (size_t)(b.tail * s->K) * ea, 0, (size_t)((b.g - b.tail) * s->K) * ea);
+    }
 #pragma omp parallel num_threads(workers) reduction(| : failed)
     {
         /* Each block is one thread's work: oneDNN reads its thread count
@@ -375,7 +479,7 @@ typedef struct tiling {
     int along_n;
     int64_t len, rows, tiles; /* tiled dimension, rows per tile, tile count */
     size_t btile_bytes, ctile_bytes, bias_bytes; /* shared by the workers */
-    size_t native_per_worker;                    /* each worker's scratchpad */
+    size_t native_shared, native_per_worker; /* the tiles' blocked products */
 } tiling;
 
 static fg_gemm_shape tile_shape(const fg_gemm_shape *s, const tiling *t, int64_t rows, int first)
@@ -411,6 +515,8 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
     t->len = t->along_n ? s->N : s->K;
     int64_t rows = (int64_t)(s->tile_bytes / ((size_t)other * sizeof(float)));
     rows = rows < TILE_MIN_ROWS ? TILE_MIN_ROWS : rows;
+    if (t->along_n && s->col_granule > 1) /* tiles cut N at whole column groups */
+        rows = rows < s->col_granule ? s->col_granule : rows / s->col_granule * s->col_granule;
     t->rows = rows < t->len ? rows : t->len;
     t->tiles = (t->len + t->rows - 1) / t->rows;
     t->btile_bytes = fg_ws_round((size_t)t->rows * (size_t)other * sizeof(float));
@@ -428,6 +534,8 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
             return st;
         if (b.per_worker > t->native_per_worker)
             t->native_per_worker = b.per_worker;
+        if (b.apad_bytes > t->native_shared)
+            t->native_shared = b.apad_bytes;
     }
     return FG_OK;
 }
@@ -509,13 +617,14 @@ fg_status fg_gemm_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int threads,
         fg_status st = blocked_prepare(c, s, threads, &b, err);
         if (st != FG_OK)
             return st;
+        n.shared = b.apad_bytes;
         n.per_worker = b.per_worker;
     } else {
         tiling t;
         fg_status st = tile_plan(c, s, threads, &t, err);
         if (st != FG_OK)
             return st;
-        n.shared = t.btile_bytes + t.ctile_bytes + t.bias_bytes;
+        n.shared = t.btile_bytes + t.ctile_bytes + t.bias_bytes + t.native_shared;
         n.per_worker = t.native_per_worker;
     }
     if (need) {

@@ -38,20 +38,47 @@ typedef struct fg_gemm_shape {
                            caller's plan decides it; not part of a primitive's key) */
     int64_t block_m, block_n; /* C is computed in fixed blocks of this size (<= 0:
                                  whole), each by one thread with its whole K */
+    int64_t row_granule; /* > 1: C's rows are computed in whole groups of this
+                            many, whatever M, so that a row's bits do not
+                            depend on where it lies (FG_LOGITS_ROW_GRANULE) */
+    int64_t col_granule; /* > 1: the tile path cuts N only at multiples of this
+                            (FG_LOGITS_COL_GRANULE); block_n must be one */
 } fg_gemm_shape;
 
 /* The blocks of the LM head's three products, [rows x cols] of C. They
  * depend only on the shape, never on the thread count, which makes every
  * path bitwise identical for any thread count. Sized so that each block is
  * a full-speed single-thread GEMM and there are enough blocks to share:
- *   logits      [tokens, V]  = hidden · Wᵀ     K = H: 512 x 1024
+ *   logits      [tokens, V]  = hidden · Wᵀ     K = H: 504 x 1008
  *   grad_hidden [tokens, H]  = dlogits · W     K = V: 512 x 256
  *   grad_weight [V, H]      += dlogitsᵀ · h    K = tokens: 1024 x whole H */
-#define FG_BLOCK_LOGITS_M 512
-#define FG_BLOCK_LOGITS_N 1024
+#define FG_BLOCK_LOGITS_M 504  /* a multiple of FG_LOGITS_ROW_GRANULE */
+#define FG_BLOCK_LOGITS_N 1008 /* a multiple of FG_LOGITS_COL_GRANULE */
 #define FG_BLOCK_DHIDDEN_M 512
 #define FG_BLOCK_DHIDDEN_N 256
 #define FG_BLOCK_DWEIGHT_M 1024
+
+/* The logits product's granules: a token's logits, so its log-prob, must not
+ * depend on where its row lies in the call, nor on the chunk size. A training
+ * loop scores the same tokens in passes that order and chunk them
+ * differently (TRL shuffles the batch between the old/reference passes and
+ * the loss), and a k3 KL of 1e-13 where it should be 0 is a gradient that
+ * Adam turns into a full step. oneDNN's sgemm computes C in register tiles
+ * and runs a last partial tile with other code whose rounding differs:
+ *   rows: measured on AVX2, groups of 6 (any multiple of 6 gives bitwise
+ *     position-independent rows, 4, 8 and 16 do not; before this, 1-2 rows
+ *     of 115-333 moved by up to 2e-6 when permuted); 8 assumed on AVX-512
+ *     (its 48x8 sgemm kernel, not measured). The M % 24 rows past the last
+ *     whole group run padded to a whole group (gemm_onednn.c, blocking).
+ *   columns: the tile path (bf16 weights on CPUs without bf16 GEMMs) cuts N
+ *     into tiles whose width followed the chunk size, and a column's bits
+ *     moved with it (measured on AVX2: a third of the rows of a 1-row-chunk
+ *     call differed from a one-chunk call); tiles and column blocks are
+ *     whole multiples of 48 (16 on AVX2, 48 assumed on AVX-512), so a
+ *     column sits at the same place of a kernel tile in every call.
+ * tests/test_row_position.c checks both. */
+#define FG_LOGITS_ROW_GRANULE 24
+#define FG_LOGITS_COL_GRANULE 48
 
 /* The most a converted bf16 weight tile holds (tile path only): >= 1024
  * weight rows at H = 4096, enough for the per-tile GEMMs to run at full

@@ -3,10 +3,10 @@
  * for the library's own count.
  *
  * One fused fg_linear_grpo call at the default budget (FG_DEFAULT_MEMORY_BUDGET,
- * 256 MiB) on a shape where the budget binds: B = 1, T = 880, H = 256,
+ * 256 MiB) on a shape where the budget binds: B = 1, T = 874, H = 256,
  * V = 151936 (Qwen's vocabulary), f32, every output and gradient wanted. Its
  * logits alone would be T*V*4 = 510 MiB; the fused path walks them in two
- * chunks of 440 rows that fill the budget (a T that splits into chunks
+ * chunks of 437 rows that fill the budget (a T that splits into chunks
  * leaving part of the budget unused would test less: the planner's
  * working_bytes is checked to be >= 95% of the budget).
  *
@@ -66,7 +66,7 @@
 #endif
 #endif
 
-enum { B = 1, T = 880, H = 256, V = 151936, N = B * T };
+enum { B = 1, T = 874, H = 256, V = 151936, N = B * T };
 
 /* A kB field ("VmRSS:", "VmHWM:") of /proc/self/status, in bytes; -1 if absent. */
 static long long status_bytes(const char *field)

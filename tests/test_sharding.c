@@ -146,10 +146,19 @@ static void check_case(int shards, fg_is_level level, uint64_t seed)
     fg_context_create(NULL, &ctx);
     fg_exec ex;
     fg_exec_init(&ex);
-    ex.memory_budget = 64 << 10;
     const fg_linear_inputs in1 = tu_problem_inputs(&prob);
+    { /* the smallest budget plus two rows' logits and dlogits: several chunks */
+        fg_linear_plan_info pi;
+        memset(&pi, 0, sizeof pi);
+        CHECK(fg_linear_grpo_plan(ctx, NULL, &cfg, &in1, batch, &o1, NULL, &pi) == FG_OK, "plan: %s",
+              fg_last_error(ctx));
+        ex.memory_budget = pi.min_budget_bytes + (size_t)(2 * V * 8);
+    }
     fg_status s1 = fg_linear_grpo(ctx, NULL, &cfg, &in1, batch, &o1, &ex);
     CHECK(s1 == FG_OK, "unsharded: %s", fg_last_error(ctx));
+    fg_memory_stats ms;
+    fg_get_memory_stats(ctx, &ms);
+    CHECK(ms.chunks > 1, "unsharded: %lld chunks, several wanted", (long long)ms.chunks);
     fg_context_destroy(ctx);
 
     shared_comm sh;

@@ -7,7 +7,9 @@
 
 Arms (the `arm` key; every other setting is shared, seed included):
   trl           trl.GRPOTrainer: TRL 1.16's own chunked LM head and loss in PyTorch
-  fusedgrpo     fusedgrpo.trl.FusedGRPOTrainer: the fused loss, one C call per micro-batch
+  fusedgrpo     fusedgrpo.trl.FusedGRPOTrainer: the fused loss, one C call per micro-batch,
+                with gradient filtering at fusedgrpo_filter_eps
+  fusedgrpo_unfiltered  the same without filtering: the exact fused loss
   materialized  FusedGRPOTrainer on the plain materialized path (whole [tokens, V] logits)
 
 Task: short additions from a seeded generator ("What is 17 + 25? Answer with the
@@ -222,11 +224,11 @@ def main(argv=None):
                       **cfg)
     if arm == "trl":
         cls = GRPOTrainer
-    elif arm in ("fusedgrpo", "materialized"):
+    elif arm in ("fusedgrpo", "fusedgrpo_unfiltered", "materialized"):
         from fusedgrpo.trl import FusedGRPOTrainer
         cls = FusedGRPOTrainer
     else:
-        sys.exit(f"unknown arm {arm!r}: trl | fusedgrpo | materialized")
+        sys.exit(f"unknown arm {arm!r}: trl | fusedgrpo | fusedgrpo_unfiltered | materialized")
     head = HeadTimer(arm)
     trainer = cls(model=path, reward_funcs=[accuracy_reward, format_reward], args=args,
                   train_dataset=data)

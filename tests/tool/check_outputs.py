@@ -52,12 +52,13 @@ for d in lines:
     assert d["flops_per_step"] == 6 * d["unmasked_tokens"] * d["hidden"] * d["vocab"]
     assert d["dlogits_kept_frac"] == 1.0  # no gradient filtering
 # memory_budget: min is a one-row chunk's need rounded up to pages, so the
-# fused path runs 1-row chunks, or 2 where the page rounding leaves room for a
-# second row (AVX2 oneDNN: 2 at this shape; Zen 5: 1); every impl's chunked
-# roofline uses the fused path's chunk rows.
-assert lines[0]["chunk_rows"] in (1, 2), lines[0]
-assert all(d["fused_chunk_rows"] == lines[0]["chunk_rows"] for d in lines), lines
-assert lines[0]["chunks"] > 1 and lines[1]["chunks"] == 1
+# fused path runs 1-row chunks, or a few more where the page rounding leaves
+# room (the per-call arrays, so the slack, differ with seq_len, and a chunk's
+# GEMM scratch does not grow below FG_LOGITS_ROW_GRANULE rows); every impl's
+# chunked roofline uses the fused path's chunk rows of its own sweep point.
+for f, b in ((lines[0], lines[1]), (lines[2], lines[3])):
+    assert 1 <= f["chunk_rows"] <= 4 and f["chunks"] > 1 and b["chunks"] == 1, (f, b)
+    assert f["fused_chunk_rows"] == b["fused_chunk_rows"] == f["chunk_rows"], (f, b)
 
 # Gradient filtering: a threshold of 0.5 keeps a few entries of each row.
 fj = os.path.join(work, "bench_filter.jsonl")

@@ -1,0 +1,166 @@
+/*
+ * test_row_position: a token's log-prob and entropy do not depend on where
+ * its row lies in the call, bit for bit.
+ *
+ * A training loop scores the same tokens several times in differently
+ * ordered batches (TRL shuffles between the old/reference passes and the
+ * loss), and the k3 KL of a token against itself must then be exactly 0, as
+ * TRL's is: a KL of 1e-13 is a gradient that Adam turns into a full step.
+ * oneDNN computes rows in register tiles and a last partial tile with other
+ * code, so the library computes the logits product's rows in whole groups of
+ * FG_LOGITS_ROW_GRANULE (src/gemm_onednn.h). Checked here:
+ *   - the rows permuted (reversed, and a random permutation): each row's
+ *     logp and entropy equal those of the unpermuted call, bitwise;
+ *   - fused with the default budget (one chunk), fused with a small budget
+ *     (chunks of some odd size, each with its own tail) and materialized:
+ *     all three agree bitwise;
+ * at row counts below, at and above the granule and the row block
+ * (FG_BLOCK_LOGITS_M = 504), H below and above oneDNN's K blocking, V over
+ * more than one column block, f32 and bf16. Measured before the granule
+ * (AVX2): 1-2 rows of 115-333 differed by up to 2e-6.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+enum { V = 2100 };
+
+typedef struct run_out {
+    float *logp, *ent;
+} run_out;
+
+static fg_status run(fg_context *ctx, fg_impl impl, size_t budget, const fg_linear_inputs *in,
+                     const int64_t *tok, const uint8_t *mask, int64_t M, run_out *o)
+{
+    const fg_linear_options lo = {impl, 0, 0.0};
+    fg_exec ex;
+    fg_exec_init(&ex);
+    ex.memory_budget = budget;
+    const fg_tokens t = {1, M, tok, mask};
+    return fg_linear_logprobs(ctx, &lo, 0.9, in, &t, o->logp, o->ent, &ex);
+}
+
+/* Rows of `a` (in its own order) that differ from `b` read through perm:
+ * a[i] against b[perm[i]]. Prints the first few. */
+static int64_t differing(const run_out *a, const run_out *b, const int64_t *perm, int64_t M)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; i < M; i++) {
+        const int64_t j = perm ? perm[i] : i;
+        int dd = memcmp(&a->logp[i], &b->logp[j], sizeof(float)) != 0 ||
+             memcmp(&a->ent[i], &b->ent[j], sizeof(float)) != 0;
+        if (dd && n < 3)
+            printf("  row %lld (row %lld unpermuted): logp %.9g vs %.9g, entropy %.9g vs %.9g\n",
+                   (long long)i, (long long)j, a->logp[i], b->logp[j], a->ent[i], b->ent[j]);
+        n += dd;
+    }
+    return n;
+}
+
+static void check_case(fg_context *ctx, fg_dtype dt, int64_t M, int64_t H, uint64_t seed)
+{
+    const char *dn = dt == FG_DTYPE_BF16 ? "bf16" : "f32";
+    tu_problem p;
+    tu_problem_make(&p, 1, M, H, V, dt, 1, seed);
+    const fg_linear_inputs in = tu_problem_inputs(&p);
+    const size_t es = tu_dtype_size(dt), row = (size_t)p.ldh * es;
+
+    int64_t *perm = tu_xmalloc((size_t)M * sizeof *perm);
+    int64_t *tok = tu_xmalloc((size_t)M * sizeof *tok), *ptok = tu_xmalloc((size_t)M * sizeof *ptok);
+    uint8_t *mask = tu_xmalloc((size_t)M);
+    unsigned char *ph = tu_xmalloc((size_t)M * row);
+    run_out base, other;
+    base.logp = tu_xmalloc((size_t)M * sizeof(float));
+    base.ent = tu_xmalloc((size_t)M * sizeof(float));
+    other.logp = tu_xmalloc((size_t)M * sizeof(float));
+    other.ent = tu_xmalloc((size_t)M * sizeof(float));
+    for (int64_t i = 0; i < M; i++) {
+        tok[i] = tu_randint(&p.rng, V);
+        mask[i] = 1;
+    }
+
+    CHECK(run(ctx, FG_IMPL_MATERIALIZED, 0, &in, tok, mask, M, &base) == FG_OK,
+          "%s M=%lld: %s", dn, (long long)M, fg_last_error(ctx));
+
+    /* The same rows through the fused path, one chunk and several. */
+    const size_t budgets[2] = {0, (size_t)(1 << 20)};
+    for (int b = 0; b < 2; b++) {
+        tu_fill_nan(other.logp, (size_t)M);
+        tu_fill_nan(other.ent, (size_t)M);
+        CHECK(run(ctx, FG_IMPL_FUSED, budgets[b], &in, tok, mask, M, &other) == FG_OK,
+              "%s M=%lld: %s", dn, (long long)M, fg_last_error(ctx));
+        fg_memory_stats ms;
+        fg_get_memory_stats(ctx, &ms);
+        const int64_t d = differing(&other, &base, NULL, M);
+        CHECK(d == 0, "%s M=%lld H=%lld fused (%lld chunks of %lld rows) vs materialized: %lld "
+              "of %lld rows differ", dn, (long long)M, (long long)H, (long long)ms.chunks,
+              (long long)ms.chunk_rows, (long long)d, (long long)M);
+    }
+
+    /* Permuted rows: reversed, then random. Row i of the permuted call is
+     * row perm[i] of the original. */
+    for (int kind = 0; kind < 2; kind++) {
+        for (int64_t i = 0; i < M; i++)
+            perm[i] = kind == 0 ? M - 1 - i : i;
+        if (kind == 1)
+            for (int64_t i = M - 1; i > 0; i--) {
+                const int64_t j = tu_randint(&p.rng, i + 1), t = perm[i];
+                perm[i] = perm[j];
+                perm[j] = t;
+            }
+        for (int64_t i = 0; i < M; i++) {
+            memcpy(ph + (size_t)i * row, (const unsigned char *)p.hidden_s + (size_t)perm[i] * row,
+                   row);
+            ptok[i] = tok[perm[i]];
+        }
+        fg_linear_inputs pin = in;
+        pin.hidden.data = ph;
+        for (int impl = 0; impl < 2; impl++) {
+            CHECK(run(ctx, impl ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, (size_t)(1 << 20), &pin,
+                      ptok, mask, M, &other) == FG_OK,
+                  "%s M=%lld: %s", dn, (long long)M, fg_last_error(ctx));
+            const int64_t d = differing(&other, &base, perm, M);
+            CHECK(d == 0, "%s M=%lld H=%lld %s rows %s: %lld of %lld rows differ", dn,
+                  (long long)M, (long long)H, impl ? "materialized" : "fused",
+                  kind ? "shuffled" : "reversed", (long long)d, (long long)M);
+        }
+    }
+    free(perm);
+    free(tok);
+    free(ptok);
+    free(mask);
+    free(ph);
+    free(base.logp);
+    free(base.ent);
+    free(other.logp);
+    free(other.ent);
+    tu_problem_free(&p);
+}
+
+int main(void)
+{
+    fg_context_options opt;
+    fg_context_options_init(&opt);
+    opt.threads = 2;
+    fg_context *ctx = NULL;
+    if (fg_context_create(&opt, &ctx) != FG_OK) {
+        CHECK(0, "%s", "context create");
+        return tu_finish();
+    }
+    static const int64_t Ms[] = {5, 23, 24, 25, 115, 128, 333, 509, 530};
+    static const int64_t Hs[] = {45, 301};
+    uint64_t seed = 11;
+    for (int d = 0; d < 2; d++) {
+        const fg_dtype dt = d ? FG_DTYPE_BF16 : FG_DTYPE_F32;
+        for (size_t h = 0; h < sizeof Hs / sizeof Hs[0]; h++)
+            for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++)
+                check_case(ctx, dt, Ms[m], Hs[h], seed++);
+        /* H past oneDNN's K blocking */
+        check_case(ctx, dt, 25, 1031, seed++);
+        check_case(ctx, dt, 333, 1031, seed++);
+    }
+    fg_context_destroy(ctx);
+    return tu_finish();
+}
