@@ -1,5 +1,5 @@
 """Issue 12's training script, smoke: 2 GRPO steps of every arm (trl,
-fusedgrpo, materialized) on a tiny random Llama with SmolLM2's tokenizer
+fusedgrpo, fusedgrpo_unfiltered, materialized) on a tiny random Llama with SmolLM2's tokenizer
 (examples/grpo_smollm2/train.py --smoke). No timing is asserted: the JSON
 lines have their keys and a finite loss."""
 import importlib.util
@@ -25,7 +25,7 @@ KEYS = {"step", "reward", "accuracy", "loss", "kl", "entropy", "clip_ratio_low",
         "clip_ratio_high", "clip_ratio_region", "step_s", "head_s", "peak_rss_mib"}
 
 
-@pytest.mark.parametrize("arm", ["trl", "fusedgrpo", "materialized"])
+@pytest.mark.parametrize("arm", ["trl", "fusedgrpo", "fusedgrpo_unfiltered", "materialized"])
 def test_two_steps(arm, tmp_path):
     out = tmp_path / f"{arm}.jsonl"
     cfg = os.path.join(ROOT, "examples", "grpo_smollm2", "configs", f"{arm}.yaml")
