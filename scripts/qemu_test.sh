@@ -12,7 +12,10 @@
 #   FG_QEMU_C_TESTS="test_paths test_edges test_logprobs test_bf16_grads"   C test programs of $FG_BUILD_DIR/tests
 #                         also run under qemu (every path and dtype against the
 #                         oracle, and the budget edges, whose GEMM scratch depends
-#                         on the ISA oneDNN picks); "" runs none
+#                         on the ISA oneDNN picks); "" runs none. Unset, and
+#                         oneDNN reports the same ISA natively as under qemu (an
+#                         AVX2 host: ctest has just run them on that ISA, and
+#                         they took 5 min emulated), none run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/qemu_env.sh
@@ -90,6 +93,11 @@ done
 # does not depend on the ISA, and took 199 s emulated (add it back through
 # FG_QEMU_C_TESTS).
 ctests="${FG_QEMU_C_TESTS-test_paths test_edges test_logprobs test_bf16_grads}"
+if [ -z "${FG_QEMU_C_TESTS+set}" ] && [ -n "$native_isa" ] && [ "$native_isa" = "$qemu_isa" ]; then
+  echo "qemu_test: the C tests are not run under qemu: this CPU's native ISA is the emulated one" \
+       "($qemu_isa), and ctest ran them natively (FG_QEMU_C_TESTS=... runs them)"
+  ctests=""
+fi
 for t in $ctests; do
   if [ ! -x "$build/tests/$t" ]; then
     echo "qemu_test: SKIP  $t (not built: $build has FG_BUILD_TESTS=OFF?)"
