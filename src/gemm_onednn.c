@@ -272,13 +272,15 @@ static fg_status slot_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int work
  * (bm rows), last (the rest of the whole groups) and tail; each kind has a
  * primitive per column kind. */
 enum { ROWS_FULL, ROWS_LAST, ROWS_TAIL };
-#define TAIL_BLOCK_N 96 /* a multiple of FG_LOGITS_COL_GRANULE */
+#define TAIL_BLOCK_N 96
+_Static_assert(TAIL_BLOCK_N % FG_LOGITS_COL_GRANULE == 0, "tail blocks start at column groups");
+_Static_assert(FG_BLOCK_LOGITS_N % FG_LOGITS_COL_GRANULE == 0, "blocks start at column groups");
+_Static_assert(FG_BLOCK_LOGITS_M % FG_LOGITS_ROW_GRANULE == 0, "blocks hold whole row groups");
 
 typedef struct blocking {
     int64_t bm, bn, tm, tn; /* body blocks: rows, columns, block rows and columns */
     int64_t tbn, ttn;       /* tail blocks: columns, block columns (0: no tail)  */
     int64_t g, tail;        /* row granule (1: none), rows in the tail   */
-    int64_t body_blocks;    /* = tm                                      */
     gemm_slot *slot[3][2];  /* [row kind][last block column]; NULL: none */
     size_t native_bytes;    /* one worker's oneDNN scratchpad, rounded   */
     size_t apad_bytes;      /* the padded A tail, shared, rounded        */
@@ -299,10 +301,10 @@ static int block_shape(const fg_gemm_shape *s, const blocking *b, int kind, int 
     switch (kind) {
     case ROWS_FULL:
         u->M = b->bm;
-        return b->body_blocks > 1;
+        return b->tm > 1;
     case ROWS_LAST:
-        u->M = body - (b->body_blocks - 1) * b->bm;
-        return b->body_blocks > 0;
+        u->M = body - (b->tm - 1) * b->bm;
+        return b->tm > 0;
     default: /* the padded scratches: A row-major [g, K], C [g, tbn] */
         u->M = b->g;
         u->a_rs = s->K;
@@ -322,8 +324,7 @@ static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int t
     b->bm = b->bm > 0 ? b->bm : b->g;
     b->bn = s->block_n > 0 && s->block_n < s->N ? s->block_n : s->N;
     b->tail = s->M % b->g;
-    b->body_blocks = (s->M - b->tail + b->bm - 1) / b->bm;
-    b->tm = b->body_blocks;
+    b->tm = (s->M - b->tail + b->bm - 1) / b->bm;
     b->tn = (s->N + b->bn - 1) / b->bn;
     if (b->tail) {
         b->tbn = b->bn < TAIL_BLOCK_N ? b->bn : TAIL_BLOCK_N;

@@ -76,7 +76,8 @@ typedef struct fg_gemm_shape {
  *     call differed from a one-chunk call); tiles and column blocks are
  *     whole multiples of 48 (16 on AVX2, 48 assumed on AVX-512), so a
  *     column sits at the same place of a kernel tile in every call.
- * tests/test_row_position.c checks both. */
+ * tests/test_row_position.c checks both (bitwise where oneDNN runs at most
+ * AVX2; on AVX-512 it prints how many rows were not, until measured). */
 #define FG_LOGITS_ROW_GRANULE 24
 #define FG_LOGITS_COL_GRANULE 48
 

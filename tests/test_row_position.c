@@ -18,14 +18,29 @@
  * (FG_BLOCK_LOGITS_M = 504), H below and above oneDNN's K blocking, V over
  * more than one column block, f32 and bf16. Measured before the granule
  * (AVX2): 1-2 rows of 115-333 differed by up to 2e-6.
+ *
+ * Bitwise is asserted where oneDNN runs at most AVX2 (the granules were
+ * measured there, and hold under DNNL_MAX_CPU_ISA=SSE41 too). On AVX-512
+ * CPUs the granules follow the kernels' documented tile shapes but were never
+ * measured (native bf16 GEMMs on Zen 5 have their own blocking): there the
+ * test asserts agreement within NOT_BITWISE_TOL, 10x the largest difference
+ * measured without the granules, and prints how many rows were not bitwise
+ * equal, the figure to read on such a CPU before trusting the guarantee.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <oneapi/dnnl/dnnl.h>
+
 #include "test_util.h"
 
 enum { V = 2100 };
+#define NOT_BITWISE_TOL 2e-5
+
+static int bitwise;            /* oneDNN runs at most AVX2 here: assert bitwise equality */
+static int64_t rows_compared, rows_not_bitwise;
 
 typedef struct run_out {
     float *logp, *ent;
@@ -43,20 +58,34 @@ static fg_status run(fg_context *ctx, fg_impl impl, size_t budget, const fg_line
 }
 
 /* Rows of `a` (in its own order) that differ from `b` read through perm:
- * a[i] against b[perm[i]]. Prints the first few. */
-static int64_t differing(const run_out *a, const run_out *b, const int64_t *perm, int64_t M)
+ * a[i] against b[perm[i]]; *max_diff: the largest |logp| or |entropy|
+ * difference. Prints the first few. */
+static int64_t differing(const run_out *a, const run_out *b, const int64_t *perm, int64_t M,
+                         double *max_diff)
 {
     int64_t n = 0;
+    *max_diff = 0;
     for (int64_t i = 0; i < M; i++) {
         const int64_t j = perm ? perm[i] : i;
-        int dd = memcmp(&a->logp[i], &b->logp[j], sizeof(float)) != 0 ||
-             memcmp(&a->ent[i], &b->ent[j], sizeof(float)) != 0;
+        const int dd = memcmp(&a->logp[i], &b->logp[j], sizeof(float)) != 0 ||
+                       memcmp(&a->ent[i], &b->ent[j], sizeof(float)) != 0;
+        const double d = fmax(fabs((double)a->logp[i] - b->logp[j]),
+                              fabs((double)a->ent[i] - b->ent[j]));
+        *max_diff = d > *max_diff || isnan(d) ? d : *max_diff;
         if (dd && n < 3)
             printf("  row %lld (row %lld unpermuted): logp %.9g vs %.9g, entropy %.9g vs %.9g\n",
                    (long long)i, (long long)j, a->logp[i], b->logp[j], a->ent[i], b->ent[j]);
         n += dd;
     }
+    rows_compared += M;
     return n;
+}
+
+/* Bitwise where it is asserted, else within NOT_BITWISE_TOL (see the top). */
+static int rows_agree(int64_t differ, double max_diff)
+{
+    rows_not_bitwise += differ;
+    return bitwise ? differ == 0 : differ == 0 || max_diff <= NOT_BITWISE_TOL;
 }
 
 static void check_case(fg_context *ctx, fg_dtype dt, int64_t M, int64_t H, uint64_t seed)
@@ -93,10 +122,12 @@ static void check_case(fg_context *ctx, fg_dtype dt, int64_t M, int64_t H, uint6
               "%s M=%lld: %s", dn, (long long)M, fg_last_error(ctx));
         fg_memory_stats ms;
         fg_get_memory_stats(ctx, &ms);
-        const int64_t d = differing(&other, &base, NULL, M);
-        CHECK(d == 0, "%s M=%lld H=%lld fused (%lld chunks of %lld rows) vs materialized: %lld "
-              "of %lld rows differ", dn, (long long)M, (long long)H, (long long)ms.chunks,
-              (long long)ms.chunk_rows, (long long)d, (long long)M);
+        double md;
+        const int64_t d = differing(&other, &base, NULL, M, &md);
+        CHECK(rows_agree(d, md), "%s M=%lld H=%lld fused (%lld chunks of %lld rows) vs "
+              "materialized: %lld of %lld rows differ, by up to %.2g", dn, (long long)M,
+              (long long)H, (long long)ms.chunks, (long long)ms.chunk_rows, (long long)d,
+              (long long)M, md);
     }
 
     /* Permuted rows: reversed, then random. Row i of the permuted call is
@@ -121,10 +152,11 @@ static void check_case(fg_context *ctx, fg_dtype dt, int64_t M, int64_t H, uint6
             CHECK(run(ctx, impl ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, (size_t)(1 << 20), &pin,
                       ptok, mask, M, &other) == FG_OK,
                   "%s M=%lld: %s", dn, (long long)M, fg_last_error(ctx));
-            const int64_t d = differing(&other, &base, perm, M);
-            CHECK(d == 0, "%s M=%lld H=%lld %s rows %s: %lld of %lld rows differ", dn,
-                  (long long)M, (long long)H, impl ? "materialized" : "fused",
-                  kind ? "shuffled" : "reversed", (long long)d, (long long)M);
+            double md;
+            const int64_t d = differing(&other, &base, perm, M, &md);
+            CHECK(rows_agree(d, md), "%s M=%lld H=%lld %s rows %s: %lld of %lld rows differ, "
+                  "by up to %.2g", dn, (long long)M, (long long)H, impl ? "materialized" : "fused",
+                  kind ? "shuffled" : "reversed", (long long)d, (long long)M, md);
         }
     }
     free(perm);
@@ -141,6 +173,9 @@ static void check_case(fg_context *ctx, fg_dtype dt, int64_t M, int64_t H, uint6
 
 int main(void)
 {
+    bitwise = (dnnl_get_effective_cpu_isa() & ~dnnl_cpu_isa_avx2) == 0;
+    printf("oneDNN ISA 0x%x: row position %s\n", (unsigned)dnnl_get_effective_cpu_isa(),
+           bitwise ? "asserted bitwise" : "asserted within NOT_BITWISE_TOL, bitwise not measured");
     fg_context_options opt;
     fg_context_options_init(&opt);
     opt.threads = 2;
@@ -162,5 +197,7 @@ int main(void)
         check_case(ctx, dt, 333, 1031, seed++);
     }
     fg_context_destroy(ctx);
+    printf("rows not bitwise equal to their reference: %lld of %lld compared\n",
+           (long long)rows_not_bitwise, (long long)rows_compared);
     return tu_finish();
 }
