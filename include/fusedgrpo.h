@@ -71,6 +71,8 @@ typedef enum fg_status {
     FG_ERR_BUDGET_TOO_SMALL,   /* the memory budget cannot hold even one token row  */
     FG_ERR_OUT_OF_MEMORY,      /* an allocation failed                              */
     FG_ERR_BACKEND,            /* the GEMM backend (oneDNN) reported a failure      */
+    FG_ERR_COMMUNICATOR,       /* the communicator's allreduce failed, or the shards
+                                  of a collective call disagree on it               */
     FG_STATUS_COUNT
 } fg_status;
 
@@ -244,13 +246,27 @@ typedef enum fg_backend {
 
 /* Reduction hook for a vocab-sharded weight (one shard per process, e.g. MPI
  * or one thread per shard). `allreduce` combines `count` floats elementwise
- * across all shards in place (FG_REDUCE_SUM or FG_REDUCE_MAX), every shard
- * getting identical bits, and returns 0 on success. fg_linear_grpo calls it
- * collectively (every shard the same calls in the same order): to agree on
- * the chunk size, to merge each chunk's row statistics (max, then sums), and
- * to sum each chunk's grad_hidden. With MPI: MPI_Allreduce(MPI_IN_PLACE, buf,
- * count, MPI_FLOAT, op == FG_REDUCE_SUM ? MPI_SUM : MPI_MAX, comm).
- * allreduce NULL: one shard, no hook. */
+ * across all shards in place (FG_REDUCE_SUM or FG_REDUCE_MAX), and returns 0
+ * on success. With MPI: MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT,
+ * op == FG_REDUCE_SUM ? MPI_SUM : MPI_MAX, comm). Any reduction order does:
+ * every SUM the library asks for either sums small integers (exact) or
+ * grad_hidden, whose bits then follow the communicator's own determinism.
+ *
+ * With a communicator on the context, fg_linear_grpo, fg_linear_logprobs and
+ * fg_linear_logprobs_backward are collective: every shard calls them with the
+ * same arguments (its own weight rows), and the library then
+ *   1. agrees on the call before any other reduction: every shard's status
+ *      after its checks, a hash of shapes, mask, tokens, config and wanted
+ *      outputs, and the chunk size (the smallest); a shard that failed its
+ *      checks (a bad token id, NaN input, a budget too small) makes every
+ *      shard return its status; shards that disagree return
+ *      FG_ERR_COMMUNICATOR;
+ *   2. per chunk, merges the row statistics (a MAX, then an exact SUM:
+ *      docs/LOSS_SPEC.md "Vocab shards") and sums grad_hidden; each reduction
+ *      carries a failure flag, so a shard that fails mid-call (a GEMM, memory)
+ *      stops every shard at the next reduction;
+ *   3. agrees on the outcome at the end: every shard returns the same status.
+ * allreduce NULL: one shard, no hook. docs/ARCHITECTURE.md counts the bytes. */
 typedef enum fg_reduce_op { FG_REDUCE_SUM = 0, FG_REDUCE_MAX = 1 } fg_reduce_op;
 typedef struct fg_communicator {
     int (*allreduce)(void *user, float *buf, int64_t count, fg_reduce_op op);
@@ -490,6 +506,95 @@ fg_status fg_linear_logprobs_backward(fg_context *ctx, const fg_linear_options *
                                       const fg_tokens *tokens, const float *grad_logp,
                                       const float *grad_entropy, fg_linear_grads *out,
                                       const fg_exec *exec);
+
+/* ------------------------------------------- phases of a vocab-sharded call */
+
+/*
+ * For callers whose framework owns the communication (torch.distributed, JAX
+ * collectives, MPI): the vocab-sharded loss as local phases, with two
+ * reductions of the caller's between them and one after. Each shard s holds
+ * vocab rows [vocab_start, vocab_start + V_s) of the weight (fg_linear_inputs);
+ * every shard of a row group holds the same tokens. N = B * T.
+ *
+ *   stats = float[FG_SHARD_STATS_FLOATS(N)], per shard:
+ *   (a) fg_linear_shard_stats        this shard's row statistics     GEMM 1
+ *       MAX-reduce stats[0 : FG_SHARD_STATS_MAX_COUNT(N)]   over the vocab shards
+ *   (b) fg_shard_stats_rescale       its sums rescaled, as exact limbs
+ *       SUM-reduce stats[FG_SHARD_STATS_SUM_OFFSET(N) : + FG_SHARD_STATS_SUM_COUNT(N)]
+ *       fg_shard_stats_finish        logp, entropy [B, T] (identical bits on every
+ *                                    shard, for any reduction order)
+ *   (c) fg_grpo_loss_from_logp       loss, metrics, d loss/d logp, d loss/d entropy
+ *                                    (or any loss of the caller's own)
+ *   (d) fg_linear_shard_backward     grad_hidden's share of this shard, its own
+ *                                    grad_weight and grad_bias rows  GEMMs 1-3
+ *       SUM-reduce grad_hidden                              over the vocab shards
+ *
+ * Per token a shard sends 2 floats by MAX and 8 by SUM (the sums as exact
+ * integer limbs, docs/LOSS_SPEC.md "Vocab shards"), then H floats of
+ * grad_hidden: O(N + N·H) bytes, never O(N·V). The logits are computed twice
+ * (in (a) and again in (d)): 4 GEMM-sized products against the one-call hook's
+ * 3 (fg_context_options.comm), one third more FLOPs, for not holding a
+ * chunk's logits between calls.
+ *
+ * Failures: stats[FG_SHARD_STATS_STATUS(N)], the MAX range's last float, is
+ * 0 after (a) succeeds. A shard whose (a) failed (it writes nothing) sets it
+ * to the status it got, as a float, and joins the MAX all the same: (b),
+ * fg_shard_stats_finish and (d) on every shard then return that status (the
+ * largest, if several failed), so every shard fails the same way and none
+ * waits in a reduction. (d)'s own failures are the caller's to carry (e.g. one
+ * more float beside grad_hidden's SUM). Data parallelism (shards of the batch)
+ * is the caller's too: fg_loss_config.num_items_in_batch takes the global token
+ * count (docs/LOSS_SPEC.md "Data parallel").
+ */
+#define FG_SHARD_STATS_FLOATS(n) (13 * (int64_t)(n) + 1)
+#define FG_SHARD_STATS_MAX_COUNT(n) (2 * (int64_t)(n) + 1)
+#define FG_SHARD_STATS_SUM_OFFSET(n) (2 * (int64_t)(n) + 1)
+#define FG_SHARD_STATS_SUM_COUNT(n) (8 * (int64_t)(n))
+#define FG_SHARD_STATS_STATUS(n) (2 * (int64_t)(n))
+
+/* (a) in : hidden [N, H], this shard's weight [V_s, H] and bias, tokens [B, T]
+ *     out: stats (all of it; masked tokens hold no statistics).
+ * Token ids are checked against vocab_total (the whole vocabulary). */
+fg_status fg_linear_shard_stats(fg_context *ctx, const fg_linear_options *opts,
+                                double temperature, const fg_linear_inputs *in,
+                                const fg_tokens *tokens, float *stats, const fg_exec *exec);
+
+/* (b) After the MAX: fills the SUM range from the merged maxima and this
+ * shard's own statistics. */
+fg_status fg_shard_stats_rescale(fg_context *ctx, const fg_tokens *tokens, float *stats);
+
+/* After the SUM: logp and entropy [B, T] (0 at masked tokens; either may be
+ * NULL), and the merged statistics (d) reads, kept in stats. A token no shard
+ * holds: FG_ERR_TOKEN_OUT_OF_RANGE. Summed limbs that no SUM of at most 256
+ * shards can give (a reduction skipped or done twice): FG_ERR_COMMUNICATOR. */
+fg_status fg_shard_stats_finish(fg_context *ctx, const fg_tokens *tokens, float *stats,
+                                float *logp, float *entropy);
+
+/* (c) The loss of docs/LOSS_SPEC.md from log-probs and entropies the caller
+ * already has: loss, metrics, and per token grad_logp = d loss/d logp and
+ * grad_entropy = d loss/d entropy ([B, T], 0 at masked tokens; either may be
+ * NULL). batch's token ids are only checked to be >= 0. */
+typedef struct fg_logp_outputs {
+    double loss;
+    fg_metrics metrics;
+    float *grad_logp;    /* [B, T] or NULL */
+    float *grad_entropy; /* [B, T] or NULL */
+} fg_logp_outputs;
+
+fg_status fg_grpo_loss_from_logp(fg_context *ctx, const fg_loss_config *cfg,
+                                 const fg_batch *batch, const float *logp, const float *entropy,
+                                 fg_logp_outputs *out, const fg_exec *exec);
+
+/* (d) The backward of this shard from the merged statistics (stats after
+ * fg_shard_stats_finish) and the loss's grad_logp / grad_entropy ([B, T]):
+ * grad_hidden [N, H] is this shard's share (sum it over the shards),
+ * grad_weight [V_s, H] and grad_bias [V_s] are this shard's rows, whole.
+ * As fg_linear_logprobs_backward otherwise. */
+fg_status fg_linear_shard_backward(fg_context *ctx, const fg_linear_options *opts,
+                                   double temperature, const fg_linear_inputs *in,
+                                   const fg_tokens *tokens, const float *stats,
+                                   const float *grad_logp, const float *grad_entropy,
+                                   fg_linear_grads *grads, const fg_exec *exec);
 
 /* ------------------------------------------------------------- bindings */
 

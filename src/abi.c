@@ -47,11 +47,13 @@
 #define FIELDS_fg_linear_grads(X, T)                                                               \
     X(T, grad_hidden) X(T, grad_weight) X(T, grad_bias) X(T, accumulate)
 
+#define FIELDS_fg_logp_outputs(X, T) X(T, loss) X(T, metrics) X(T, grad_logp) X(T, grad_entropy)
+
 #define STRUCTS(S)                                                                                 \
     S(fg_matrix) S(fg_vector) S(fg_loss_config) S(fg_batch) S(fg_metrics) S(fg_linear_outputs)    \
     S(fg_logits_outputs) S(fg_communicator) S(fg_context_options) S(fg_exec) S(fg_memory_stats)   \
     S(fg_linear_inputs) S(fg_linear_options) S(fg_linear_plan_info) S(fg_tokens)                  \
-    S(fg_linear_grads)
+    S(fg_linear_grads) S(fg_logp_outputs)
 
 typedef struct abi_field {
     const char *type, *field;

@@ -31,26 +31,42 @@
 
 #include "bf16.h"
 #include "call.h"
+#include "collective.h"
 #include "finish.h"
 #include "gemm_onednn.h"
 #include "grad_filter.h"
 #include "row_kernels.h"
+#include "shard_stats.h"
 #include "validate.h"
 
 /* What a call computes: the configured loss (fg_linear_grpo), or the head's
  * log-probs alone: forward only (fg_linear_logprobs), or the backward of the
- * caller's own loss through them (fg_linear_logprobs_backward). The head-only
- * kinds carry a default loss config holding their temperature and a batch
- * view of their tokens without advantages. */
-enum call_kind { KIND_LOSS, KIND_LOGPROBS, KIND_LOGPROBS_BACKWARD };
+ * caller's own loss through them (fg_linear_logprobs_backward); or a phase of
+ * a vocab-sharded call whose reductions are the caller's: a shard's row
+ * statistics (fg_linear_shard_stats), its backward from merged statistics
+ * (fg_linear_shard_backward). The head-only kinds carry a default loss
+ * config holding their temperature and a batch view of their tokens without
+ * advantages. */
+enum call_kind {
+    KIND_LOSS,
+    KIND_LOGPROBS,
+    KIND_LOGPROBS_BACKWARD,
+    KIND_SHARD_STATS,
+    KIND_SHARD_BACKWARD
+};
 
 typedef struct linear_request {
     enum call_kind kind;
     const fg_loss_config *cfg;
     const fg_batch *batch;
-    const fg_tokens *tokens;          /* head-only kinds                    */
-    const float *dlogp, *dentropy;    /* KIND_LOGPROBS_BACKWARD             */
+    const fg_tokens *tokens;          /* head-only kinds                           */
+    const float *dlogp, *dentropy;    /* KIND_LOGPROBS_BACKWARD, KIND_SHARD_BACKWARD */
+    float *stats_out;                 /* KIND_SHARD_STATS: [FG_SHARD_STATS_FLOATS(N)] */
+    const float *stats_in;            /* KIND_SHARD_BACKWARD: the merged statistics  */
 } linear_request;
+
+/* The kinds whose shards reduce through the context's communicator. */
+static int uses_hook(enum call_kind k) { return k != KIND_SHARD_STATS && k != KIND_SHARD_BACKWARD; }
 
 typedef struct linear_plan {
     int fused;
@@ -68,6 +84,7 @@ typedef struct linear_plan {
     size_t gw_sum_bytes;
     int has_bias;
     int sharded; /* weight holds vocab rows [vocab_start, vocab_start + V) */
+    int hook;    /* sharded, merged through the context's communicator per chunk */
     int64_t vocab_start;
     int64_t w_ld, gw_ld;
     int64_t n_active;     /* unmasked tokens: the rows the chunks cover            */
@@ -147,10 +164,10 @@ static size_t chunk_bytes(const linear_plan *p, int64_t m)
     if (p->any_grad && !p->dl_alias)
         b += fg_ws_round((size_t)m * (size_t)p->V * fg_dtype_size(p->dlogit_t));
     b += fg_ws_round((size_t)m * (size_t)p->H * fg_dtype_size(p->cmp_t));
-    if (p->want_gh)
-        b += fg_ws_round((size_t)m * (size_t)p->H * sizeof(float));
-    if (p->sharded)
-        b += fg_ws_round((size_t)m * 5 * sizeof(float));
+    if (p->want_gh) /* and the failure flag of its reduction */
+        b += fg_ws_round(((size_t)m * (size_t)p->H + (size_t)p->hook) * sizeof(float));
+    if (p->hook)
+        b += fg_ws_round((size_t)fg_shard_floats(m) * sizeof(float));
     if (p->filter_eps > 0) /* kept ids, their count and each row's token */
         b += fg_ws_round((size_t)m * (size_t)p->kept_cap * sizeof(int32_t)) +
              fg_ws_round((size_t)m * sizeof(int32_t)) + fg_ws_round((size_t)m * sizeof(int64_t));
@@ -217,15 +234,15 @@ static fg_status fit_any(fg_call *call, const linear_plan *p, int64_t *nc)
 
 /* Chooses Nc: all active rows (materialized), or the largest equal-chunk size
  * that fits the budget (fused, see PLAN_GEMM_WORKERS), then the GEMM worker
- * count. `agree`: sharded callers take the smallest Nc of all shards so that
- * every shard walks the same chunks. */
-static fg_status plan_chunks(fg_call *call, linear_plan *p, int agree)
+ * count. `forced` > 0: that Nc (the smallest of a collective call's shards,
+ * so that every shard walks the same chunks). */
+static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
 {
     const int64_t n = p->n_active;
     const int threads = call->threads;
-    int64_t nc = n;
+    int64_t nc = forced > 0 ? forced : n;
     fg_status st;
-    if (p->fused) {
+    if (p->fused && forced <= 0) {
         if ((st = fit_any(call, p, &nc)) != FG_OK)
             return st;
         if (nc < 1) {
@@ -243,12 +260,6 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int agree)
                            chunk_bytes(p, 1), fg_gemm_scratch_bytes(&gs1, 1), (long long)p->V,
                            (long long)p->H);
         }
-    }
-    if (agree) {
-        float neg = -(float)nc;
-        if (call->comm.allreduce(call->comm.user, &neg, 1, FG_REDUCE_MAX) != 0)
-            return fg_fail(call->err, FG_ERR_BACKEND, "the communicator's allreduce failed");
-        nc = (int64_t)-neg;
     }
     const int64_t chunks = (n + nc - 1) / nc;
     nc = (n + chunks - 1) / chunks;
@@ -312,16 +323,23 @@ static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
                            "vocab shard of %lld rows at vocab_start = %lld does not lie in "
                            "[0, vocab_total = %lld)",
                            (long long)V, (long long)in->vocab_start, (long long)in->vocab_total);
-        if (!call->comm.allreduce)
+        if (uses_hook(req->kind) && !call->comm.allreduce)
             return fg_fail(err, FG_ERR_NULL_ARGUMENT,
-                           "a vocab-sharded weight needs a communicator (fg_context_options.comm)");
+                           "a vocab-sharded weight needs a communicator (fg_context_options.comm), "
+                           "or the phase API (fg_linear_shard_stats)");
     }
     const int64_t vocab = sharded ? in->vocab_total : V;
     if (req->kind == KIND_LOSS) {
         st = fg_validate_batch(err, cfg, batch, vocab, n_active);
     } else {
-        if (req->kind == KIND_LOGPROBS_BACKWARD && !req->dlogp)
+        const int backward = req->kind == KIND_LOGPROBS_BACKWARD || req->kind == KIND_SHARD_BACKWARD;
+        if (backward && !req->dlogp)
             return fg_fail(err, FG_ERR_NULL_ARGUMENT, "grad_logp is NULL");
+        if (req->kind == KIND_SHARD_STATS && !req->stats_out)
+            return fg_fail(err, FG_ERR_NULL_ARGUMENT, "stats is NULL");
+        if (req->kind == KIND_SHARD_BACKWARD &&
+            (st = fg_validate_shard_stats(err, req->stats_in, batch->batch * batch->seq_len)) != FG_OK)
+            return st;
         const fg_token_input reads[2] = {{"grad_logp", req->dlogp},
                                          {"grad_entropy", req->dentropy}};
         st = fg_validate_tokens(err, req->tokens, vocab, reads, 2, n_active);
@@ -349,8 +367,8 @@ static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
                        "gradients");
     if (req->kind == KIND_LOGPROBS && !out->logp && !out->entropy)
         return fg_fail(err, FG_ERR_NULL_ARGUMENT, "logp and entropy are both NULL: nothing to compute");
-    if (req->kind == KIND_LOGPROBS_BACKWARD && !out->grad_hidden.data && !out->grad_weight.data &&
-        !out->grad_bias.data)
+    if ((req->kind == KIND_LOGPROBS_BACKWARD || req->kind == KIND_SHARD_BACKWARD) &&
+        !out->grad_hidden.data && !out->grad_weight.data && !out->grad_bias.data)
         return fg_fail(err, FG_ERR_NULL_ARGUMENT,
                        "grad_hidden, grad_weight and grad_bias are all NULL: nothing to compute");
     if (o->round_logits_to_input_dtype && o->impl == FG_IMPL_FUSED)
@@ -407,7 +425,11 @@ typedef struct linear_call {
     float *gbacc; /* grad_bias's f32 sums: the caller's buffer, or for a bf16
                      grad_bias [V] floats of the workspace, rounded once at the end */
     float *gwsum; /* a bf16 grad_weight's float32 sums [V, H] (plan.gw_sum)   */
-    float *stats; /* sharded: 5 floats per chunk row for the statistics merge */
+    float *stats; /* the hook: a chunk's statistics and their reductions (shard_stats.h) */
+    enum call_kind kind;
+    float *shard_out; /* KIND_SHARD_STATS: the caller's [B*T] statistics        */
+    fg_status failed; /* the hook: this shard failed; it skips its work up to the
+                         next reduction, whose flag stops every shard            */
     int32_t *kept_idx, *kept_nnz; /* gradient filtering: [Nc, kept_cap], [Nc] */
     int64_t *kept_tgt;            /* [Nc] each row's token in this shard's rows */
     int bad; /* non-finite statistics seen (only possible with the finite check off) */
@@ -450,6 +472,62 @@ static void count_sparse(fg_call *call, double t0, int64_t kept, int64_t H)
     call->gemm_stats.flops += 2 * kept * H;
 }
 
+/* Returned by a step of the hook when a reduction carried some shard's
+ * failure flag: every shard stops there, and fg_collective_outcome agrees on
+ * the status. Never leaves this file. */
+#define STOPPED FG_STATUS_COUNT
+
+/* A local failure: alone, the call ends here; with the hook, the shard skips
+ * its work up to its next reduction, which stops every shard. */
+static fg_status fail(const linear_plan *p, linear_call *L, fg_status st)
+{
+    if (!p->hook || st == FG_OK)
+        return st;
+    if (!L->failed)
+        L->failed = st;
+    return FG_OK;
+}
+
+/* One reduction of the hook's sequence (buf holds count + 1 floats). */
+static fg_status exchange(fg_call *call, linear_call *L, float *buf, int64_t count, fg_reduce_op op)
+{
+    const int r = fg_collective_reduce(call, buf, count, op, L->failed != FG_OK);
+    if (r < 0) {
+        L->failed = fg_fail(call->err, FG_ERR_COMMUNICATOR, "the communicator's allreduce failed");
+        return STOPPED;
+    }
+    return r ? STOPPED : FG_OK;
+}
+
+/* The hook's merge of a chunk's statistics: this shard's own, MAX, the sums
+ * rescaled to exact limbs, SUM, then every row's lse/logp/entropy. */
+static fg_status merge_chunk(fg_call *call, linear_call *L, const fg_rows *rows)
+{
+    const int64_t m = rows->count;
+    float *buf = L->stats;
+    if (!L->failed)
+        fg_sweep_shard_local(call->threads, &L->c.plan, rows, L->inv_temp, buf, m, 0);
+    fg_status st = exchange(call, L, buf, fg_shard_max_count(m) - 1, FG_REDUCE_MAX);
+    if (st != FG_OK)
+        return st;
+    /* No shard failed: nothing can fail between here and the SUM. */
+    for (int64_t i = 0; i < m; i++)
+        fg_shard_encode(buf, m, i);
+    if (call->comm.allreduce(call->comm.user, buf + fg_shard_sum_offset(m), fg_shard_sum_count(m),
+                             FG_REDUCE_SUM) != 0) {
+        L->failed = fg_fail(call->err, FG_ERR_COMMUNICATOR, "the communicator's allreduce failed");
+        return STOPPED;
+    }
+    if (fg_sweep_shard_merged(rows, buf, &L->c.ta, &L->bad) != 0) {
+        L->failed = fg_fail(call->err, FG_ERR_COMMUNICATOR,
+                            "the summed statistics are not sums of shards' limbs (the "
+                            "communicator's SUM is not a sum, or more than %d shards)",
+                            FG_SHARD_MAX_SHARDS);
+        return STOPPED;
+    }
+    return FG_OK;
+}
+
 /* One chunk k: GEMM 1 (unless the logits are still there), the row sweep of
  * `mode`, then the bias column sums and GEMMs 2 and 3 when gradients are due. */
 static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_mode mode,
@@ -460,59 +538,67 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     const int64_t m = L->c.n_active - r0 < p->Nc ? L->c.n_active - r0 : p->Nc;
     const int64_t *tok = L->c.active + r0;
     fg_status st;
-    if (!logits_ready) {
+    if (!logits_ready && !L->failed) {
         gather_rows(p, &L->in->hidden, tok, m, L->hbuf);
         fg_gemm_shape s1 = shape_logits(p, m);
-        if ((st = fg_gemm_run(call->gemm, &s1, L->hbuf, L->in->weight.data, L->logits,
-                              L->in->bias.data, L->scratch, p->gemm_workers, &call->gemm_stats,
-                              call->err)) != FG_OK)
+        st = fg_gemm_run(call->gemm, &s1, L->hbuf, L->in->weight.data, L->logits,
+                         L->in->bias.data, L->scratch, p->gemm_workers, &call->gemm_stats,
+                         call->err);
+        if ((st = fail(p, L, st)) != FG_OK)
             return st;
     }
     fg_rows rows = {L->logits, p->logit_t, p->V, L->dlogits, p->dlogit_t, p->V, m, p->V, tok, 0,
                     p->vocab_start};
     const fg_loss_plan *plan = &L->c.plan;
-    if (p->sharded && mode != SWEEP_BACKWARD) {
+    if (L->kind == KIND_SHARD_STATS) { /* the phase API's (a): this shard's own */
+        fg_sweep_shard_local(call->threads, plan, &rows, L->inv_temp, L->shard_out,
+                             L->c.plan.B * L->c.plan.T, 1);
+        return FG_OK;
+    }
+    if (p->hook && mode != SWEEP_BACKWARD) {
         /* Statistics need every shard: merge, then (token level) the backward. */
-        if ((st = fg_sweep_forward_sharded(call->threads, &call->comm, call->err, plan, &rows,
-                                           L->inv_temp, &L->c.ta, L->stats, &L->bad)) != FG_OK)
+        if ((st = merge_chunk(call, L, &rows)) != FG_OK || mode == SWEEP_FORWARD)
             return st;
-        if (mode == SWEEP_FORWARD)
-            return FG_OK;
         mode = SWEEP_BACKWARD;
     }
-    switch (mode) {
-    case SWEEP_FORWARD:
-        L->bad |= fg_sweep_forward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
-        return FG_OK;
-    case SWEEP_BACKWARD:
-        fg_sweep_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
-        break;
-    case SWEEP_BOTH:
-        L->bad |= fg_sweep_forward_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
-        break;
+    if (!L->failed) {
+        switch (mode) {
+        case SWEEP_FORWARD:
+            L->bad |= fg_sweep_forward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+            return FG_OK;
+        case SWEEP_BACKWARD:
+            fg_sweep_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+            break;
+        case SWEEP_BOTH:
+            L->bad |= fg_sweep_forward_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+            break;
+        }
+        if (p->want_gb)
+            fg_sweep_column_sums(call->threads, &rows, L->gbacc);
     }
-    if (p->want_gb)
-        fg_sweep_column_sums(call->threads, &rows, L->gbacc);
     fg_kept kept;
-    const int64_t nkept = p->want_gh || p->want_gw ? filter_chunk(call, L, &rows, tok, &kept) : -1;
+    const int64_t nkept =
+        (p->want_gh || p->want_gw) && !L->failed ? filter_chunk(call, L, &rows, tok, &kept) : -1;
     const int sparse = nkept >= 0;
     if (p->want_gh) {
         fg_gemm_shape s2 = shape_dhidden(p, m);
-        if (sparse) {
+        if (L->failed) {
+            /* skip to the reduction */
+        } else if (sparse) {
             const double t0 = omp_get_wtime();
             fg_kept_dhidden(call->threads, &kept, L->in->weight.data, p->in_t, p->w_ld, p->H,
                             L->ghbuf, p->H);
             count_sparse(call, t0, nkept, p->H);
-        } else if ((st = fg_gemm_run(call->gemm, &s2, L->dlogits, L->in->weight.data, L->ghbuf,
-                                     NULL, L->scratch, p->gemm_workers, &call->gemm_stats,
-                                     call->err)) != FG_OK) {
-            return st;
+        } else {
+            st = fg_gemm_run(call->gemm, &s2, L->dlogits, L->in->weight.data, L->ghbuf, NULL,
+                             L->scratch, p->gemm_workers, &call->gemm_stats, call->err);
+            if ((st = fail(p, L, st)) != FG_OK)
+                return st;
         }
         /* Each shard holds its vocab rows' share of grad_hidden: sum them. */
-        if (p->sharded &&
-            call->comm.allreduce(call->comm.user, L->ghbuf, m * p->H, FG_REDUCE_SUM) != 0)
-            return fg_fail(call->err, FG_ERR_BACKEND, "the communicator's allreduce failed");
-        for (int64_t i = 0; i < m; i++) {
+        if (p->hook && (st = exchange(call, L, L->ghbuf, m * p->H, FG_REDUCE_SUM)) != FG_OK)
+            return st;
+        for (int64_t i = 0; i < m && !L->failed; i++) {
             const float *src = L->ghbuf + (size_t)i * (size_t)p->H;
             void *dst = row_at(&L->out->grad_hidden, tok[i]);
             if (p->gh_t == FG_DTYPE_BF16) /* one rounding of the f32 row */
@@ -522,7 +608,7 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
                 memcpy(dst, src, (size_t)p->H * sizeof(float));
         }
     }
-    if (p->want_gw) {
+    if (p->want_gw && !L->failed) {
         /* The caller's values are added at the end to float32 sums. */
         const int sum_in = !first_backward_chunk || (p->accumulate && !p->gw_sum);
         fg_gemm_shape s3 = shape_dweight(p, m, sum_in);
@@ -532,10 +618,11 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
             fg_kept_dweight(call->threads, &kept, L->hbuf, p->cmp_t, p->H, p->H, dst,
                             p->gw_sum ? p->H : p->gw_ld, sum_in);
             count_sparse(call, t0, nkept, p->H);
-        } else if ((st = fg_gemm_run(call->gemm, &s3, L->dlogits, L->hbuf, dst, NULL,
-                                     L->scratch, p->gemm_workers, &call->gemm_stats,
-                                     call->err)) != FG_OK) {
-            return st;
+        } else {
+            st = fg_gemm_run(call->gemm, &s3, L->dlogits, L->hbuf, dst, NULL, L->scratch,
+                             p->gemm_workers, &call->gemm_stats, call->err);
+            if ((st = fail(p, L, st)) != FG_OK)
+                return st;
         }
     }
     return FG_OK;
@@ -598,6 +685,11 @@ static fg_status run_sweeps(fg_call *call, linear_call *L)
             st = run_chunk(call, L, k, SWEEP_FORWARD, 0, 0);
         return st;
     }
+    if (L->kind == KIND_SHARD_BACKWARD) { /* the merged statistics are given */
+        for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
+            st = run_chunk(call, L, k, SWEEP_BACKWARD, 0, k == 0);
+        return st;
+    }
     if (!fg_loss_needs_all_tokens(&L->c.plan)) {
         for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
             st = run_chunk(call, L, k, SWEEP_BOTH, 0, k == 0);
@@ -608,7 +700,7 @@ static fg_status run_sweeps(fg_call *call, linear_call *L)
      * one chunk the logits are still in the buffer and need no recomputation. */
     for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
         st = run_chunk(call, L, k, SWEEP_FORWARD, 0, 0);
-    if (st != FG_OK)
+    if (st != FG_OK || L->failed)
         return st;
     fg_common_prepare(&L->c);
     for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
@@ -665,9 +757,9 @@ static void plan_filter(const fg_linear_options *o, linear_plan *p)
 
 /* The plan of a validated call: dtypes, which products run, and the chunks.
  * `agree`: sharded calls agree on the chunk size. */
-static fg_status plan_call(fg_call *call, const fg_linear_options *o, const fg_linear_inputs *in,
-                           const fg_batch *batch, const fg_linear_outputs *out, int64_t n_active,
-                           int agree, linear_plan *p)
+static fg_status plan_call(fg_call *call, const fg_linear_options *o, const linear_request *req,
+                           const fg_linear_inputs *in, const fg_linear_outputs *out,
+                           int64_t n_active, int64_t forced, linear_plan *p)
 {
     memset(p, 0, sizeof *p);
     p->fused = o->impl == FG_IMPL_FUSED;
@@ -683,6 +775,7 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const fg_l
     p->gw_ld = out->grad_weight.data ? out->grad_weight.ld : p->H;
     p->has_bias = in->bias.data != NULL;
     p->sharded = is_sharded(in);
+    p->hook = p->sharded && uses_hook(req->kind);
     p->vocab_start = in->vocab_start;
     p->want_gh = out->grad_hidden.data != NULL;
     p->want_gw = out->grad_weight.data != NULL;
@@ -693,6 +786,7 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const fg_l
     p->gb_t = p->want_gb ? out->grad_bias.dtype : FG_DTYPE_F32;
     p->accumulate = out->accumulate != 0;
     p->n_active = n_active;
+    const fg_batch *batch = req->batch;
     p->fixed_bytes = fg_common_workspace_bytes(batch->batch, batch->batch * batch->seq_len);
     if (p->gb_t == FG_DTYPE_BF16) /* grad_bias's f32 sums */
         p->fixed_bytes += fg_ws_round((size_t)p->V * sizeof(float));
@@ -702,7 +796,7 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const fg_l
     if (st != FG_OK)
         return st;
     plan_filter(o, p);
-    return plan_chunks(call, p, agree && p->sharded);
+    return plan_chunks(call, p, forced);
 }
 
 /* The arena a planned call reserves. */
@@ -714,9 +808,8 @@ static size_t plan_total(const linear_plan *p)
 }
 
 /* Every argument check, then the plan (opts NULL: fused). `is_call`: for
- * the call itself, which also scans the inputs for NaN/Inf and, sharded,
- * agrees on the chunk size with the other shards (a collective); the plan
- * query (0) reads shapes and the mask only. */
+ * the call itself, which also scans the inputs for NaN/Inf; the plan query
+ * (0) reads shapes and the mask only. */
 static fg_status check_and_plan(fg_call *call, const fg_linear_options *opts,
                                 const linear_request *req, const fg_linear_inputs *in,
                                 const fg_linear_outputs *out, int is_call, linear_plan *p)
@@ -728,7 +821,81 @@ static fg_status check_and_plan(fg_call *call, const fg_linear_options *opts,
     fg_status st = validate_linear(call, o, req, in, out, is_call, &n_active);
     if (st != FG_OK)
         return st;
-    return plan_call(call, o, in, req->batch, out, n_active, is_call, p);
+    return plan_call(call, o, req, in, out, n_active, 0, p);
+}
+
+/* What the shards of a collective call must agree on: everything that sets
+ * the sequence of reductions or the result, except each shard's own rows. */
+static fg_call_hash call_hash(const fg_linear_options *opts, const linear_request *req,
+                              const fg_linear_inputs *in, const fg_linear_outputs *out,
+                              const linear_plan *p)
+{
+    fg_call_hash k;
+    fg_hash_init(&k);
+    const fg_batch *b = req->batch;
+    const fg_loss_config *c = req->cfg;
+    const int64_t ints[] = {req->kind, opts ? opts->impl : FG_IMPL_FUSED,
+                            opts ? opts->round_logits_to_input_dtype : 0, b->batch, b->seq_len,
+                            in->hidden.cols, in->vocab_total, in->hidden.dtype, p->sharded,
+                            in->bias.data != NULL, p->want_gh, p->want_gw, p->want_gb,
+                            out->accumulate, p->gh_t, p->gw_t, p->gb_t, p->n_active, c->loss_type,
+                            c->importance_sampling_level, c->max_completion_length,
+                            c->use_bias_correction_kl, req->dlogp != NULL, req->dentropy != NULL};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        fg_hash_i64(&k, ints[i]);
+    const double reals[] = {opts ? opts->filter_eps : 0.0, c->temperature, c->epsilon_low,
+                            c->epsilon_high, c->delta, c->beta, c->num_items_in_batch,
+                            c->sapo_temperature_pos, c->sapo_temperature_neg, c->entropy_coef,
+                            c->vespo_k_pos, c->vespo_lambda_pos, c->vespo_k_neg,
+                            c->vespo_lambda_neg, c->off_policy_mask_threshold,
+                            c->top_entropy_quantile};
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++)
+        fg_hash_f64(&k, reals[i]);
+    const int64_t N = b->batch * b->seq_len;
+    for (int64_t n = 0; n < N; n++) /* the mask, and the tokens where it is set */
+        fg_hash_i64(&k, b->mask[n] ? b->token_ids[n] : -1);
+    return k;
+}
+
+/* A collective call's entry (fg_communicator): the shards agree on the call
+ * and its chunk size, plan and reserve for it, and agree that all of them
+ * can run it. Every shard makes both reductions whatever its own status. */
+static fg_status enter_collective(fg_call *call, const fg_linear_options *opts,
+                                  const linear_request *req, const fg_linear_inputs *in,
+                                  const fg_linear_outputs *out, linear_plan *p)
+{
+    fg_status st = check_and_plan(call, opts, req, in, out, 1, p);
+    fg_call_hash hash = {0};
+    if (st == FG_OK)
+        hash = call_hash(opts, req, in, out, p);
+    int64_t nc = p->Nc;
+    st = fg_collective_agree(call, st, hash, &nc);
+    if (st == FG_OK && p->n_active > 0 && nc != p->Nc)
+        st = plan_chunks(call, p, nc);
+    if (st == FG_OK)
+        st = fg_call_reserve(call, plan_total(p));
+    return fg_collective_ready(call, st);
+}
+
+/* The phase API's (a): this shard's statistics where the sweep wrote none
+ * (masked tokens), and the status slot cleared. */
+static void finish_shard_stats(const linear_call *L, const fg_batch *batch)
+{
+    const int64_t N = batch->batch * batch->seq_len;
+    for (int64_t n = 0; n < N; n++)
+        if (!batch->mask[n])
+            fg_shard_put_empty(L->shard_out, N, n);
+    L->shard_out[FG_SHARD_STATS_STATUS(N)] = 0.0f;
+}
+
+/* The phase API's (d): the merged statistics fg_shard_stats_finish left. */
+static void load_shard_stats(linear_call *L, const float *stats, const fg_batch *batch)
+{
+    const int64_t N = batch->batch * batch->seq_len;
+    for (int64_t k = 0; k < L->c.n_active; k++) {
+        const int64_t n = L->c.active[k];
+        fg_shard_merged_at(stats, N, n, &L->c.ta.zmax[n], &L->c.ta.lsum[n], &L->c.ta.entropy[n]);
+    }
 }
 
 fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
@@ -745,7 +912,7 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
     if (!info)
         return fg_call_end(&call, fg_fail(call.err, FG_ERR_NULL_ARGUMENT, "info is NULL"));
     linear_plan p;
-    const linear_request req = {KIND_LOSS, cfg, batch, NULL, NULL, NULL};
+    const linear_request req = {KIND_LOSS, cfg, batch, NULL, NULL, NULL, NULL, NULL};
     const fg_status plan_st = check_and_plan(&call, opts, &req, in, out, 0, &p);
     if (plan_st != FG_OK && !(plan_st == FG_ERR_BUDGET_TOO_SMALL && p.n_active > 0))
         return fg_call_end(&call, plan_st); /* an argument error: info is not written */
@@ -795,8 +962,14 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     linear_call L;
     memset(&L, 0, sizeof L);
     linear_plan *p = &L.p;
-    if ((st = check_and_plan(&call, opts, req, in, out, 1, p)) != FG_OK ||
-        (st = fg_call_reserve(&call, plan_total(p))) != FG_OK)
+    /* With a communicator the one-call kinds are collective, sharded or not:
+     * a shard that fails its checks still joins the entry agreement. */
+    const int collective = call.comm.allreduce != NULL && uses_hook(req->kind);
+    if (collective)
+        st = enter_collective(&call, opts, req, in, out, p);
+    else if ((st = check_and_plan(&call, opts, req, in, out, 1, p)) == FG_OK)
+        st = fg_call_reserve(&call, plan_total(p));
+    if (st != FG_OK)
         return fg_call_end(&call, st);
     /* All checks passed and all resources are in hand: outputs are written
      * from here on. */
@@ -809,6 +982,8 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
         fg_common_init_external(call.arena, &L.c, batch, req->dlogp, req->dentropy);
     L.in = in;
     L.out = out;
+    L.kind = req->kind;
+    L.shard_out = req->stats_out;
     L.inv_temp = (float)(1.0 / req->cfg->temperature);
     L.gbacc = p->gb_t == FG_DTYPE_BF16 ? fg_call_take(&call, (size_t)p->V * sizeof(float))
                                        : (float *)out->grad_bias.data;
@@ -821,10 +996,11 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
             L.dlogits = fg_call_take(&call, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->dlogit_t));
         L.hbuf = fg_call_take(&call, (size_t)p->Nc * (size_t)p->H * fg_dtype_size(p->cmp_t));
         if (p->want_gh)
-            L.ghbuf = fg_call_take(&call, (size_t)p->Nc * (size_t)p->H * sizeof(float));
+            L.ghbuf = fg_call_take(&call, ((size_t)p->Nc * (size_t)p->H + (size_t)p->hook) *
+                                              sizeof(float));
         L.scratch = p->scratch_bytes ? fg_call_take(&call, p->scratch_bytes) : NULL;
-        if (p->sharded)
-            L.stats = fg_call_take(&call, (size_t)p->Nc * 5 * sizeof(float));
+        if (p->hook)
+            L.stats = fg_call_take(&call, (size_t)fg_shard_floats(p->Nc) * sizeof(float));
         if (p->filter_eps > 0) {
             L.kept_idx = fg_call_take(&call, (size_t)p->Nc * (size_t)p->kept_cap * sizeof(int32_t));
             L.kept_nnz = fg_call_take(&call, (size_t)p->Nc * sizeof(int32_t));
@@ -832,8 +1008,24 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
         }
     }
     zero_unwritten(&L, batch);
+    if (req->kind == KIND_SHARD_BACKWARD)
+        load_shard_stats(&L, req->stats_in, batch);
     if (p->n_active > 0)
         st = run_sweeps(&call, &L);
+    if (collective) {
+        /* Every shard leaves with the same status: its own failure, one a
+         * reduction's flag stopped it for, or the non-finite statistics that
+         * the merged rows give every shard alike. */
+        fg_status local = L.failed ? L.failed : (st == STOPPED ? FG_OK : st);
+        if (local == FG_OK && L.bad)
+            local = fg_fail(call.err, FG_ERR_NONFINITE_INPUT,
+                            "the logits came out NaN or Inf (hidden, weight or bias hold NaN/Inf "
+                            "and the finite check was off); results are invalid");
+        if ((st = fg_collective_outcome(&call, local)) != FG_OK)
+            return fg_call_end(&call, st);
+    }
+    if (req->kind == KIND_SHARD_STATS)
+        finish_shard_stats(&L, batch);
     if (st == FG_OK)
         finish_weight(call.threads, &L);
     finish_bias(&L);
@@ -851,7 +1043,7 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
                          const fg_loss_config *cfg, const fg_linear_inputs *in,
                          const fg_batch *batch, fg_linear_outputs *out, const fg_exec *exec)
 {
-    const linear_request req = {KIND_LOSS, cfg, batch, NULL, NULL, NULL};
+    const linear_request req = {KIND_LOSS, cfg, batch, NULL, NULL, NULL, NULL, NULL};
     return linear_execute(ctx, opts, &req, in, out, exec);
 }
 
@@ -861,6 +1053,7 @@ static void head_request(linear_request *req, enum call_kind kind, fg_loss_confi
                          fg_batch *batch, double temperature, const fg_tokens *tokens,
                          const float *dlogp, const float *dentropy)
 {
+    memset(req, 0, sizeof *req);
     fg_loss_config_init(cfg);
     cfg->temperature = temperature;
     memset(batch, 0, sizeof *batch);
@@ -913,5 +1106,42 @@ fg_status fg_linear_logprobs_backward(fg_context *ctx, const fg_linear_options *
         out.accumulate = grads->accumulate;
     }
     /* grads NULL: validation reports "out is NULL" */
+    return linear_execute(ctx, opts, &req, in, grads ? &out : NULL, exec);
+}
+
+fg_status fg_linear_shard_stats(fg_context *ctx, const fg_linear_options *opts,
+                                double temperature, const fg_linear_inputs *in,
+                                const fg_tokens *tokens, float *stats, const fg_exec *exec)
+{
+    fg_loss_config cfg;
+    fg_batch batch;
+    linear_request req;
+    head_request(&req, KIND_SHARD_STATS, &cfg, &batch, temperature, tokens, NULL, NULL);
+    req.stats_out = stats;
+    fg_linear_outputs out;
+    memset(&out, 0, sizeof out);
+    return linear_execute(ctx, opts, &req, in, &out, exec);
+}
+
+fg_status fg_linear_shard_backward(fg_context *ctx, const fg_linear_options *opts,
+                                   double temperature, const fg_linear_inputs *in,
+                                   const fg_tokens *tokens, const float *stats,
+                                   const float *grad_logp, const float *grad_entropy,
+                                   fg_linear_grads *grads, const fg_exec *exec)
+{
+    fg_loss_config cfg;
+    fg_batch batch;
+    linear_request req;
+    head_request(&req, KIND_SHARD_BACKWARD, &cfg, &batch, temperature, tokens, grad_logp,
+                 grad_entropy);
+    req.stats_in = stats;
+    fg_linear_outputs out;
+    memset(&out, 0, sizeof out);
+    if (grads) {
+        out.grad_hidden = grads->grad_hidden;
+        out.grad_weight = grads->grad_weight;
+        out.grad_bias = grads->grad_bias;
+        out.accumulate = grads->accumulate;
+    }
     return linear_execute(ctx, opts, &req, in, grads ? &out : NULL, exec);
 }

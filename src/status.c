@@ -26,6 +26,7 @@ static const char *const status_names[FG_STATUS_COUNT] = {
     "FG_ERR_BUDGET_TOO_SMALL",
     "FG_ERR_OUT_OF_MEMORY",
     "FG_ERR_BACKEND",
+    "FG_ERR_COMMUNICATOR",
 };
 
 const char *fg_status_name(fg_status status)

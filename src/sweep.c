@@ -6,6 +6,7 @@
 
 #include "bf16.h"
 #include "row_kernels.h"
+#include "shard_stats.h"
 #include "sweep.h"
 
 static const void *row_ptr(const void *base, fg_dtype t, int64_t ld, int64_t r)
@@ -77,40 +78,38 @@ int fg_sweep_forward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
     return bad;
 }
 
-fg_status fg_sweep_forward_sharded(int threads, const fg_communicator *comm, fg_error *err,
-                                    const fg_loss_plan *plan, const fg_rows *rows,
-                                   float inv_temp, const fg_token_arrays *ta, float *scratch,
-                                   int *bad)
+void fg_sweep_shard_local(int threads, const fg_loss_plan *plan, const fg_rows *rows,
+                          float inv_temp, float *buf, int64_t c, int by_token)
 {
-    const int64_t m = rows->count;
-    /* Laid out so that each allreduce takes one contiguous run:
-     * [max | chosen logit] by MAX, then [sum | dot] by SUM. */
-    float *mx = scratch, *zt = scratch + m, *sum = scratch + 2 * m, *dot = scratch + 3 * m;
-    float *local_max = scratch + 4 * m;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < m; i++) {
-        fg_row_stats s = row_stats(plan, rows, i, inv_temp, &zt[i]);
-        mx[i] = local_max[i] = s.max;
-        sum[i] = s.sum;
-        dot[i] = s.dot;
+    for (int64_t i = 0; i < rows->count; i++) {
+        float z_tok;
+        const fg_row_stats s = row_stats(plan, rows, i, inv_temp, &z_tok);
+        fg_shard_put_local(buf, c, by_token ? rows->token[i] : i, s, z_tok);
     }
-    if (comm->allreduce(comm->user, mx, 2 * m, FG_REDUCE_MAX) != 0)
-        return fg_fail(err, FG_ERR_BACKEND, "the communicator's allreduce (max) failed");
-    for (int64_t i = 0; i < m; i++) { /* rescale this shard's sums to the global max */
-        fg_row_stats global = {mx[i], 0.0f, 0.0f}, local = {local_max[i], sum[i], dot[i]};
-        fg_row_stats r = fg_row_stats_merge(global, local);
-        sum[i] = r.sum;
-        dot[i] = r.dot;
-    }
-    if (comm->allreduce(comm->user, sum, 2 * m, FG_REDUCE_SUM) != 0)
-        return fg_fail(err, FG_ERR_BACKEND, "the communicator's allreduce (sum) failed");
+}
+
+int fg_sweep_shard_merged(const fg_rows *rows, const float *buf, const fg_token_arrays *ta,
+                          int *bad)
+{
+    const int64_t c = rows->count;
     int b = 0;
-    for (int64_t i = 0; i < m; i++) {
-        fg_row_stats s = {mx[i], sum[i], dot[i]};
-        b |= finalize_row(rows->token[i], s, zt[i], ta);
+    for (int64_t i = 0; i < c; i++) {
+        const int64_t n = rows->token[i];
+        const int r = fg_shard_decode(buf, c, i, &ta->zmax[n], &ta->lsum[n], &ta->logp[n],
+                                      &ta->entropy[n]);
+        if (r == -1)
+            return -1;
+        if (r == -2) { /* non-finite statistics: as an unsharded sweep reports them */
+            ta->zmax[n] = ta->lsum[n] = ta->logp[n] = ta->entropy[n] = NAN;
+            b = 1;
+            continue;
+        }
+        b |= !(isfinite(ta->zmax[n]) && isfinite(ta->lsum[n]) && isfinite(ta->entropy[n]) &&
+               isfinite(ta->logp[n]));
     }
     *bad |= b;
-    return FG_OK;
+    return 0;
 }
 
 void fg_sweep_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,

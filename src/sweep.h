@@ -41,14 +41,17 @@ typedef struct fg_token_arrays {
 int fg_sweep_forward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
                      float inv_temp, const fg_token_arrays *ta);
 
-/* The same across vocab shards: each shard computes its rows' partial
- * statistics, the communicator merges them (max, then rescaled sums), and
- * every shard finalizes identical lse/logp/entropy. scratch: 5*count floats.
- * Returns FG_ERR_BACKEND if the communicator fails; *bad as above. */
-fg_status fg_sweep_forward_sharded(int threads, const fg_communicator *comm, fg_error *err,
-                                    const fg_loss_plan *plan, const fg_rows *rows,
-                                   float inv_temp, const fg_token_arrays *ta, float *scratch,
-                                   int *bad);
+/* Vocab shards (shard_stats.h): each row's statistics over this shard's
+ * vocab rows into buf (a layout of c tokens), at row i, or at row token[i]
+ * when by_token (the phase API's [B*T] layout). */
+void fg_sweep_shard_local(int threads, const fg_loss_plan *plan, const fg_rows *rows,
+                          float inv_temp, float *buf, int64_t c, int by_token);
+
+/* After both reductions of a chunk's buf (c = rows->count): every row's
+ * merged lse, logp and entropy into ta. -1 when the summed limbs are not
+ * what a SUM gives (the communicator misbehaved); *bad as above. */
+int fg_sweep_shard_merged(const fg_rows *rows, const float *buf, const fg_token_arrays *ta,
+                          int *bad);
 
 /* d loss / d x for each row from the saved lse/entropy and the loss math's
  * d loss / d logp and d loss / d entropy. */

@@ -268,3 +268,21 @@ fg_status fg_check_finite_vector(fg_error *err, const char *name, const fg_vecto
         return fg_fail(err, FG_ERR_NONFINITE_INPUT, "%s[%lld] is NaN or Inf", name, (long long)i);
     return FG_OK;
 }
+
+fg_status fg_validate_shard_stats(fg_error *err, const float *stats, int64_t n)
+{
+    if (!stats)
+        return fg_fail(err, FG_ERR_NULL_ARGUMENT, "stats is NULL");
+    const float slot = stats[FG_SHARD_STATS_STATUS(n)];
+    if (slot == 0.0f)
+        return FG_OK;
+    if (slot >= 1.0f && slot < (float)FG_STATUS_COUNT && slot == (float)(int)slot)
+        return fg_fail(err, (fg_status)(int)slot,
+                       "a vocab shard failed fg_linear_shard_stats with %s (its status slot, "
+                       "reduced by MAX, reached this shard); every shard returns it",
+                       fg_status_name((fg_status)(int)slot));
+    return fg_fail(err, FG_ERR_COMMUNICATOR,
+                   "the stats' status slot holds %g, not a status: the buffer was not filled "
+                   "by fg_linear_shard_stats and reduced by MAX",
+                   (double)slot);
+}

@@ -39,4 +39,9 @@ fg_status fg_check_finite_matrix(fg_error *err, int threads, const char *name,
                                  const fg_matrix *m, const uint8_t *row_mask);
 fg_status fg_check_finite_vector(fg_error *err, const char *name, const fg_vector *v);
 
+/* The phase API's statistics buffer (fusedgrpo.h, "phases of a vocab-sharded
+ * call") of n tokens: not NULL, and its status slot 0; a slot another shard
+ * raised returns that status, so every shard fails the same way. */
+fg_status fg_validate_shard_stats(fg_error *err, const float *stats, int64_t n);
+
 #endif

@@ -56,6 +56,10 @@ static const key_def KEYS[] = {
          "auto: the dtype's default"),
     NUM(threads, K_INT, "0", 0, 4096, "threads; 0: OpenMP default"),
     BOOL(check_finite, "true", "library scans inputs for NaN/Inf"),
+    NUM(vocab_shards, K_INT, "1", 1, 256,
+        "ranks that split the vocabulary (run under mpirun; ranks = vocab_shards x data_shards)"),
+    NUM(data_shards, K_INT, "1", 1, 65536,
+        "rows of ranks that split the batch, their gradients averaged as DDP does (under mpirun)"),
 
     ENUM(loss_type, "dapo", NULL, loss_name,
          "grpo | bnpo | dr_grpo | dapo | luspo | cispo | sapo | vespo"),

@@ -34,6 +34,7 @@ typedef struct ft_config {
     double filter_eps;      /* NaN: auto (FG_FILTER_EPS_AUTO) */
     int64_t threads;        /* 0: the OpenMP default */
     int check_finite;
+    int64_t vocab_shards, data_shards; /* MPI ranks (sharded.h); 1 x 1: one process */
     int loss_type, importance_sampling_level;
     double temperature, epsilon_low, epsilon_high, delta, beta;
     int64_t max_completion_length;

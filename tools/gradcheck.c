@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "fg_oracle.h"
 #include "runner.h"
+#include "sharded.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -33,6 +34,8 @@ static const char USAGE[] =
     "usage: fusedgrpo gradcheck [--config FILE]... [--set key=value]... [options]\n"
     "  The configured impl against a reference (the float64 oracle, or the float32\n"
     "  materialized baseline for big shapes), gated. Exit 0: pass; 1: a gate fails; 2: error.\n"
+    "  Under mpirun with --set vocab_shards=V,data_shards=D (V x D ranks): the impl runs\n"
+    "  sharded over the ranks and the assembled outputs are checked (rank 0 reports).\n"
     "options:\n"
     "  --inputs DIR       replay a captured batch from DIR/*.npy (shapes override the config)\n"
     "  --save-inputs DIR  write the batch used as .npy (replayable with --inputs)\n"
@@ -304,7 +307,7 @@ static void print_report(const report *r, const ft_config *cfg, const ft_problem
 /* Runs the kernel and the reference, then compares; the logits impl's
  * reference reads the tool-made logits before the kernel overwrites them. */
 static int check(report *rep, ft_runner *run, ft_reference *ref, const ft_config *cfg, const ft_problem *p,
-                 char *err, size_t errlen)
+                 ft_shards *shards, char *err, size_t errlen)
 {
     const double nv = (double)ft_problem_tokens(p) * (double)p->s.vocab;
     const int oracle_fits = nv * (double)p->s.hidden <= cfg->oracle_limit && nv <= ORACLE_MAX_NV;
@@ -315,8 +318,11 @@ static int check(report *rep, ft_runner *run, ft_reference *ref, const ft_config
         return ft_error(err, errlen,
                         "gradcheck checks the exact gradient: set filter_eps: 0 (gradient "
                         "filtering is checked against its own definition by tests/test_filter.c)");
+    if (shards && logits)
+        return ft_error(err, errlen, "the logits impl has no vocab-sharded form: impl fused or baseline");
     if (ft_runner_init(run, cfg, p, cfg->impl, 0) != 0 ||
-        (logits ? ft_runner_materialize_logits(run) : ft_runner_step(run)) != 0)
+        (shards ? ft_sharded_step(shards, run)
+                : logits ? ft_runner_materialize_logits(run) : ft_runner_step(run)) != 0)
         return ft_error(err, errlen, "%s", run->err);
     kernel_s = omp_get_wtime() - t0;
     /* The outputs are ours; the library's cached workspace (the whole
@@ -348,12 +354,31 @@ int ft_cmd_gradcheck(int argc, char **argv)
     ft_reference ref = {0};
     report rep = {0};
     int status = FT_EXIT_USAGE;
+    ft_shards *shards = NULL;
+    if (ft_sharded_wanted(cfg) && ft_sharded_init(&shards, cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "fusedgrpo gradcheck: %s\n", err);
+        ft_sharded_finish(shards);
+        return FT_EXIT_USAGE;
+    }
+    /* Sharded, every rank checks the same assembled outputs; rank 0 reports. */
+    const int reporter = !shards || ft_sharded_rank(shards) == 0;
+    if (!reporter)
+        cli.quiet = 1, cli.json = NULL, cli.dump = NULL, cli.save_inputs = NULL;
     if (ft_problem_make(cli.inputs, cfg, 0, &p, err, sizeof err) == 0 &&
         !(cli.save_inputs && ft_problem_save_dir(&p, cli.save_inputs, err, sizeof err) != 0) &&
-        check(&rep, &run, &ref, cfg, &p, err, sizeof err) == 0) {
+        check(&rep, &run, &ref, cfg, &p, shards, err, sizeof err) == 0) {
+        if (!reporter) {
+            status = rep.pass ? FT_EXIT_OK : FT_EXIT_FAIL;
+            cJSON_Delete(rep.json);
+            goto done;
+        }
         if (!cli.quiet)
             print_report(&rep, cfg, &p);
-        printf("gradcheck %s %s: %s\n", ft_impl_name(cfg->impl), ft_dtype_name(cfg->dtype),
+        char grid[64] = "";
+        if (shards)
+            snprintf(grid, sizeof grid, " on %lld x %lld ranks (vocab x data)",
+                     (long long)cfg->vocab_shards, (long long)cfg->data_shards);
+        printf("gradcheck %s %s%s: %s\n", ft_impl_name(cfg->impl), ft_dtype_name(cfg->dtype), grid,
                rep.pass ? "PASS" : "FAIL");
         status = rep.pass ? FT_EXIT_OK : FT_EXIT_FAIL;
         FILE *f = cli.json ? fopen(cli.json, "w") : NULL;
@@ -367,8 +392,11 @@ int ft_cmd_gradcheck(int argc, char **argv)
     }
     if (status == FT_EXIT_USAGE)
         fprintf(stderr, "fusedgrpo gradcheck: %s\n", err);
+done:
     reference_free(&ref);
     ft_runner_free(&run);
     ft_problem_destroy(&p);
+    if (shards)
+        ft_sharded_finish(shards);
     return status;
 }

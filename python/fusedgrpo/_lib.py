@@ -153,10 +153,27 @@ class fg_linear_grads(Structure):
                 ("accumulate", c_int)]
 
 
+class fg_logp_outputs(Structure):
+    _fields_ = [("loss", c_double), ("metrics", fg_metrics), ("grad_logp", c_void_p),
+                ("grad_entropy", c_void_p)]
+
+
 ABI_STRUCTS = (fg_matrix, fg_vector, fg_loss_config, fg_batch, fg_metrics, fg_linear_outputs,
                fg_logits_outputs, fg_communicator, fg_context_options, fg_exec, fg_memory_stats,
                fg_linear_inputs, fg_linear_options, fg_linear_plan_info, fg_tokens,
-               fg_linear_grads)
+               fg_linear_grads, fg_logp_outputs)
+
+
+def shard_stats_floats(n: int) -> int:
+    """Floats of the phase API's statistics buffer for n = B*T tokens (FG_SHARD_STATS_FLOATS)."""
+    return 13 * n + 1
+
+
+def shard_stats_ranges(n: int):
+    """(max_count, sum_offset, sum_count, status_index) of the statistics buffer: the
+    MAX-reduced range [0, max_count), the SUM-reduced range, and the status slot
+    (fusedgrpo.h, "phases of a vocab-sharded call")."""
+    return 2 * n + 1, 2 * n + 1, 8 * n, 2 * n
 
 
 # ------------------------------------------------------------------ loading
@@ -227,6 +244,17 @@ def _load():
         "fg_linear_logprobs_backward": (c_int, [c_void_p, P(fg_linear_options), c_double,
                                                 P(fg_linear_inputs), P(fg_tokens), c_void_p,
                                                 c_void_p, P(fg_linear_grads), P(fg_exec)]),
+        "fg_linear_shard_stats": (c_int, [c_void_p, P(fg_linear_options), c_double,
+                                          P(fg_linear_inputs), P(fg_tokens), c_void_p,
+                                          P(fg_exec)]),
+        "fg_shard_stats_rescale": (c_int, [c_void_p, P(fg_tokens), c_void_p]),
+        "fg_shard_stats_finish": (c_int, [c_void_p, P(fg_tokens), c_void_p, c_void_p, c_void_p]),
+        "fg_grpo_loss_from_logp": (c_int, [c_void_p, P(fg_loss_config), P(fg_batch), c_void_p,
+                                           c_void_p, P(fg_logp_outputs), P(fg_exec)]),
+        "fg_linear_shard_backward": (c_int, [c_void_p, P(fg_linear_options), c_double,
+                                             P(fg_linear_inputs), P(fg_tokens), c_void_p,
+                                             c_void_p, c_void_p, P(fg_linear_grads),
+                                             P(fg_exec)]),
         "fg_f32_to_bf16": (c_uint16, [c_float]),
         "fg_bf16_to_f32": (c_float, [c_uint16]),
         "fg_abi_sizeof": (c_size_t, [c_char_p]),
