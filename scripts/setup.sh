@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(gcc g++ make cmake ninja-build pkg-config libdnnl-dev libyaml-dev libcjson-dev)
+packages=(gcc g++ make cmake ninja-build pkg-config libdnnl-dev libyaml-dev libcjson-dev
+          libopenmpi-dev openmpi-bin iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

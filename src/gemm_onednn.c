@@ -644,6 +644,8 @@ fg_status fg_gemm_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *A, c
                       void *C, const void *bias, void *scratch, int workers,
                       fg_gemm_stats *stats, fg_error *err)
 {
+    if (fg_fault_exec_hit()) /* test builds only: a product that fails mid-call */
+        return fg_fail(err, FG_ERR_BACKEND, "a GEMM failed to run (injected test fault)");
     if (is_native(c, s))
         return native_run(c, s, A, B, C, bias, scratch, workers, stats, err);
     return tile_run(c, s, A, B, C, bias, scratch, workers, stats, err);

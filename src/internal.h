@@ -27,8 +27,16 @@
 int fg_fault_hit(void);
 void fg_fault_arm(long k);
 long fg_fault_points(void);
+/* A second, separate count: GEMM executions (fg_gemm_run), the failures that
+ * come mid-call, after outputs are being written (tests/test_shard_faults.c:
+ * a vocab shard failing mid-call must stop every shard, none waiting).
+ * fg_fault_exec_arm(k): the k-th execution from now fails; k < 0 disarms. */
+int fg_fault_exec_hit(void);
+void fg_fault_exec_arm(long k);
+long fg_fault_exec_points(void);
 #else
 static inline int fg_fault_hit(void) { return 0; }
+static inline int fg_fault_exec_hit(void) { return 0; }
 #endif
 
 /* Checked size arithmetic: returns 0 on overflow. */

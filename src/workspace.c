@@ -38,6 +38,18 @@ void fg_fault_arm(long k)
 long fg_fault_points(void) { return atomic_load(&fault_count); }
 
 int fg_fault_hit(void) { return atomic_fetch_add(&fault_count, 1) == atomic_load(&fault_target); }
+
+static _Atomic long exec_target = -1, exec_count;
+
+void fg_fault_exec_arm(long k)
+{
+    atomic_store(&exec_target, k);
+    atomic_store(&exec_count, 0);
+}
+
+long fg_fault_exec_points(void) { return atomic_load(&exec_count); }
+
+int fg_fault_exec_hit(void) { return atomic_fetch_add(&exec_count, 1) == atomic_load(&exec_target); }
 #endif
 
 size_t fg_ws_round(size_t bytes) { return (bytes + FG_ALIGN - 1) & ~(size_t)(FG_ALIGN - 1); }

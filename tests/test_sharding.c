@@ -14,52 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_comm.h"
 #include "test_util.h"
 
 #define MAX_SHARDS 4
 
-typedef struct shared_comm {
-    pthread_barrier_t barrier;
-    int shards;
-    float *bufs[MAX_SHARDS];
-    int64_t counts[MAX_SHARDS];
-    int mismatch;
-} shared_comm;
-
-typedef struct rank_comm {
-    shared_comm *sh;
-    int rank;
-} rank_comm;
-
-/* Every rank reduces all ranks' buffers in rank order, so all get identical bits. */
-static int fake_allreduce(void *user, float *buf, int64_t count, fg_reduce_op op)
-{
-    rank_comm *rc = user;
-    shared_comm *sh = rc->sh;
-    sh->bufs[rc->rank] = buf;
-    sh->counts[rc->rank] = count;
-    pthread_barrier_wait(&sh->barrier);
-    for (int r = 0; r < sh->shards; r++)
-        if (sh->counts[r] != count)
-            sh->mismatch = 1;
-    float *tmp = malloc((size_t)count * sizeof(float));
-    for (int64_t i = 0; i < count; i++) {
-        float acc = sh->bufs[0][i];
-        for (int r = 1; r < sh->shards; r++) {
-            float v = sh->bufs[r][i];
-            acc = op == FG_REDUCE_MAX ? (v > acc ? v : acc) : acc + v;
-        }
-        tmp[i] = acc;
-    }
-    pthread_barrier_wait(&sh->barrier); /* everyone has read everyone */
-    memcpy(buf, tmp, (size_t)count * sizeof(float));
-    free(tmp);
-    pthread_barrier_wait(&sh->barrier);
-    return sh->mismatch;
-}
-
 typedef struct job {
-    rank_comm rc;
+    fg_communicator comm;
     const fg_loss_config *cfg;
     const fg_batch *batch;
     fg_linear_inputs in;
@@ -76,8 +37,7 @@ static void *run_shard(void *arg)
     fg_context_options_init(&o);
     o.threads = 1;
     o.memory_budget = j->budget;
-    o.comm.allreduce = fake_allreduce;
-    o.comm.user = &j->rc;
+    o.comm = j->comm;
     fg_context *ctx;
     j->status = fg_context_create(&o, &ctx);
     if (j->status == FG_OK) {
@@ -161,10 +121,7 @@ static void check_case(int shards, fg_is_level level, uint64_t seed)
     CHECK(ms.chunks > 1, "unsharded: %lld chunks, several wanted", (long long)ms.chunks);
     fg_context_destroy(ctx);
 
-    shared_comm sh;
-    memset(&sh, 0, sizeof sh);
-    sh.shards = shards;
-    pthread_barrier_init(&sh.barrier, NULL, (unsigned)shards);
+    fake_comm *comm = fake_comm_create(shards);
     job jobs[MAX_SHARDS];
     pthread_t th[MAX_SHARDS];
     float *lps[MAX_SHARDS], *ghs[MAX_SHARDS];
@@ -176,8 +133,7 @@ static void check_case(int shards, fg_is_level level, uint64_t seed)
         const int64_t v0 = starts[r], vl = starts[r + 1] - v0;
         job *j = &jobs[r];
         memset(j, 0, sizeof *j);
-        j->rc.sh = &sh;
-        j->rc.rank = r;
+        j->comm = fake_comm_rank(comm, r);
         j->cfg = &cfg;
         j->batch = batch;
         j->budget = (size_t)(24 + 8 * r) << 10; /* different budgets: shards must agree on chunks */
@@ -196,7 +152,7 @@ static void check_case(int shards, fg_is_level level, uint64_t seed)
     }
     for (int r = 0; r < shards; r++)
         pthread_join(th[r], NULL);
-    pthread_barrier_destroy(&sh.barrier);
+    fake_comm_destroy(comm);
     const char *lv = level == FG_LEVEL_TOKEN ? "token" : "sequence";
     for (int r = 0; r < shards; r++) {
         CHECK(jobs[r].status == FG_OK, "%s shards=%d rank %d: %s", lv, shards, r, jobs[r].error);

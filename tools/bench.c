@@ -15,6 +15,7 @@
 #include "bench.h"
 
 #include "commands.h"
+#include "sharded.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -38,7 +39,9 @@ static const char USAGE[] =
     "  --impls LIST       comma-separated subset of baseline,logits,fused (default: all)\n"
     "  --sweep KEY=V1,V2  repeat for each value of KEY (e.g. seq_len=512,1024,2048)\n"
     "  --json FILE        one JSON line per impl and sweep point (plot: bench/plot_bench.py)\n"
-    "  --inputs DIR       a captured batch instead of the synthetic one (its shape wins)\n";
+    "  --inputs DIR       a captured batch instead of the synthetic one (its shape wins)\n"
+    "  Under mpirun with --set vocab_shards=V,data_shards=D (V x D ranks): fused and baseline\n"
+    "  sharded over the ranks: step time (the slowest rank's), payload bytes per rank.\n";
 
 /* Runs fn(arg, out) in a child process; out (bytes long, read and written by
  * fn) comes back through shared memory. Returns fn's status (0 or 1), or -1
@@ -215,6 +218,8 @@ int ft_cmd_bench(int argc, char **argv)
     sweep sw;
     if (parse_impls(cli.impls, &cli.cfg, impls, &nimpl) != 0 || parse_sweep(cli.sweep, &cli.cfg, &sw) != 0)
         return FT_EXIT_USAGE;
+    if (ft_sharded_wanted(&cli.cfg)) /* under mpirun: no fork, no sweep */
+        return ft_bench_sharded(&cli.cfg, cli.inputs, impls, nimpl, cli.json);
     FILE *jf = NULL;
     if (cli.json && (jf = fopen(cli.json, "w")) == NULL) {
         fprintf(stderr, "fusedgrpo bench: cannot write %s: %s\n", cli.json, strerror(errno));

@@ -321,7 +321,7 @@ static int check(report *rep, ft_runner *run, ft_reference *ref, const ft_config
     if (shards && logits)
         return ft_error(err, errlen, "the logits impl has no vocab-sharded form: impl fused or baseline");
     if (ft_runner_init(run, cfg, p, cfg->impl, 0) != 0 ||
-        (shards ? ft_sharded_step(shards, run)
+        (shards ? ft_sharded_step(shards, run, 1)
                 : logits ? ft_runner_materialize_logits(run) : ft_runner_step(run)) != 0)
         return ft_error(err, errlen, "%s", run->err);
     kernel_s = omp_get_wtime() - t0;

@@ -20,9 +20,10 @@ int ft_sharded_init(ft_shards **out, const ft_config *cfg, char *err, size_t err
                     "vocab_shards / data_shards need MPI: this fusedgrpo was built without it "
                     "(install libopenmpi-dev and rebuild)");
 }
-int ft_sharded_step(ft_shards *s, ft_runner *r)
+int ft_sharded_step(ft_shards *s, ft_runner *r, int assemble)
 {
     (void)s;
+    (void)assemble;
     return ft_error(r->err, sizeof r->err, "built without MPI");
 }
 int ft_sharded_rank(const ft_shards *s) { return s ? 0 : 0; }
@@ -101,7 +102,7 @@ int ft_sharded_rank(const ft_shards *s) { return s->grid.rank; }
 
 /* In place over comm: the buffers are zero outside each rank's own part, so
  * a SUM assembles them exactly. */
-static int assemble(float *buf, int64_t n, MPI_Comm comm)
+static int assemble_sum(float *buf, int64_t n, MPI_Comm comm)
 {
     const int64_t piece = (int64_t)1 << 30;
     for (int64_t i = 0; i < n; i += piece) {
@@ -118,7 +119,7 @@ static void zero_outside(float *buf, int64_t total, int64_t start, int64_t count
     memset(buf + start + count, 0, (size_t)(total - start - count) * sizeof(float));
 }
 
-int ft_sharded_step(ft_shards *s, ft_runner *r)
+int ft_sharded_step(ft_shards *s, ft_runner *r, int assemble)
 {
     const fg_mpi_grid *g = &s->grid;
     const ft_config *c = &r->p->s;
@@ -172,6 +173,9 @@ int ft_sharded_step(ft_shards *s, ft_runner *r)
     s->steps++;
     if (st != FG_OK)
         return ft_error(r->err, sizeof r->err, "rank %d: fg_linear_grpo: %s", g->rank, msg);
+    r->loss_value = lossv;
+    if (!assemble)
+        return 0;
 
     /* The whole outputs on every rank. The mean over the rows scales each
      * row's grad_hidden by 1 / data_shards; metrics are averaged likewise. */
@@ -186,9 +190,10 @@ int ft_sharded_step(ft_shards *s, ft_runner *r)
         zero_outside(r->grad_bias, V, v0, vc);
     double m[sizeof o.metrics / sizeof(double)];
     memcpy(m, &o.metrics, sizeof m);
-    if (assemble(r->logp, N, g->data) || assemble(r->entropy, N, g->data) ||
-        assemble(r->grad_hidden, N * H, g->data) || assemble(r->grad_weight, V * H, g->vocab) ||
-        (r->grad_bias && assemble(r->grad_bias, V, g->vocab)) ||
+    if (assemble_sum(r->logp, N, g->data) || assemble_sum(r->entropy, N, g->data) ||
+        assemble_sum(r->grad_hidden, N * H, g->data) ||
+        assemble_sum(r->grad_weight, V * H, g->vocab) ||
+        (r->grad_bias && assemble_sum(r->grad_bias, V, g->vocab)) ||
         MPI_Allreduce(MPI_IN_PLACE, m, (int)(sizeof m / sizeof m[0]), MPI_DOUBLE, MPI_SUM, g->data) !=
             MPI_SUCCESS)
         return ft_error(r->err, sizeof r->err, "MPI_Allreduce failed assembling the outputs");

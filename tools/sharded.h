@@ -28,11 +28,19 @@ int ft_sharded_wanted(const ft_config *cfg);
 /* MPI_Init and the grid; checks the rank count and the config. 0, or -1 with err. */
 int ft_sharded_init(ft_shards **out, const ft_config *cfg, char *err, size_t errlen);
 
-/* One step of r's impl (fused or baseline) as this rank's part, then the
- * whole outputs (loss, metrics, logp, entropy, gradients) in r's buffers on
- * every rank. Every rank returns the same result: 0, or -1 with r->err (a
- * rank that failed makes every rank fail, within the step). */
-int ft_sharded_step(ft_shards *s, ft_runner *r);
+/* One step of r's impl (fused or baseline) as this rank's part: the
+ * library call and the data-parallel end (what a training step does); with
+ * `assemble`, then the whole outputs (loss, metrics, logp, entropy,
+ * gradients) in r's buffers on every rank. Every rank returns the same
+ * result: 0, or -1 with r->err (a rank that failed makes every rank fail,
+ * within the step). */
+int ft_sharded_step(ft_shards *s, ft_runner *r, int assemble);
+
+/* `fusedgrpo bench` under mpirun (bench_sharded.c): each impl in this
+ * process (no fork under MPI), step times as the slowest rank's, payload
+ * bytes per rank and step; rank 0 prints and writes the JSON lines. */
+int ft_bench_sharded(const ft_config *cfg, const char *inputs, const int *impls, int nimpl,
+                     const char *json);
 
 int ft_sharded_rank(const ft_shards *s);
 /* Payload bytes this rank handed to MPI per step (hook, data end) and the
