@@ -91,7 +91,7 @@ int ft_bench_sharded(const ft_config *cfg0, const char *inputs, const int *impls
             const double mib = 1024.0 * 1024.0;
             printf("%-9s %-9s %3lldx%-3lld %9lld %10.4f %10.4f %10.4f %14.3f %14.3f %11.0f\n",
                    ft_impl_name(impls[i]), ft_dtype_name(cfg.dtype), (long long)cfg.vocab_shards,
-                   (long long)cfg.data_shards, (long long)ft_problem_tokens(&p),
+                   (long long)cfg.data_shards, (long long)ft_problem_unmasked(&p),
                    cJSON_GetObjectItem(j, "step_s_p50")->valuedouble,
                    cJSON_GetObjectItem(j, "step_s_min")->valuedouble,
                    cJSON_GetObjectItem(j, "step_s_max")->valuedouble,
