@@ -1086,6 +1086,20 @@ fg_status fg_linear_logprobs(fg_context *ctx, const fg_linear_options *opts, dou
     return linear_execute(ctx, opts, &req, in, &out, exec);
 }
 
+/* A backward request's gradient views as the outputs the driver writes;
+ * grads NULL: NULL, which validation reports as "out is NULL". */
+static fg_linear_outputs *grads_as_outputs(const fg_linear_grads *grads, fg_linear_outputs *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!grads)
+        return NULL;
+    out->grad_hidden = grads->grad_hidden;
+    out->grad_weight = grads->grad_weight;
+    out->grad_bias = grads->grad_bias;
+    out->accumulate = grads->accumulate;
+    return out;
+}
+
 fg_status fg_linear_logprobs_backward(fg_context *ctx, const fg_linear_options *opts,
                                       double temperature, const fg_linear_inputs *in,
                                       const fg_tokens *tokens, const float *grad_logp,
@@ -1098,15 +1112,7 @@ fg_status fg_linear_logprobs_backward(fg_context *ctx, const fg_linear_options *
     head_request(&req, KIND_LOGPROBS_BACKWARD, &cfg, &batch, temperature, tokens, grad_logp,
                  grad_entropy);
     fg_linear_outputs out;
-    memset(&out, 0, sizeof out);
-    if (grads) {
-        out.grad_hidden = grads->grad_hidden;
-        out.grad_weight = grads->grad_weight;
-        out.grad_bias = grads->grad_bias;
-        out.accumulate = grads->accumulate;
-    }
-    /* grads NULL: validation reports "out is NULL" */
-    return linear_execute(ctx, opts, &req, in, grads ? &out : NULL, exec);
+    return linear_execute(ctx, opts, &req, in, grads_as_outputs(grads, &out), exec);
 }
 
 fg_status fg_linear_shard_stats(fg_context *ctx, const fg_linear_options *opts,
@@ -1136,12 +1142,5 @@ fg_status fg_linear_shard_backward(fg_context *ctx, const fg_linear_options *opt
                  grad_entropy);
     req.stats_in = stats;
     fg_linear_outputs out;
-    memset(&out, 0, sizeof out);
-    if (grads) {
-        out.grad_hidden = grads->grad_hidden;
-        out.grad_weight = grads->grad_weight;
-        out.grad_bias = grads->grad_bias;
-        out.accumulate = grads->accumulate;
-    }
-    return linear_execute(ctx, opts, &req, in, grads ? &out : NULL, exec);
+    return linear_execute(ctx, opts, &req, in, grads_as_outputs(grads, &out), exec);
 }

@@ -24,16 +24,25 @@ static fg_status check(fg_call *call, const fg_tokens *tokens, const float *stat
     return fg_validate_shard_stats(call->err, stats, tokens->batch * tokens->seq_len);
 }
 
-fg_status fg_shard_stats_rescale(fg_context *ctx, const fg_tokens *tokens, float *stats)
+/* The call's start, the checks; on failure the call is ended (its status). */
+static fg_status begin(fg_context *ctx, fg_call *call, const fg_tokens *tokens, const float *stats)
 {
     if (!ctx)
         return FG_ERR_NULL_ARGUMENT;
-    fg_call call;
-    fg_status st = fg_call_begin(ctx, NULL, &call);
+    fg_status st = fg_call_begin(ctx, NULL, call);
     if (st != FG_OK)
         return st;
-    if ((st = check(&call, tokens, stats)) != FG_OK)
-        return fg_call_end(&call, st);
+    if ((st = check(call, tokens, stats)) != FG_OK)
+        return fg_call_end(call, st);
+    return FG_OK;
+}
+
+fg_status fg_shard_stats_rescale(fg_context *ctx, const fg_tokens *tokens, float *stats)
+{
+    fg_call call;
+    const fg_status st = begin(ctx, &call, tokens, stats);
+    if (st != FG_OK)
+        return st;
     const int64_t N = tokens->batch * tokens->seq_len;
     for (int64_t n = 0; n < N; n++)
         fg_shard_encode(stats, N, n); /* masked tokens: -inf maxima, zero limbs */
@@ -43,14 +52,10 @@ fg_status fg_shard_stats_rescale(fg_context *ctx, const fg_tokens *tokens, float
 fg_status fg_shard_stats_finish(fg_context *ctx, const fg_tokens *tokens, float *stats,
                                 float *logp, float *entropy)
 {
-    if (!ctx)
-        return FG_ERR_NULL_ARGUMENT;
     fg_call call;
-    fg_status st = fg_call_begin(ctx, NULL, &call);
+    const fg_status st = begin(ctx, &call, tokens, stats);
     if (st != FG_OK)
         return st;
-    if ((st = check(&call, tokens, stats)) != FG_OK)
-        return fg_call_end(&call, st);
     const int64_t N = tokens->batch * tokens->seq_len;
     /* Every token is checked before any output is written. */
     for (int64_t n = 0; n < N; n++) {

@@ -92,26 +92,6 @@ static int reduce_sum(shard *sh, int P, int64_t N)
     return same;
 }
 
-static double rel_l2(const float *a, const double *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static double rel_l2f(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 typedef struct tcase {
     const char *name;
     fg_dtype dtype;
@@ -221,10 +201,11 @@ static void run_case(fg_context *ctx, const tcase *tc, uint64_t seed)
         }
     CHECK(e_loss1 <= 1e-5, "%s: loss %.9g vs one process %.9g", tc->name, lo[0].loss, one.out.loss);
     CHECK(e_lp1 <= 1e-5, "%s: logp vs one process %.2e", tc->name, e_lp1);
-    CHECK(rel_l2f(gh, one.grad_hidden, N * H) <= 1e-4 && rel_l2f(gw, one.grad_weight, V * H) <= 1e-4 &&
-              (!tc->bias || rel_l2f(gb, one.grad_bias, V) <= 1e-4),
+    CHECK(tu_rel_l2f(gh, one.grad_hidden, N * H) <= 1e-4 &&
+              tu_rel_l2f(gw, one.grad_weight, V * H) <= 1e-4 &&
+              (!tc->bias || tu_rel_l2f(gb, one.grad_bias, V) <= 1e-4),
           "%s: gradients vs one process: hidden %.2e weight %.2e", tc->name,
-          rel_l2f(gh, one.grad_hidden, N * H), rel_l2f(gw, one.grad_weight, V * H));
+          tu_rel_l2f(gh, one.grad_hidden, N * H), tu_rel_l2f(gw, one.grad_weight, V * H));
 
     /* The oracle. */
     fg_oracle_result ora;
@@ -245,9 +226,9 @@ static void run_case(fg_context *ctx, const tcase *tc, uint64_t seed)
         fg_linear_plan_info pi;
         memset(&pi, 0, sizeof pi);
         fg_linear_grpo_plan(ctx, NULL, &cfg, &in1, batch, &one.out, NULL, &pi);
-        const double errs[3] = {rel_l2(gh, ora.grad_hidden, N * H),
-                                rel_l2(gw, ora.grad_weight, V * H),
-                                tc->bias ? rel_l2(gb, ora.grad_bias, V) : 0};
+        const double errs[3] = {tu_rel_l2(gh, FG_DTYPE_F32, N, H, H, ora.grad_hidden),
+                                tu_rel_l2(gw, FG_DTYPE_F32, V, H, H, ora.grad_weight),
+                                tc->bias ? tu_rel_l2(gb, FG_DTYPE_F32, 1, V, V, ora.grad_bias) : 0};
         const double e = fmax(errs[0], fmax(errs[1], errs[2]));
         if (pi.gemm_dtype == FG_DTYPE_BF16)
             TOL_CHECK("phases grads (bf16 GEMMs)", e, TOL_GRAD_BF16_GEMM, "%s", tc->name);

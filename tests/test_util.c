@@ -571,3 +571,13 @@ int tu_bf16_gemms_native(void)
     answer = plan.gemm_dtype == FG_DTYPE_BF16;
     return answer;
 }
+
+double tu_rel_l2f(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}

@@ -129,6 +129,8 @@ double tu_rel_err(double a, double b, double floor);
  * against a contiguous double b. When ||b|| == 0, returns ||a||. */
 double tu_rel_l2(const void *a, fg_dtype dt, int64_t rows, int64_t cols, int64_t lda,
                  const double *b);
+/* ||a - b||_2 / ||b||_2 over n floats (||a - b||_2 when b is 0). */
+double tu_rel_l2f(const float *a, const float *b, int64_t n);
 /* max over i of |a_i - b_i| / max(|b_i|, floor), only where mask (may be NULL) is set. */
 double tu_max_rel(const float *a, const double *b, int64_t n, const uint8_t *mask,
                   double floor);

@@ -89,16 +89,6 @@ static fg_batch part_batch(const fg_batch *whole, const part *q, int64_t T)
     return b;
 }
 
-static double rel_l2(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* SUM over comm of buffers that are zero outside each rank's part. */
 static void assemble(float *x, int64_t n, MPI_Comm comm)
 {
@@ -226,9 +216,9 @@ static void run_case(const tcase *tc, uint64_t seed)
         if (whole->mask[i])
             e_lp = fmax(e_lp, fabs((double)sh.logp[i] - one.logp[i]) / fmax(fabs(one.logp[i]), 1e-6));
     const double e_loss = tu_rel_err(loss, one.out.loss, 1e-6);
-    const double e_gh = rel_l2(sh.grad_hidden, one.grad_hidden, N * H);
-    const double e_gw = rel_l2(sh.grad_weight, one.grad_weight, V * H);
-    const double e_gb = tc->bias ? rel_l2(sh.grad_bias, one.grad_bias, V) : 0;
+    const double e_gh = tu_rel_l2f(sh.grad_hidden, one.grad_hidden, N * H);
+    const double e_gw = tu_rel_l2f(sh.grad_weight, one.grad_weight, V * H);
+    const double e_gb = tc->bias ? tu_rel_l2f(sh.grad_bias, one.grad_bias, V) : 0;
     CHECK(e_loss <= 1e-5, "%s: loss %.9g vs one process %.9g", tc->name, loss, one.out.loss);
     CHECK(e_lp <= 1e-5, "%s: logp rel %.2e", tc->name, e_lp);
     CHECK(e_gh <= 1e-4 && e_gw <= 1e-4 && e_gb <= 1e-4, "%s: grads rel %.2e %.2e %.2e", tc->name,
