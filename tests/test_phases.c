@@ -201,9 +201,13 @@ static void run_case(fg_context *ctx, const tcase *tc, uint64_t seed)
         }
     CHECK(e_loss1 <= 1e-5, "%s: loss %.9g vs one process %.9g", tc->name, lo[0].loss, one.out.loss);
     CHECK(e_lp1 <= 1e-5, "%s: logp vs one process %.2e", tc->name, e_lp1);
-    CHECK(tu_rel_l2f(gh, one.grad_hidden, N * H) <= 1e-4 &&
-              tu_rel_l2f(gw, one.grad_weight, V * H) <= 1e-4 &&
-              (!tc->bias || tu_rel_l2f(gb, one.grad_bias, V) <= 1e-4),
+    fg_linear_plan_info pi; /* bf16 GEMM kernels: dlogits rounded to bf16 (test_mpi.c) */
+    memset(&pi, 0, sizeof pi);
+    fg_linear_grpo_plan(ctx, NULL, &cfg, &in1, batch, &one.out, NULL, &pi);
+    const double tol_one = pi.gemm_dtype == FG_DTYPE_BF16 ? 2e-2 : 1e-4;
+    CHECK(tu_rel_l2f(gh, one.grad_hidden, N * H) <= tol_one &&
+              tu_rel_l2f(gw, one.grad_weight, V * H) <= tol_one &&
+              (!tc->bias || tu_rel_l2f(gb, one.grad_bias, V) <= tol_one),
           "%s: gradients vs one process: hidden %.2e weight %.2e", tc->name,
           tu_rel_l2f(gh, one.grad_hidden, N * H), tu_rel_l2f(gw, one.grad_weight, V * H));
 
@@ -223,9 +227,6 @@ static void run_case(fg_context *ctx, const tcase *tc, uint64_t seed)
             }
         TOL_CHECK("phases logp", e_lp, TOL_LOGP, "%s", tc->name);
         TOL_CHECK("phases entropy", e_ent, TOL_ENTROPY, "%s", tc->name);
-        fg_linear_plan_info pi;
-        memset(&pi, 0, sizeof pi);
-        fg_linear_grpo_plan(ctx, NULL, &cfg, &in1, batch, &one.out, NULL, &pi);
         const double errs[3] = {tu_rel_l2(gh, FG_DTYPE_F32, N, H, H, ora.grad_hidden),
                                 tu_rel_l2(gw, FG_DTYPE_F32, V, H, H, ora.grad_weight),
                                 tc->bias ? tu_rel_l2(gb, FG_DTYPE_F32, 1, V, V, ora.grad_bias) : 0};

@@ -221,8 +221,16 @@ static void run_case(const tcase *tc, uint64_t seed)
     const double e_gb = tc->bias ? tu_rel_l2f(sh.grad_bias, one.grad_bias, V) : 0;
     CHECK(e_loss <= 1e-5, "%s: loss %.9g vs one process %.9g", tc->name, loss, one.out.loss);
     CHECK(e_lp <= 1e-5, "%s: logp rel %.2e", tc->name, e_lp);
-    CHECK(e_gh <= 1e-4 && e_gw <= 1e-4 && e_gb <= 1e-4, "%s: grads rel %.2e %.2e %.2e", tc->name,
-          e_gh, e_gw, e_gb);
+    /* Where the CPU multiplies bf16 natively, dlogits are rounded to bf16 before
+     * GEMMs 2 and 3, and a statistic that differs in its last float bit between
+     * the sharded and the single merge can move a rounding: not 1e-4 then
+     * (unmeasured: no such CPU here; the bound of test_phases for that case). */
+    fg_linear_plan_info pi;
+    memset(&pi, 0, sizeof pi);
+    fg_linear_grpo_plan(one_ctx, NULL, &cfg, &in1, whole, &one.out, NULL, &pi);
+    const double tol_grad = pi.gemm_dtype == FG_DTYPE_BF16 ? 2e-2 : 1e-4;
+    CHECK(e_gh <= tol_grad && e_gw <= tol_grad && e_gb <= tol_grad,
+          "%s: grads rel %.2e %.2e %.2e (bound %.0e)", tc->name, e_gh, e_gw, e_gb, tol_grad);
     if (grid.rank == 0)
         printf("%-28s %dx%d: loss %.9f (one process %.9f) rel: loss %.1e logp %.1e grad_hidden "
                "%.1e grad_weight %.1e grad_bias %.1e\n",
