@@ -492,10 +492,15 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         self.filter_eps = _lib.filter_eps_value(filter_eps)  # checked by the library per call
         self.return_metrics_dict = return_metrics_dict
 
+    def _loss_fn(self, *args, **kwargs):
+        """The functional loss this module calls (fusedgrpo.torch_distributed's
+        module puts its vocab-parallel one here)."""
+        return fused_linear_grpo_loss(*args, **kwargs)
+
     def _ref_logps(self, ref_input, ref_weight, ref_bias, selected_token_ids, attention_mask,
                    advantages):
         with torch.no_grad():
-            _, _, logp, _ = fused_linear_grpo_loss(
+            _, _, logp, _ = self._loss_fn(
                 ref_input.detach(), ref_weight.detach(), selected_token_ids, attention_mask,
                 advantages, None if ref_bias is None else ref_bias.detach(),
                 temperature=self.temperature, impl=self.impl, threads=self.threads,
@@ -531,7 +536,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
             max_len = None  # the spec's default (T); Liger asserts instead
         else:
             max_len = self.max_completion_length
-        loss, metrics, _, _ = fused_linear_grpo_loss(
+        loss, metrics, _, _ = self._loss_fn(
             _input, lin_weight, selected_token_ids, attention_mask, advantages, bias,
             old_per_token_logps, ref, vllm_is_ratio, beta=beta_eff,
             epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, delta=self.delta,

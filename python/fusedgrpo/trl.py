@@ -36,6 +36,18 @@ except ImportError as e:  # pragma: no cover - the module is useless without TRL
 
 from .torch import fused_linear_grpo_loss, linear_logprobs
 
+
+def _on_every_rank(fn, *args, **kwargs):
+    """A fusedgrpo call; under DDP (more than one process) with one status
+    all_reduce after it, so that a rank whose call fails (a bad token id, NaN)
+    makes every rank raise instead of leaving them in DDP's gradient allreduce
+    (fusedgrpo.torch_distributed.agreed)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        from .torch_distributed import agreed
+        return agreed(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
+
 __all__ = ["FusedGRPOTrainer", "add_fusedgrpo_lm_head"]
 
 # Loss types whose policy term TRL divides by the accumulation steps; the
@@ -108,8 +120,8 @@ def add_fusedgrpo_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32:
         ctx = torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 \
             else nullcontext()
         with ctx:
-            logp, ent = linear_logprobs(hidden, weight, labels.clamp(min=0), mask, bias,
-                                        temperature=temperature, return_entropy=True)
+            logp, ent = _on_every_rank(linear_logprobs, hidden, weight, labels.clamp(min=0),
+                                       mask, bias, temperature=temperature, return_entropy=True)
         loss = -logp.sum() / mask.sum().clamp(min=1)
         return FusedCausalLMOutput(loss=loss, log_probs=logp, entropy=ent, label_mask=mask)
 
@@ -210,8 +222,8 @@ class FusedGRPOTrainer(GRPOTrainer):
         cfg, scale = self._loss_config(inputs, mode)
         ctx = torch.autocast(hidden.device.type, enabled=False)
         with ctx:
-            loss, metrics, logp, entropies = fused_linear_grpo_loss(
-                hidden, weight, completion_ids, mask, advantages, bias,
+            loss, metrics, logp, entropies = _on_every_rank(
+                fused_linear_grpo_loss, hidden, weight, completion_ids, mask, advantages, bias,
                 inputs.get("old_per_token_logps"),
                 inputs.get("ref_per_token_logps") if self.beta != 0.0 else None, is_ratio,
                 inputs.get("sampling_per_token_logps") if self.off_policy_mask_threshold is not None

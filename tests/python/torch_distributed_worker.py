@@ -5,11 +5,12 @@
 Joins a gloo group on tcp://127.0.0.1:PORT, runs every job of JOBS_FILE (a
 torch.save'd list, the same on every rank, run in order) on its share of the
 job's problem, and saves {job name: result} to OUT_DIR/rank<RANK>.pt. A job:
-  name, kind ("loss" | "module" | "logprobs"), problem (the whole batch and
+  name, kind ("loss" | "module" | "logprobs" | "agreed"), problem (the whole batch and
   head), vocab_shards (the rest of the world splits the batch, DDP averaging
   the gradients over the data group), options (the loss's), and optionally
-  break_rank / break_what ("token", "nan", "beta", "shape": what that rank
-  gets wrong) and masked_data_row (a data row whose sequences are all masked).
+  break_rank / break_what ("token", "nan", "beta", "shape", "advantages",
+  "nan_grad_logp": what that rank gets wrong) and masked_data_row (a data row
+  whose sequences are all masked).
 A result holds the rank's outputs and gradients, or the FusedGRPOError it
 raised (status, message, seconds from the call to the raise).
 """
@@ -84,61 +85,92 @@ def break_input(job, p, options):
         p["hidden"][b, t, 5] = float("nan")
     elif what == "beta":
         options["beta"] = options.get("beta", 0.0) + 0.01
+    elif what == "nan_grad_logp":  # (d) fails on that rank alone
+        p["c_logp"][b, t] = float("nan")
+    elif what == "advantages":
+        p["advantages"][0] += 0.5
     elif what == "shape":
         for k in ("hidden", "token_ids", "mask", "old_logp", "ref_logp"):
             p[k] = p[k][:, :-1].contiguous()
 
 
-def run_loss(job, p, shard, options, grid):
+# Each kind's setup (leaves, modules, DDP: not timed) returns the step itself.
+
+def loss_step(p, shard, options, grid):
     h = p["hidden"].clone().requires_grad_()
     head = Head(p["weight"].clone(), None if p.get("bias") is None else p["bias"].clone(),
                 **shard)
     model = head
     if grid.data_shards > 1:
         model = torch.nn.parallel.DistributedDataParallel(head, process_group=grid.data_group)
-    loss, metrics, logp, ent = model(h, p["token_ids"], p["mask"], p["advantages"],
-                                     p.get("old_logp"), p.get("ref_logp"), options)
-    loss.backward()
-    return dict(loss=loss.detach(), metrics={k: v.detach() for k, v in metrics.items()},
-                logp=logp, entropy=ent, grad_hidden=h.grad, grad_weight=head.weight.grad,
-                grad_bias=None if head.bias is None else head.bias.grad)
+
+    def step():
+        loss, metrics, logp, ent = model(h, p["token_ids"], p["mask"], p["advantages"],
+                                         p.get("old_logp"), p.get("ref_logp"), options)
+        loss.backward()
+        return dict(loss=loss.detach(), metrics={k: v.detach() for k, v in metrics.items()},
+                    logp=logp, entropy=ent, grad_hidden=h.grad, grad_weight=head.weight.grad,
+                    grad_bias=None if head.bias is None else head.bias.grad)
+    return step
 
 
-def run_module(job, p, shard, options, grid):
+def module_step(p, shard, options, grid):
     """FusedLinearGRPOLoss (Liger's signature) on the vocab-sharded head."""
-    h = p["hidden"].clone().requires_grad_()
-    w = p["weight"].clone().requires_grad_()
-    b = p["bias"].clone().requires_grad_()
+    h, w, b = leaves(p)
     mod = fgd.FusedLinearGRPOLoss(return_metrics_dict=True, **options, **shard)
-    loss, metrics = mod(h, w, p["token_ids"], p["mask"].long(), p["advantages"], b,
-                        ref_per_token_logps=p["ref_logp"], old_per_token_logps=p["old_logp"])
-    loss.backward()
-    return dict(loss=loss.detach(), metrics={k: v.detach() for k, v in metrics.items()},
-                grad_hidden=h.grad, grad_weight=w.grad, grad_bias=b.grad)
+
+    def step():
+        loss, metrics = mod(h, w, p["token_ids"], p["mask"].long(), p["advantages"], b,
+                            ref_per_token_logps=p["ref_logp"],
+                            old_per_token_logps=p["old_logp"])
+        loss.backward()
+        return dict(loss=loss.detach(), metrics={k: v.detach() for k, v in metrics.items()},
+                    grad_hidden=h.grad, grad_weight=w.grad, grad_bias=b.grad)
+    return step
 
 
-def run_logprobs(job, p, shard, options, grid):
+def logprobs_step(p, shard, options, grid):
     """linear_logprobs and the backward of a fixed linear loss of logp and entropy."""
-    h = p["hidden"].clone().requires_grad_()
-    w = p["weight"].clone().requires_grad_()
-    b = p["bias"].clone().requires_grad_()
-    logp, ent = fgd.linear_logprobs(h, w, p["token_ids"], p["mask"], b, return_entropy=True,
-                                    **shard, **options)
-    ((logp * p["c_logp"]).sum() + (ent * p["c_entropy"]).sum()).backward()
-    return dict(logp=logp.detach(), entropy=ent.detach(), grad_hidden=h.grad,
-                grad_weight=w.grad, grad_bias=b.grad)
+    h, w, b = leaves(p)
+
+    def step():
+        logp, ent = fgd.linear_logprobs(h, w, p["token_ids"], p["mask"], b,
+                                        return_entropy=True, **shard, **options)
+        ((logp * p["c_logp"]).sum() + (ent * p["c_entropy"]).sum()).backward()
+        return dict(logp=logp.detach(), entropy=ent.detach(), grad_hidden=h.grad,
+                    grad_weight=w.grad, grad_bias=b.grad)
+    return step
 
 
-RUNS = {"loss": run_loss, "module": run_module, "logprobs": run_logprobs}
+def agreed_step(p, shard, options, grid):
+    """The single-process op on the whole head (data parallel, as
+    FusedGRPOTrainer under DDP runs it) through fgd.agreed."""
+    import fusedgrpo.torch as fgt
+
+    def step():
+        loss, metrics, logp, ent = fgd.agreed(
+            fgt.fused_linear_grpo_loss, p["hidden"], p["weight"], p["token_ids"], p["mask"],
+            p["advantages"], p.get("bias"), p.get("old_logp"), p.get("ref_logp"), **options)
+        return dict(loss=loss.detach(), logp=logp, entropy=ent)
+    return step
+
+
+def leaves(p):
+    return tuple(p[k].clone().requires_grad_() for k in ("hidden", "weight", "bias"))
+
+
+STEPS = {"loss": loss_step, "module": module_step, "logprobs": logprobs_step,
+         "agreed": agreed_step}
 
 
 def run_job(job, grid):
     p, shard, options = local_problem(job, grid)
     if job.get("break_rank") == dist.get_rank():
         break_input(job, p, options)
+    step = STEPS[job["kind"]](p, shard, options, grid)
     t0 = time.monotonic()
     try:
-        out = RUNS[job["kind"]](job, p, shard, options, grid)
+        out = step()
     except FusedGRPOError as e:
         return dict(status=e.status, message=str(e), seconds=time.monotonic() - t0)
     out["vocab_rank"], out["data_rank"] = grid.vocab_rank, grid.data_rank
