@@ -2,7 +2,8 @@
 # package. Included from the `if(SKBUILD)` block of the top-level
 # CMakeLists.txt; installs fusedgrpo/libfusedgrpo_jax_ffi.so (component
 # fusedgrpo_python) next to libfusedgrpo.so.0, which it links with an $ORIGIN
-# rpath. fusedgrpo/jax.py loads it with ctypes and registers it with
+# rpath. fusedgrpo/jax.py loads it with ctypes and registers its handlers (the
+# one-call loss and the phases of a vocab-sharded call) with
 # jax.ffi.register_ffi_target.
 #
 # FG_JAX_FFI = AUTO (default): build it when jaxlib's FFI headers are found,

@@ -1,40 +1,55 @@
-// XLA FFI handler (CPU) for fusedgrpo: a thin C++ shim over the C library.
+// XLA FFI handlers (CPU) for fusedgrpo: thin C++ shims over the C library.
 //
 // Built with the Python package (python/jax_ffi.cmake, when jax is present at
 // build time) against the headers of jax.ffi.include_dir() and
 // include/fusedgrpo.h into fusedgrpo/libfusedgrpo_jax_ffi.so, linked to the
 // package's libfusedgrpo.so.0 ($ORIGIN rpath). fusedgrpo/jax.py loads it and
-// registers it as the custom-call target "fusedgrpo_linear_grpo" (api_version 4
-// / typed FFI).
+// registers each handler below as a custom-call target (api_version 4 / typed
+// FFI). Each handler is one local C call; the reductions between the phases
+// of a vocab-sharded call are jax.py's (lax.pmax / lax.psum under shard_map),
+// so they run wherever XLA's collectives run, across processes too.
 //
-// Operands (optional ones are zero-sized when absent):
-//   hidden [B,T,H] f32|bf16, weight [V,H] (same dtype), bias [V] | [0],
-//   token_ids [B,T] s32|s64, mask [B,T] u8|pred, advantages [B] f32,
-//   old_logp [B,T] | [0], ref_logp [B,T] | [0], is_ratio [B,T] | [B] | [0] f32,
-//   scalars f32[2] = (num_items_in_batch (< 0: default), entropy_coef)
-//     (runtime values, so the sharded wrapper can feed global normalizers)
-// Results (f32): loss [], metrics [10] (METRIC_NAMES), logp [B,T], entropy [B,T],
-//   grad_hidden [B,T,H] | [0], grad_weight [V,H] | [0], grad_bias [V] | [0]: f32, or
-//   bf16 for bf16 inputs (grad_weight where the CPU has bf16 GEMM kernels).
-//   shard s32[2] = (vocab rank, group id) (runtime: lax.axis_index under shard_map)
-// Attributes: loss_type, level, impl (strings); beta, epsilon_low, epsilon_high,
-//   delta, temperature, sapo_temperature_pos, sapo_temperature_neg (f64);
-//   max_completion_length, use_bias_correction_kl, threads, memory_budget,
-//   vocab_shards, vocab_total (s64); filter_eps (f64: fg_linear_options.filter_eps,
-//   -1 auto). threads (<= 0: OpenMP's default) and
-//   memory_budget (bytes, 0: the library's default) go into the call's fg_exec.
+//   fusedgrpo_linear_grpo      fg_linear_grpo: loss, metrics, logp, entropy, gradients
+//   fusedgrpo_shard_stats      (a) fg_linear_shard_stats
+//   fusedgrpo_shard_rescale    (b) fg_shard_stats_rescale
+//   fusedgrpo_shard_finish         fg_shard_stats_finish: logp, entropy
+//   fusedgrpo_loss_from_logp   (c) fg_grpo_loss_from_logp
+//   fusedgrpo_shard_backward   (d) fg_linear_shard_backward
+//   fusedgrpo_check            raises the status the shards agreed on
 //
-// Vocab sharding (vocab_shards > 1): weight holds rows [rank*V, rank*V + V) of
-// vocab_total; the library's communicator hook is served in-process: the
-// vocab_shards calls of one group (XLA runs one per host device, on its own
-// thread) meet at a barrier and every rank reduces all ranks' buffers in rank
-// order (identical bits everywhere). A barrier that waits longer than
-// $FUSEDGRPO_COMM_TIMEOUT seconds (default 300) fails the call instead of hanging.
-#include <chrono>
-#include <condition_variable>
+// Operands (optional ones are zero-sized when absent; see each binding):
+//   hidden [B,T,H] f32|bf16, weight [Vb,H] (same dtype), bias [Vb] | [0],
+//   token_ids [B,T] s32|s64, mask [B,T] u8|pred|s8, advantages [B] f32,
+//   old_logp / ref_logp [B,T] | [0], is_ratio [B,T] | [B] | [0] f32,
+//   scalars f32[2] = (num_items_in_batch (< 0: default), entropy_coef): run-time
+//     values, so the sharded front end can feed global normalizers;
+//   shard s32[4] = (vocab_start, rows, key, devices) | [0]: the weight's first `rows`
+//     rows are vocab rows [vocab_start, vocab_start + rows) of vocab_total (the
+//     rest is padding that never enters a call; its gradient rows are 0); key
+//     names the shard on its mesh of `devices` (see Errors). [0]: every row,
+//     unsharded.
+//   stats f32[FG_SHARD_STATS_FLOATS(B*T)]; status f32[] (a fg_status as a float).
+// Attributes: a dictionary per call, the names jax.py gives (_loss_attrs,
+// _head_attrs): the loss config (loss_type, level: strings; beta, epsilon_low,
+// epsilon_high, delta, temperature, sapo_temperature_pos/neg: f64;
+// max_completion_length, use_bias_correction_kl: s64), the head (impl; filter_eps
+// f64; vocab_total s64) and the call's fg_exec (threads, memory_budget: s64).
+//
+// Errors. fusedgrpo_linear_grpo called plainly (soft_fail = 0, one device)
+// returns the library's failure as an FFI error: jax raises JaxRuntimeError
+// "fusedgrpo: FG_ERR_...: <message>". Under shard_map no shard may raise on its
+// own: the others would wait for it in the next collective (across processes,
+// until a transport timeout). So there every handler fails softly: it writes its
+// status into its status output (for (a), the stats' status slot, which the MAX
+// spreads over the vocab shards, fusedgrpo.h), zeros into its other outputs,
+// and keeps the library's message under the shard's key. Later phases pass a
+// failed status on without working. jax.py MAX-reduces the status over the
+// whole mesh after the call's last collective and fusedgrpo_check then raises
+// it on every shard, with this shard's own message if the failure was its own.
+#include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <string>
@@ -46,346 +61,663 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using Buf = ffi::AnyBuffer;
+using Out = ffi::Result<ffi::AnyBuffer>;
 
 namespace {
-
-// ------------------------------------------------------------ in-process comm
-
-struct Group {
-    std::mutex mu;
-    std::condition_variable cv;
-    int size = 0;
-    int arrived = 0;
-    uint64_t generation = 0;
-    bool broken = false;
-    std::vector<float *> bufs;
-    std::vector<int64_t> counts;
-};
-
-std::mutex g_groups_mu;
-std::map<std::pair<int64_t, int>, Group *> g_groups;  // (group id, size) -> group
-
-Group *GetGroup(int64_t id, int size) {
-    std::lock_guard<std::mutex> lock(g_groups_mu);
-    Group *&g = g_groups[{id, size}];
-    if (!g) {
-        g = new Group();  // lives as long as the process
-        g->size = size;
-        g->bufs.assign(size, nullptr);
-        g->counts.assign(size, 0);
-    }
-    return g;
-}
-
-double CommTimeout() {
-    const char *e = std::getenv("FUSEDGRPO_COMM_TIMEOUT");
-    double t = e ? std::atof(e) : 0.0;
-    return t > 0 ? t : 300.0;
-}
-
-// Generation barrier; false on timeout (the group is then marked broken).
-bool Barrier(Group *g) {
-    std::unique_lock<std::mutex> lock(g->mu);
-    if (g->broken)
-        return false;
-    const uint64_t gen = g->generation;
-    if (++g->arrived == g->size) {
-        g->arrived = 0;
-        g->generation++;
-        g->cv.notify_all();
-        return true;
-    }
-    auto deadline = std::chrono::steady_clock::now() +
-                    std::chrono::milliseconds((int64_t)(CommTimeout() * 1000));
-    while (g->generation == gen && !g->broken) {
-        if (g->cv.wait_until(lock, deadline) == std::cv_status::timeout && g->generation == gen) {
-            g->broken = true;
-            g->cv.notify_all();
-            return false;
-        }
-    }
-    return !g->broken;
-}
-
-struct CommSlot {
-    Group *group = nullptr;
-    int rank = 0;
-};
-
-int InProcessAllreduce(void *user, float *buf, int64_t count, fg_reduce_op op) {
-    CommSlot *slot = static_cast<CommSlot *>(user);
-    Group *g = slot->group;
-    if (!g)
-        return 1;
-    g->bufs[slot->rank] = buf;
-    g->counts[slot->rank] = count;
-    if (!Barrier(g))
-        return 1;
-    int bad = 0;
-    for (int r = 0; r < g->size; r++)
-        bad |= g->counts[r] != count;
-    std::vector<float> tmp(bad ? 0 : (size_t)count);
-    if (!bad)
-        for (int64_t i = 0; i < count; i++) {
-            float acc = g->bufs[0][i];
-            for (int r = 1; r < g->size; r++) {
-                float v = g->bufs[r][i];
-                acc = op == FG_REDUCE_MAX ? (v > acc ? v : acc) : acc + v;
-            }
-            tmp[i] = acc;
-        }
-    if (!Barrier(g))  // everyone has read everyone
-        return 1;
-    if (!bad)
-        std::memcpy(buf, tmp.data(), (size_t)count * sizeof(float));
-    if (!Barrier(g))  // nobody reuses bufs[] before all have copied
-        return 1;
-    return bad;
-}
 
 // ------------------------------------------------------------ call totals
 
 std::mutex g_totals_mutex;
 double g_totals[3];
 
-void AddCallTotals(double call_seconds, double gemm_seconds) {
+void AddCallTotals(const fg_context *ctx) {
+    fg_memory_stats ms;
+    if (fg_get_memory_stats(ctx, &ms) != FG_OK)
+        return;
     std::lock_guard<std::mutex> lock(g_totals_mutex);
     g_totals[0] += 1;
-    g_totals[1] += call_seconds;
-    g_totals[2] += gemm_seconds;
+    g_totals[1] += ms.call_seconds;
+    g_totals[2] += ms.gemm_seconds;
 }
 
 // ------------------------------------------------------------ context pool
 
-// XLA may run the custom call on several threads at once (one per host
-// device); a context serves one at a time, so calls take one from a pool and
-// put it back. Threads and budget are per call (fg_exec), so the only split is
-// whether the context carries the in-process communicator: a sharded context
-// owns the CommSlot its communicator points to.
-struct PoolEntry {
-    fg_context *ctx = nullptr;
-    CommSlot *slot = nullptr;
-};
+// XLA may run custom calls on several threads at once (one per host device);
+// a context serves one at a time, so calls take one from a pool and put it
+// back. Threads and budget are per call (fg_exec): any context serves any call.
 std::mutex g_pool_mu;
-std::vector<PoolEntry> g_pool[2];  // [sharded]
+std::vector<fg_context *> g_pool;
 
 struct PooledContext {
-    bool sharded;
-    PoolEntry e;
+    fg_context *ctx = nullptr;
     fg_status status = FG_OK;
-    explicit PooledContext(bool is_sharded) : sharded(is_sharded) {
+    PooledContext() {
         {
             std::lock_guard<std::mutex> lock(g_pool_mu);
-            auto &v = g_pool[sharded];
-            if (!v.empty()) {
-                e = v.back();
-                v.pop_back();
+            if (!g_pool.empty()) {
+                ctx = g_pool.back();
+                g_pool.pop_back();
                 return;
             }
         }
-        fg_context_options o;
-        fg_context_options_init(&o);
-        if (sharded) {
-            e.slot = new CommSlot();
-            o.comm.allreduce = InProcessAllreduce;
-            o.comm.user = e.slot;
-        }
-        status = fg_context_create(&o, &e.ctx);
+        status = fg_context_create(nullptr, &ctx);
     }
     ~PooledContext() {
-        if (!e.ctx)
+        if (!ctx)
             return;
-        if (e.slot)
-            e.slot->group = nullptr;
+        AddCallTotals(ctx);
         std::lock_guard<std::mutex> lock(g_pool_mu);
-        g_pool[sharded].push_back(e);
+        g_pool.push_back(ctx);
     }
+    PooledContext(const PooledContext &) = delete;
+    PooledContext &operator=(const PooledContext &) = delete;
 };
 
-ffi::Error Fail(fg_status st, const std::string &msg) {
-    std::string s = msg;
+// ------------------------------------------------------------ failures
+
+// A failed step: its status and message ("" while ok).
+struct Failure {
+    fg_status st = FG_OK;
+    std::string msg;
+    bool relayed = false;  // an earlier phase's failure (maybe another shard's), passed on
+    bool Set(fg_status s, std::string m) {  // false, so checks can `return f->Set(...)`
+        st = s;
+        msg = std::move(m);
+        return false;
+    }
+    bool SetFrom(fg_status s, const fg_context *ctx) { return Set(s, fg_last_error(ctx)); }
+    bool ok() const { return st == FG_OK; }
+};
+
+std::string Message(fg_status st, const std::string &msg) {
     const char *name = fg_status_name(st);
-    if (s.rfind(name, 0) != 0)
-        s = std::string(name) + ": " + s;
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "fusedgrpo: " + s);
+    std::string s = msg.rfind(name, 0) == 0 ? msg : std::string(name) + ": " + msg;
+    return "fusedgrpo: " + s;
 }
 
-const float *OptF32(const ffi::AnyBuffer &b) {
-    return b.element_count() ? static_cast<const float *>(b.untyped_data()) : nullptr;
+ffi::Error Raise(const Failure &f) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, Message(f.st, f.msg));
 }
 
-ffi::Error LinearGrpoImpl(ffi::AnyBuffer hidden, ffi::AnyBuffer weight, ffi::AnyBuffer bias,
-                          ffi::AnyBuffer token_ids, ffi::AnyBuffer mask,
-                          ffi::AnyBuffer advantages, ffi::AnyBuffer old_logp,
-                          ffi::AnyBuffer ref_logp, ffi::AnyBuffer is_ratio,
-                          ffi::AnyBuffer scalars, ffi::AnyBuffer shard,
-                          ffi::Result<ffi::AnyBuffer> loss,
-                          ffi::Result<ffi::AnyBuffer> metrics, ffi::Result<ffi::AnyBuffer> logp,
-                          ffi::Result<ffi::AnyBuffer> entropy,
-                          ffi::Result<ffi::AnyBuffer> grad_hidden,
-                          ffi::Result<ffi::AnyBuffer> grad_weight,
-                          ffi::Result<ffi::AnyBuffer> grad_bias, std::string_view loss_type,
-                          std::string_view level, std::string_view impl, double beta,
-                          double epsilon_low, double epsilon_high, double delta,
-                          double temperature, double sapo_temperature_pos,
-                          double sapo_temperature_neg, int64_t max_completion_length,
-                          int64_t use_bias_correction_kl, int64_t threads,
-                          int64_t memory_budget, int64_t vocab_shards,
-                          int64_t vocab_total, double filter_eps) {
+// A soft failure's message, by shard key, for fusedgrpo_check. Only the
+// first failure of a shard's call is kept (the later phases only pass it on);
+// phase (a) (or the one-call handler) starts the shard's call and forgets the
+// last one's. The check runs after every shard's first phase (it reads their
+// MAX-reduced status), so the records it sees are this call's.
+std::mutex g_fail_mu;
+std::map<int32_t, Failure> g_failures;
+
+void Forget(int32_t key) {
+    std::lock_guard<std::mutex> lock(g_fail_mu);
+    g_failures.erase(key);
+}
+
+void Remember(int32_t key, const Failure &f) {
+    std::lock_guard<std::mutex> lock(g_fail_mu);
+    g_failures.emplace(key, f);  // keeps an earlier one
+}
+
+// The failure behind `st` as this process knows it: the shard's own first, then
+// one of another shard of the mesh that this process holds, then the shard's
+// record of a failure passed on to it (ok: none here). *own: the shard's record.
+Failure Cause(int32_t key, int32_t devices, fg_status st, Failure *own) {
+    std::lock_guard<std::mutex> lock(g_fail_mu);
+    auto it = g_failures.find(key);
+    if (it != g_failures.end())
+        *own = it->second;
+    if (own->st == st && !own->relayed)
+        return *own;
+    for (const auto &kv : g_failures)
+        if (kv.first >= 0 && kv.first < devices && kv.second.st == st && !kv.second.relayed) {
+            Failure f = kv.second;
+            f.msg += " (on shard " + std::to_string(kv.first) + " of the mesh)";
+            return f;
+        }
+    return own->st == st ? *own : Failure();
+}
+
+void Zero(Out &b) { std::memset(b->untyped_data(), 0, b->size_bytes()); }
+
+float *F32(Out &b) { return static_cast<float *>(b->untyped_data()); }
+
+// Writes a soft failure: status output, zeroed results, the kept message.
+void SoftFail(const Failure &f, int32_t key, float *status, std::initializer_list<Out *> zero) {
+    for (Out *b : zero)
+        Zero(*b);
+    *status = (float)f.st;
+    Remember(key, f);
+}
+
+// A status that arrived as a float (a slot or an operand, after a MAX).
+fg_status StatusOf(float v) {
+    if (v >= 1.0f && v < (float)FG_STATUS_COUNT && v == std::floor(v))
+        return (fg_status)(int)v;
+    return v == 0.0f ? FG_OK : FG_ERR_COMMUNICATOR;
+}
+
+// ------------------------------------------------------------ operands
+
+template <typename T>
+bool GetAttr(const ffi::Dictionary &d, const char *name, T *out, Failure *f) {
+    auto v = d.get<T>(name);
+    if (v.has_error())
+        return f->Set(FG_ERR_UNSUPPORTED, std::string("attribute '") + name + "': " +
+                                              v.error().message());
+    *out = *v;
+    return true;
+}
+
+bool GetString(const ffi::Dictionary &d, const char *name, std::string *out, Failure *f) {
+    std::string_view s;
+    if (!GetAttr(d, name, &s, f))
+        return false;
+    *out = std::string(s);
+    return true;
+}
+
+struct Shard {
+    int64_t start = 0, rows = -1;  // rows < 0: every row of the weight
+    int32_t key = -1, devices = 0; // the shard's index on its mesh, the mesh's size
+};
+
+bool DecodeShard(const Buf &b, Shard *s, Failure *f) {
+    if (b.element_count() == 0)
+        return true;
+    if (b.element_type() != ffi::DataType::S32 || b.element_count() != 4)
+        return f->Set(FG_ERR_SHAPE_MISMATCH,
+                      "shard must be s32[4] (vocab_start, rows, key, devices)");
+    const int32_t *v = static_cast<const int32_t *>(b.untyped_data());
+    s->start = v[0];
+    s->rows = v[1];
+    s->key = v[2];
+    s->devices = v[3];
+    return true;
+}
+
+struct Tokens {
+    std::vector<int64_t> ids64;  // int32 ids widened for the C API
+    fg_tokens t{};
+};
+
+bool DecodeTokens(const Buf &ids, const Buf &mask, Tokens *tk, Failure *f) {
+    auto d = ids.dimensions();
+    if (d.size() != 2 || mask.element_count() != ids.element_count())
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "token_ids and mask must be [B,T]");
+    const int64_t N = d[0] * d[1];
+    tk->t.batch = d[0];
+    tk->t.seq_len = d[1];
+    if (ids.element_type() == ffi::DataType::S64) {
+        tk->t.token_ids = static_cast<const int64_t *>(ids.untyped_data());
+    } else if (ids.element_type() == ffi::DataType::S32) {
+        const int32_t *src = static_cast<const int32_t *>(ids.untyped_data());
+        tk->ids64.assign(src, src + N);
+        tk->t.token_ids = tk->ids64.data();
+    } else {
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "token_ids must be int32 or int64");
+    }
+    const auto mt = mask.element_type();
+    if (mt != ffi::DataType::U8 && mt != ffi::DataType::PRED && mt != ffi::DataType::S8)
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "mask must be uint8 or bool");
+    tk->t.mask = static_cast<const uint8_t *>(mask.untyped_data());
+    return true;
+}
+
+// The LM head: hidden, this shard's weight rows and bias, and its place in the vocabulary.
+struct Head {
+    fg_linear_inputs in{};
+    fg_dtype dt = FG_DTYPE_F32;
+    int64_t N = 0, H = 0, rows_buf = 0;  // rows_buf: the weight buffer's rows (>= in.weight.rows)
+};
+
+bool DecodeHead(const Buf &hidden, const Buf &weight, const Buf &bias, const Shard &sh,
+                int64_t vocab_total, Head *h, Failure *f) {
     auto hd = hidden.dimensions();
     auto wd = weight.dimensions();
     if (hd.size() != 3 || wd.size() != 2)
-        return Fail(FG_ERR_SHAPE_MISMATCH, "hidden must be [B,T,H] and weight [V,H]");
-    const int64_t B = hd[0], T = hd[1], H = hd[2], V = wd[0];
-    fg_dtype dt;
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "hidden must be [B,T,H] and weight [V,H]");
     if (hidden.element_type() == ffi::DataType::F32)
-        dt = FG_DTYPE_F32;
+        h->dt = FG_DTYPE_F32;
     else if (hidden.element_type() == ffi::DataType::BF16)
-        dt = FG_DTYPE_BF16;
+        h->dt = FG_DTYPE_BF16;
     else
-        return Fail(FG_ERR_UNSUPPORTED, "hidden must be float32 or bfloat16");
+        return f->Set(FG_ERR_UNSUPPORTED, "hidden must be float32 or bfloat16");
     if (weight.element_type() != hidden.element_type() ||
         (bias.element_count() && bias.element_type() != hidden.element_type()))
-        return Fail(FG_ERR_SHAPE_MISMATCH, "hidden, weight and bias must share one dtype");
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "hidden, weight and bias must share one dtype");
+    h->N = hd[0] * hd[1];
+    h->H = hd[2];
+    h->rows_buf = wd[0];
+    const int64_t rows = sh.rows < 0 ? wd[0] : sh.rows;
+    if (rows < 1 || rows > wd[0])
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "shard rows " + std::to_string(rows) +
+                                                 " outside [1, " + std::to_string(wd[0]) + "]");
+    h->in.hidden = fg_matrix_make(hidden.untyped_data(), h->dt, h->N, h->H);
+    h->in.weight = fg_matrix_make(weight.untyped_data(), h->dt, rows, h->H);
+    h->in.bias = fg_vector_make(bias.element_count() ? bias.untyped_data() : nullptr, h->dt, rows);
+    h->in.vocab_start = sh.start;
+    h->in.vocab_total = vocab_total;
+    return true;
+}
+
+// The call's fg_exec: threads (<= 0: OpenMP's default) and budget (0: the library's).
+bool DecodeExec(const ffi::Dictionary &a, fg_exec *ex, Failure *f) {
+    int64_t threads, budget;
+    if (!GetAttr(a, "threads", &threads, f) || !GetAttr(a, "memory_budget", &budget, f))
+        return false;
+    if (budget < 0)
+        return f->Set(FG_ERR_INVALID_SIZE, "memory_budget must be >= 0 bytes (0: the default)");
+    fg_exec_init(ex);
+    ex->threads = (int)threads;
+    ex->memory_budget = (size_t)budget;
+    return true;
+}
+
+bool DecodeHeadAttrs(const ffi::Dictionary &a, fg_linear_options *lo, fg_exec *ex,
+                     Failure *f) {
+    std::string impl;
+    double filter_eps;
+    if (!GetString(a, "impl", &impl, f) || !GetAttr(a, "filter_eps", &filter_eps, f))
+        return false;
+    *lo = {FG_IMPL_FUSED, 0, filter_eps};
+    if (impl == "materialized")
+        lo->impl = FG_IMPL_MATERIALIZED;
+    else if (impl != "fused")
+        return f->Set(FG_ERR_UNSUPPORTED, "unknown impl '" + impl + "'");
+    return DecodeExec(a, ex, f);
+}
+
+bool DecodeLossConfig(const ffi::Dictionary &a, const Buf &scalars, fg_loss_config *cfg,
+                      Failure *f) {
+    fg_loss_config_init(cfg);
+    std::string lt, lv;
+    int64_t bias_kl;
+    if (!GetString(a, "loss_type", &lt, f) || !GetString(a, "level", &lv, f) ||
+        !GetAttr(a, "beta", &cfg->beta, f) || !GetAttr(a, "epsilon_low", &cfg->epsilon_low, f) ||
+        !GetAttr(a, "epsilon_high", &cfg->epsilon_high, f) ||
+        !GetAttr(a, "delta", &cfg->delta, f) ||
+        !GetAttr(a, "temperature", &cfg->temperature, f) ||
+        !GetAttr(a, "sapo_temperature_pos", &cfg->sapo_temperature_pos, f) ||
+        !GetAttr(a, "sapo_temperature_neg", &cfg->sapo_temperature_neg, f) ||
+        !GetAttr(a, "max_completion_length", &cfg->max_completion_length, f) ||
+        !GetAttr(a, "use_bias_correction_kl", &bias_kl, f))
+        return false;
+    if (fg_loss_type_parse(lt.c_str(), &cfg->loss_type) != FG_OK)
+        return f->Set(FG_ERR_UNKNOWN_LOSS_TYPE, "unknown loss_type '" + lt + "'");
+    if (fg_is_level_parse(lv.c_str(), &cfg->importance_sampling_level) != FG_OK)
+        return f->Set(FG_ERR_UNKNOWN_LEVEL, "unknown importance_sampling_level '" + lv + "'");
+    cfg->use_bias_correction_kl = bias_kl != 0;
     if (scalars.element_type() != ffi::DataType::F32 || scalars.element_count() != 2)
-        return Fail(FG_ERR_SHAPE_MISMATCH, "scalars must be f32[2]");
-    const int64_t N = B * T;
-    if ((int64_t)token_ids.element_count() != N || (int64_t)mask.element_count() != N ||
-        (int64_t)advantages.element_count() != B)
-        return Fail(FG_ERR_SHAPE_MISMATCH, "token_ids/mask must be [B,T] and advantages [B]");
-    if (advantages.element_type() != ffi::DataType::F32)
-        return Fail(FG_ERR_SHAPE_MISMATCH, "advantages must be float32");
-
-    // token ids: int64 for the C API
-    std::vector<int64_t> tok64;
-    const int64_t *tok = nullptr;
-    if (token_ids.element_type() == ffi::DataType::S64) {
-        tok = static_cast<const int64_t *>(token_ids.untyped_data());
-    } else if (token_ids.element_type() == ffi::DataType::S32) {
-        const int32_t *src = static_cast<const int32_t *>(token_ids.untyped_data());
-        tok64.assign(src, src + N);
-        tok = tok64.data();
-    } else {
-        return Fail(FG_ERR_SHAPE_MISMATCH, "token_ids must be int32 or int64");
-    }
-    if (mask.element_type() != ffi::DataType::U8 && mask.element_type() != ffi::DataType::PRED &&
-        mask.element_type() != ffi::DataType::S8)
-        return Fail(FG_ERR_SHAPE_MISMATCH, "mask must be uint8 or bool");
-
-    fg_loss_config cfg;
-    fg_loss_config_init(&cfg);
-    std::string lt(loss_type), lv(level), im(impl);
-    if (fg_loss_type_parse(lt.c_str(), &cfg.loss_type) != FG_OK)
-        return Fail(FG_ERR_UNKNOWN_LOSS_TYPE, "unknown loss_type '" + lt + "'");
-    if (fg_is_level_parse(lv.c_str(), &cfg.importance_sampling_level) != FG_OK)
-        return Fail(FG_ERR_UNKNOWN_LEVEL, "unknown importance_sampling_level '" + lv + "'");
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "scalars must be f32[2]");
     const float *sc = static_cast<const float *>(scalars.untyped_data());
-    cfg.temperature = temperature;
-    cfg.epsilon_low = epsilon_low;
-    cfg.epsilon_high = epsilon_high;
-    cfg.delta = delta;
-    cfg.beta = beta;
-    cfg.max_completion_length = max_completion_length;
-    cfg.num_items_in_batch = sc[0];
-    cfg.sapo_temperature_pos = sapo_temperature_pos;
-    cfg.sapo_temperature_neg = sapo_temperature_neg;
-    cfg.use_bias_correction_kl = use_bias_correction_kl != 0;
-    cfg.entropy_coef = sc[1];
+    cfg->num_items_in_batch = sc[0];
+    cfg->entropy_coef = sc[1];
+    return true;
+}
 
-    fg_linear_options lo = {FG_IMPL_FUSED, 0, filter_eps};
-    if (im == "materialized")
-        lo.impl = FG_IMPL_MATERIALIZED;
-    else if (im != "fused")
-        return Fail(FG_ERR_UNSUPPORTED, "unknown impl '" + im + "'");
+const float *F32In(const Buf &b) { return static_cast<const float *>(b.untyped_data()); }
 
-    fg_linear_inputs in;
-    std::memset(&in, 0, sizeof in);
-    in.hidden = fg_matrix_make(hidden.untyped_data(), dt, N, H);
-    in.weight = fg_matrix_make(weight.untyped_data(), dt, V, H);
-    in.bias = fg_vector_make(bias.element_count() ? bias.untyped_data() : nullptr, dt, V);
-    int rank = 0;
-    int64_t group_id = 0;
-    const bool sharded = vocab_shards > 1;
-    if (sharded) {
-        if (shard.element_type() != ffi::DataType::S32 || shard.element_count() != 2)
-            return Fail(FG_ERR_SHAPE_MISMATCH, "shard must be s32[2] (rank, group)");
-        const int32_t *sh = static_cast<const int32_t *>(shard.untyped_data());
-        rank = sh[0];
-        group_id = sh[1];
-        if (rank < 0 || rank >= vocab_shards || vocab_total != vocab_shards * V)
-            return Fail(FG_ERR_SHAPE_MISMATCH, "vocab shard rank / sizes are inconsistent");
-        in.vocab_start = (int64_t)rank * V;
-        in.vocab_total = vocab_total;
+const float *OptF32(const Buf &b) {
+    return b.element_count() ? static_cast<const float *>(b.untyped_data()) : nullptr;
+}
+
+// The per-sequence side of a batch (the token side comes from Tokens).
+bool DecodeBatch(const Tokens &tk, const Buf &adv, const Buf &old_logp, const Buf &ref_logp,
+                 const Buf &is_ratio, fg_batch *bt, Failure *f) {
+    const int64_t B = tk.t.batch, N = B * tk.t.seq_len;
+    if ((int64_t)adv.element_count() != B || adv.element_type() != ffi::DataType::F32)
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "advantages must be float32 [B]");
+    std::memset(bt, 0, sizeof *bt);
+    bt->batch = B;
+    bt->seq_len = tk.t.seq_len;
+    bt->token_ids = tk.t.token_ids;
+    bt->mask = tk.t.mask;
+    bt->advantages = static_cast<const float *>(adv.untyped_data());
+    bt->old_logp = OptF32(old_logp);
+    bt->ref_logp = OptF32(ref_logp);
+    bt->is_ratio = OptF32(is_ratio);
+    const int64_t ni = (int64_t)is_ratio.element_count();
+    bt->is_ratio_per_sequence = ni == B && ni != N;
+    return true;
+}
+
+// Gradient views in the dtype JAX allocated them in (bf16 for bf16 inputs where
+// jax.py asks for it: no float32 copy to allocate and cast), over a shard's
+// `rows` used rows; the padding rows past them are zeroed.
+fg_dtype DtypeOf(Out &b) {
+    return b->element_type() == ffi::DataType::BF16 ? FG_DTYPE_BF16 : FG_DTYPE_F32;
+}
+
+void GradViews(const Head &h, Out &gh, Out &gw, Out &gb, fg_matrix *mh, fg_matrix *mw,
+               fg_vector *vb) {
+    const int64_t rows = h.in.weight.rows;
+    if (gh->element_count())
+        *mh = fg_matrix_make(gh->untyped_data(), DtypeOf(gh), h.N, h.H);
+    if (gw->element_count()) {
+        *mw = fg_matrix_make(gw->untyped_data(), DtypeOf(gw), rows, h.H);
+        const size_t row_bytes = gw->size_bytes() / (size_t)h.rows_buf;
+        std::memset(static_cast<char *>(gw->untyped_data()) + rows * row_bytes, 0,
+                    (size_t)(h.rows_buf - rows) * row_bytes);
     }
+    if (gb->element_count()) {
+        *vb = fg_vector_make(gb->untyped_data(), DtypeOf(gb), rows);
+        const size_t el = gb->size_bytes() / (size_t)h.rows_buf;
+        std::memset(static_cast<char *>(gb->untyped_data()) + rows * el, 0,
+                    (size_t)(h.rows_buf - rows) * el);
+    }
+}
 
+void WriteMetrics(const fg_metrics &m, float *out) {
+    const double v[10] = {m.kl, m.entropy, m.clip_ratio_low, m.clip_ratio_high,
+                          m.clip_ratio_region, m.cispo_clip_ratio, m.clip_ratio_low_min,
+                          m.clip_ratio_high_max, m.vespo_phi_seq_mean, m.policy_loss};
+    for (int i = 0; i < 10; i++)
+        out[i] = (float)v[i];
+}
+
+bool StatsSized(const Tokens &tk, const Buf &stats, Failure *f) {
+    const int64_t n = FG_SHARD_STATS_FLOATS(tk.t.batch * tk.t.seq_len);
+    if (stats.element_type() != ffi::DataType::F32 || (int64_t)stats.element_count() != n)
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "stats must be f32[13*B*T + 1]");
+    return true;
+}
+
+// In place when XLA aliased the operand to the result; else a copy first.
+float *StatsOut(const Buf &in, Out &out) {
+    if (out->untyped_data() != in.untyped_data())
+        std::memcpy(out->untyped_data(), in.untyped_data(), out->size_bytes());
+    return F32(out);
+}
+
+// ------------------------------------------------------------ fusedgrpo_linear_grpo
+
+// The one-call loss: one device, or a shard of the batch axis only.
+bool LinearGrpo(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, Buf advantages,
+                Buf old_logp, Buf ref_logp, Buf is_ratio, Buf scalars, const Shard &sh,
+                Out &loss, Out &metrics, Out &logp, Out &entropy, Out &gh, Out &gw, Out &gb,
+                const ffi::Dictionary &attrs, Failure *f) {
+    Tokens tk;
+    Head h;
     fg_batch bt;
-    std::memset(&bt, 0, sizeof bt);
-    bt.batch = B;
-    bt.seq_len = T;
-    bt.token_ids = tok;
-    bt.mask = static_cast<const uint8_t *>(mask.untyped_data());
-    bt.advantages = static_cast<const float *>(advantages.untyped_data());
-    bt.old_logp = OptF32(old_logp);
-    bt.ref_logp = OptF32(ref_logp);
-    bt.is_ratio = OptF32(is_ratio);
-    bt.is_ratio_per_sequence = is_ratio.element_count() && (int64_t)is_ratio.element_count() == B &&
-                               !((int64_t)is_ratio.element_count() == N);
-
+    fg_loss_config cfg;
+    fg_linear_options lo;
+    fg_exec ex;
+    if (!DecodeTokens(token_ids, mask, &tk, f) || !DecodeHead(hidden, weight, bias, sh, 0, &h, f) ||
+        !DecodeBatch(tk, advantages, old_logp, ref_logp, is_ratio, &bt, f) ||
+        !DecodeLossConfig(attrs, scalars, &cfg, f) || !DecodeHeadAttrs(attrs, &lo, &ex, f))
+        return false;
     fg_linear_outputs out;
     std::memset(&out, 0, sizeof out);
-    out.logp = static_cast<float *>(logp->untyped_data());
-    out.entropy = static_cast<float *>(entropy->untyped_data());
-    // The gradients in the dtype JAX allocated them in: bf16 for bf16 inputs
-    // (fusedgrpo.h: no float32 copy to allocate and cast), else f32.
-    auto gdt = [](ffi::Result<ffi::AnyBuffer> &b) {
-        return b->element_type() == ffi::DataType::BF16 ? FG_DTYPE_BF16 : FG_DTYPE_F32;
-    };
-    if (grad_hidden->element_count())
-        out.grad_hidden = fg_matrix_make(grad_hidden->untyped_data(), gdt(grad_hidden), N, H);
-    if (grad_weight->element_count())
-        out.grad_weight = fg_matrix_make(grad_weight->untyped_data(), gdt(grad_weight), V, H);
-    if (grad_bias->element_count())
-        out.grad_bias = fg_vector_make(grad_bias->untyped_data(), gdt(grad_bias), V);
-
-    if (memory_budget < 0)
-        return Fail(FG_ERR_INVALID_SIZE, "memory_budget must be >= 0 bytes (0: the default)");
-    fg_exec exec;
-    fg_exec_init(&exec);
-    exec.threads = (int)threads;
-    exec.memory_budget = (size_t)memory_budget;
-
-    PooledContext pc(sharded);
-    if (pc.status != FG_OK || !pc.e.ctx)
-        return Fail(pc.status, "fg_context_create failed");
-    if (sharded) {
-        pc.e.slot->group = GetGroup(group_id, (int)vocab_shards);
-        pc.e.slot->rank = rank;
-    }
-    fg_status st = fg_linear_grpo(pc.e.ctx, &lo, &cfg, &in, &bt, &out, &exec);
+    out.logp = F32(logp);
+    out.entropy = F32(entropy);
+    GradViews(h, gh, gw, gb, &out.grad_hidden, &out.grad_weight, &out.grad_bias);
+    PooledContext pc;
+    if (pc.status != FG_OK)
+        return f->Set(pc.status, "fg_context_create failed");
+    const fg_status st = fg_linear_grpo(pc.ctx, &lo, &cfg, &h.in, &bt, &out, &ex);
     if (st != FG_OK)
-        return Fail(st, fg_last_error(pc.e.ctx));
-    *static_cast<float *>(loss->untyped_data()) = (float)out.loss;
-    float *m = static_cast<float *>(metrics->untyped_data());
-    m[0] = (float)out.metrics.kl;
-    m[1] = (float)out.metrics.entropy;
-    m[2] = (float)out.metrics.clip_ratio_low;
-    m[3] = (float)out.metrics.clip_ratio_high;
-    m[4] = (float)out.metrics.clip_ratio_region;
-    m[5] = (float)out.metrics.cispo_clip_ratio;
-    m[6] = (float)out.metrics.clip_ratio_low_min;
-    m[7] = (float)out.metrics.clip_ratio_high_max;
-    m[8] = (float)out.metrics.vespo_phi_seq_mean;
-    m[9] = (float)out.metrics.policy_loss;
-    fg_memory_stats ms;
-    if (fg_get_memory_stats(pc.e.ctx, &ms) == FG_OK)
-        AddCallTotals(ms.call_seconds, ms.gemm_seconds);
+        return f->SetFrom(st, pc.ctx);
+    *F32(loss) = (float)out.loss;
+    WriteMetrics(out.metrics, F32(metrics));
+    return true;
+}
+
+ffi::Error LinearGrpoImpl(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask,
+                          Buf advantages, Buf old_logp, Buf ref_logp, Buf is_ratio, Buf scalars,
+                          Buf shard, Out loss, Out metrics, Out logp, Out entropy, Out gh, Out gw,
+                          Out gb, Out status, ffi::Dictionary attrs) {
+    Failure f;
+    Shard sh;
+    int64_t soft = 0;
+    if (DecodeShard(shard, &sh, &f) && GetAttr(attrs, "soft_fail", &soft, &f)) {
+        Forget(sh.key);  // a new call on this shard
+        LinearGrpo(hidden, weight, bias, token_ids, mask, advantages, old_logp, ref_logp,
+                   is_ratio, scalars, sh, loss, metrics, logp, entropy, gh, gw, gb, attrs, &f);
+    }
+    *F32(status) = 0.0f;
+    if (f.ok())
+        return ffi::Error::Success();
+    if (!soft)
+        return Raise(f);
+    SoftFail(f, sh.key, F32(status), {&loss, &metrics, &logp, &entropy, &gh, &gw, &gb});
     return ffi::Error::Success();
+}
+
+// ------------------------------------------------------------ the phases
+
+// The head's operands and attributes of phases (a) and (d).
+bool DecodeShardHead(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, const Shard &sh,
+                     const ffi::Dictionary &attrs, Tokens *tk, Head *h, fg_linear_options *lo,
+                     fg_exec *ex, double *temperature, Failure *f) {
+    int64_t vocab_total = 0;
+    return DecodeTokens(token_ids, mask, tk, f) &&
+           GetAttr(attrs, "vocab_total", &vocab_total, f) &&
+           DecodeHead(hidden, weight, bias, sh, vocab_total, h, f) &&
+           DecodeHeadAttrs(attrs, lo, ex, f) && GetAttr(attrs, "temperature", temperature, f);
+}
+
+// (a): this shard's row statistics.
+bool ShardStats(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, const Shard &sh,
+                Out &stats, const ffi::Dictionary &attrs, Failure *f) {
+    Tokens tk;
+    Head h;
+    fg_linear_options lo;
+    fg_exec ex;
+    double temperature = 1.0;
+    if (!DecodeShardHead(hidden, weight, bias, token_ids, mask, sh, attrs, &tk, &h, &lo, &ex,
+                         &temperature, f))
+        return false;
+    if ((int64_t)stats->element_count() != FG_SHARD_STATS_FLOATS(h.N))
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "stats must be f32[13*B*T + 1]");
+    PooledContext pc;
+    if (pc.status != FG_OK)
+        return f->Set(pc.status, "fg_context_create failed");
+    const fg_status st =
+        fg_linear_shard_stats(pc.ctx, &lo, temperature, &h.in, &tk.t, F32(stats), &ex);
+    return st == FG_OK || f->SetFrom(st, pc.ctx);
+}
+
+// A failure of (a) goes into the stats' status slot (the MAX range's last
+// float), which the caller's MAX spreads over the vocab shards.
+ffi::Error ShardStatsImpl(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, Buf shard,
+                          Out stats, ffi::Dictionary attrs) {
+    Failure f;
+    Shard sh;
+    if (DecodeShard(shard, &sh, &f)) {
+        Forget(sh.key);  // a new call on this shard
+        ShardStats(hidden, weight, bias, token_ids, mask, sh, stats, attrs, &f);
+    }
+    if (!f.ok()) {
+        float slot;
+        SoftFail(f, sh.key, &slot, {&stats});
+        const int64_t N = (int64_t)(stats->element_count() - 1) / 13;
+        F32(stats)[FG_SHARD_STATS_STATUS(N)] = slot;
+    }
+    return ffi::Error::Success();
+}
+
+// The operands of (b) and finish; a wrong shape is the same on every shard, so
+// it may raise at once.
+bool DecodeStatsStep(Buf token_ids, Buf mask, Buf stats, Buf shard, Shard *sh, Tokens *tk,
+                     Failure *f) {
+    return DecodeShard(shard, sh, f) && DecodeTokens(token_ids, mask, tk, f) &&
+           StatsSized(*tk, stats, f);
+}
+
+// (b), after the MAX: the sums rescaled as exact limbs (in place). A status in
+// the slot (a shard's failed (a)) stays there for the next steps.
+ffi::Error ShardRescaleImpl(Buf token_ids, Buf mask, Buf stats_in, Buf shard, Out stats) {
+    Failure f;
+    Shard sh;
+    Tokens tk;
+    if (!DecodeStatsStep(token_ids, mask, stats_in, shard, &sh, &tk, &f))
+        return Raise(f);
+    float *s = StatsOut(stats_in, stats);
+    float *slot = &s[FG_SHARD_STATS_STATUS(tk.t.batch * tk.t.seq_len)];
+    f.relayed = *slot != 0.0f;
+    PooledContext pc;
+    const fg_status st = pc.status != FG_OK ? pc.status : fg_shard_stats_rescale(pc.ctx, &tk.t, s);
+    if (st != FG_OK) {
+        f.SetFrom(st, pc.ctx);
+        SoftFail(f, sh.key, slot, {});
+    }
+    return ffi::Error::Success();
+}
+
+// After the SUM: logp and entropy; the merged statistics kept in stats (in place).
+ffi::Error ShardFinishImpl(Buf token_ids, Buf mask, Buf stats_in, Buf shard, Out stats,
+                           Out logp, Out entropy) {
+    Failure f;
+    Shard sh;
+    Tokens tk;
+    if (!DecodeStatsStep(token_ids, mask, stats_in, shard, &sh, &tk, &f))
+        return Raise(f);
+    float *s = StatsOut(stats_in, stats);
+    float *slot = &s[FG_SHARD_STATS_STATUS(tk.t.batch * tk.t.seq_len)];
+    f.relayed = *slot != 0.0f;
+    PooledContext pc;
+    const fg_status st =
+        pc.status != FG_OK ? pc.status
+                           : fg_shard_stats_finish(pc.ctx, &tk.t, s, F32(logp), F32(entropy));
+    if (st != FG_OK) {
+        f.SetFrom(st, pc.ctx);
+        SoftFail(f, sh.key, slot, {&logp, &entropy});
+    }
+    return ffi::Error::Success();
+}
+
+// A status from an earlier phase: nothing to do but pass it on (Remember keeps
+// that phase's message).
+bool Upstream(const Buf &status_in, Failure *f) {
+    const fg_status st = StatusOf(*static_cast<const float *>(status_in.untyped_data()));
+    f->relayed = st != FG_OK;
+    return st == FG_OK || f->Set(st, "an earlier phase failed");
+}
+
+// (c): the loss, its metrics and d loss/d logp, d loss/d entropy from the merged
+// logp and entropy (the same bits on every vocab shard: the same results).
+bool LossFromLogp(Buf token_ids, Buf mask, Buf advantages, Buf old_logp, Buf ref_logp,
+                  Buf is_ratio, Buf scalars, Buf logp, Buf entropy, Out &loss, Out &metrics,
+                  Out &grad_logp, Out &grad_entropy, const ffi::Dictionary &attrs, Failure *f) {
+    Tokens tk;
+    fg_batch bt;
+    fg_loss_config cfg;
+    fg_exec ex;
+    if (!DecodeTokens(token_ids, mask, &tk, f) ||
+        !DecodeBatch(tk, advantages, old_logp, ref_logp, is_ratio, &bt, f) ||
+        !DecodeLossConfig(attrs, scalars, &cfg, f) || !DecodeExec(attrs, &ex, f))
+        return false;
+    fg_logp_outputs out;
+    std::memset(&out, 0, sizeof out);
+    out.grad_logp = grad_logp->element_count() ? F32(grad_logp) : nullptr;
+    out.grad_entropy = grad_entropy->element_count() ? F32(grad_entropy) : nullptr;
+    PooledContext pc;
+    if (pc.status != FG_OK)
+        return f->Set(pc.status, "fg_context_create failed");
+    const fg_status st =
+        fg_grpo_loss_from_logp(pc.ctx, &cfg, &bt, F32In(logp), F32In(entropy), &out, &ex);
+    if (st != FG_OK)
+        return f->SetFrom(st, pc.ctx);
+    *F32(loss) = (float)out.loss;
+    WriteMetrics(out.metrics, F32(metrics));
+    return true;
+}
+
+ffi::Error LossFromLogpImpl(Buf token_ids, Buf mask, Buf advantages, Buf old_logp, Buf ref_logp,
+                            Buf is_ratio, Buf scalars, Buf logp, Buf entropy, Buf status_in,
+                            Buf shard, Out loss, Out metrics, Out grad_logp, Out grad_entropy,
+                            Out status, ffi::Dictionary attrs) {
+    Failure f;
+    Shard sh;
+    if (DecodeShard(shard, &sh, &f) && Upstream(status_in, &f))
+        LossFromLogp(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, scalars, logp,
+                     entropy, loss, metrics, grad_logp, grad_entropy, attrs, &f);
+    *F32(status) = 0.0f;
+    if (!f.ok())
+        SoftFail(f, sh.key, F32(status), {&loss, &metrics, &grad_logp, &grad_entropy});
+    return ffi::Error::Success();
+}
+
+// (d): this shard's share of grad_hidden (the caller sums it over the vocab
+// shards) and its own grad_weight, grad_bias rows.
+bool ShardBackward(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, const Shard &sh,
+                   Buf stats, Buf grad_logp, Buf grad_entropy, Out &gh, Out &gw, Out &gb,
+                   const ffi::Dictionary &attrs, Failure *f) {
+    Tokens tk;
+    Head h;
+    fg_linear_options lo;
+    fg_exec ex;
+    double temperature = 1.0;
+    if (!DecodeShardHead(hidden, weight, bias, token_ids, mask, sh, attrs, &tk, &h, &lo, &ex,
+                         &temperature, f) ||
+        !StatsSized(tk, stats, f))
+        return false;
+    fg_linear_grads g;
+    std::memset(&g, 0, sizeof g);
+    GradViews(h, gh, gw, gb, &g.grad_hidden, &g.grad_weight, &g.grad_bias);
+    PooledContext pc;
+    if (pc.status != FG_OK)
+        return f->Set(pc.status, "fg_context_create failed");
+    const fg_status st = fg_linear_shard_backward(pc.ctx, &lo, temperature, &h.in, &tk.t,
+                                                  F32In(stats), F32In(grad_logp),
+                                                  F32In(grad_entropy), &g, &ex);
+    return st == FG_OK || f->SetFrom(st, pc.ctx);
+}
+
+ffi::Error ShardBackwardImpl(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, Buf shard,
+                             Buf stats, Buf grad_logp, Buf grad_entropy, Buf status_in, Out gh,
+                             Out gw, Out gb, Out status, ffi::Dictionary attrs) {
+    Failure f;
+    Shard sh;
+    if (DecodeShard(shard, &sh, &f) && Upstream(status_in, &f))
+        ShardBackward(hidden, weight, bias, token_ids, mask, sh, stats, grad_logp, grad_entropy,
+                      gh, gw, gb, attrs, &f);
+    *F32(status) = 0.0f;
+    if (!f.ok())
+        SoftFail(f, sh.key, F32(status), {&gh, &gw, &gb});
+    return ffi::Error::Success();
+}
+
+// Raises the status every shard holds (MAX-reduced over the mesh by jax.py,
+// after the call's last collective): every shard raises the same status.
+// Its further operands are the call's results, returned in place (aliased),
+// so XLA runs it after everything that produced them and nothing that reads
+// them can skip it.
+ffi::Error CheckImpl(Buf status, Buf shard, ffi::RemainingArgs results, ffi::RemainingRets outs) {
+    Failure f;
+    Shard sh;
+    if (!DecodeShard(shard, &sh, &f))
+        return Raise(f);
+    if (results.size() != outs.size())
+        return Raise(
+            Failure{FG_ERR_SHAPE_MISMATCH, "fusedgrpo_check: results and outputs differ", false});
+    for (size_t i = 0; i < results.size(); i++) {  // aliased: the same buffers, unless XLA copied
+        auto in = results.get<Buf>(i);
+        auto out = outs.get<Buf>(i);
+        if (in.has_error() || out.has_error())
+            return Raise(
+                Failure{FG_ERR_SHAPE_MISMATCH, "fusedgrpo_check: a result is not a buffer", false});
+        if ((*out)->untyped_data() != in->untyped_data())
+            std::memcpy((*out)->untyped_data(), in->untyped_data(), in->size_bytes());
+    }
+    const fg_status st = StatusOf(*static_cast<const float *>(status.untyped_data()));
+    if (st == FG_OK)
+        return ffi::Error::Success();
+    Failure own;
+    const Failure cause = Cause(sh.key, sh.devices, st, &own);
+    if (!cause.ok())
+        return Raise(cause);
+    std::string msg = "another shard of this call failed with it (its process reports the cause)";
+    if (!own.ok())
+        msg += "; this shard: " + Message(own.st, own.msg);
+    f.Set(st, msg + "; every shard raises it");
+    return Raise(f);
 }
 
 }  // namespace
 
-// Time spent inside the C library by every call of this handler so far:
-// out[0] calls, out[1] seconds in fg_linear_grpo, out[2] of those in GEMMs.
+// Time spent inside the C library by every call of these handlers so far:
+// out[0] calls, out[1] seconds in the library, out[2] of those in GEMMs.
 // jax.py reads it (call_totals()) to tell front-end overhead from C time.
 extern "C" void FgJaxCallTotals(double *out) {
     std::lock_guard<std::mutex> lock(g_totals_mutex);
@@ -396,38 +728,97 @@ extern "C" void FgJaxCallTotals(double *out) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLinearGrpo, LinearGrpoImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // hidden
-                                  .Arg<ffi::AnyBuffer>()  // weight
-                                  .Arg<ffi::AnyBuffer>()  // bias
-                                  .Arg<ffi::AnyBuffer>()  // token_ids
-                                  .Arg<ffi::AnyBuffer>()  // mask
-                                  .Arg<ffi::AnyBuffer>()  // advantages
-                                  .Arg<ffi::AnyBuffer>()  // old_logp
-                                  .Arg<ffi::AnyBuffer>()  // ref_logp
-                                  .Arg<ffi::AnyBuffer>()  // is_ratio
-                                  .Arg<ffi::AnyBuffer>()  // scalars
-                                  .Arg<ffi::AnyBuffer>()  // shard
-                                  .Ret<ffi::AnyBuffer>()  // loss
-                                  .Ret<ffi::AnyBuffer>()  // metrics
-                                  .Ret<ffi::AnyBuffer>()  // logp
-                                  .Ret<ffi::AnyBuffer>()  // entropy
-                                  .Ret<ffi::AnyBuffer>()  // grad_hidden
-                                  .Ret<ffi::AnyBuffer>()  // grad_weight
-                                  .Ret<ffi::AnyBuffer>()  // grad_bias
-                                  .Attr<std::string_view>("loss_type")
-                                  .Attr<std::string_view>("level")
-                                  .Attr<std::string_view>("impl")
-                                  .Attr<double>("beta")
-                                  .Attr<double>("epsilon_low")
-                                  .Attr<double>("epsilon_high")
-                                  .Attr<double>("delta")
-                                  .Attr<double>("temperature")
-                                  .Attr<double>("sapo_temperature_pos")
-                                  .Attr<double>("sapo_temperature_neg")
-                                  .Attr<int64_t>("max_completion_length")
-                                  .Attr<int64_t>("use_bias_correction_kl")
-                                  .Attr<int64_t>("threads")
-                                  .Attr<int64_t>("memory_budget")
-                                  .Attr<int64_t>("vocab_shards")
-                                  .Attr<int64_t>("vocab_total")
-                                  .Attr<double>("filter_eps"));
+                                  .Arg<Buf>()  // hidden
+                                  .Arg<Buf>()  // weight
+                                  .Arg<Buf>()  // bias
+                                  .Arg<Buf>()  // token_ids
+                                  .Arg<Buf>()  // mask
+                                  .Arg<Buf>()  // advantages
+                                  .Arg<Buf>()  // old_logp
+                                  .Arg<Buf>()  // ref_logp
+                                  .Arg<Buf>()  // is_ratio
+                                  .Arg<Buf>()  // scalars
+                                  .Arg<Buf>()  // shard
+                                  .Ret<Buf>()  // loss
+                                  .Ret<Buf>()  // metrics
+                                  .Ret<Buf>()  // logp
+                                  .Ret<Buf>()  // entropy
+                                  .Ret<Buf>()  // grad_hidden
+                                  .Ret<Buf>()  // grad_weight
+                                  .Ret<Buf>()  // grad_bias
+                                  .Ret<Buf>()  // status
+                                  .Attrs());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgShardStats, ShardStatsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<Buf>()  // hidden
+                                  .Arg<Buf>()  // weight
+                                  .Arg<Buf>()  // bias
+                                  .Arg<Buf>()  // token_ids
+                                  .Arg<Buf>()  // mask
+                                  .Arg<Buf>()  // shard
+                                  .Ret<Buf>()  // stats
+                                  .Attrs());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgShardRescale, ShardRescaleImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<Buf>()  // token_ids
+                                  .Arg<Buf>()  // mask
+                                  .Arg<Buf>()  // stats (after the MAX)
+                                  .Arg<Buf>()  // shard
+                                  .Ret<Buf>());  // stats (aliases the operand)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgShardFinish, ShardFinishImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<Buf>()    // token_ids
+                                  .Arg<Buf>()    // mask
+                                  .Arg<Buf>()    // stats (after the SUM)
+                                  .Arg<Buf>()    // shard
+                                  .Ret<Buf>()    // stats (aliases the operand)
+                                  .Ret<Buf>()    // logp
+                                  .Ret<Buf>());  // entropy
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLossFromLogp, LossFromLogpImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<Buf>()  // token_ids
+                                  .Arg<Buf>()  // mask
+                                  .Arg<Buf>()  // advantages
+                                  .Arg<Buf>()  // old_logp
+                                  .Arg<Buf>()  // ref_logp
+                                  .Arg<Buf>()  // is_ratio
+                                  .Arg<Buf>()  // scalars
+                                  .Arg<Buf>()  // logp
+                                  .Arg<Buf>()  // entropy
+                                  .Arg<Buf>()  // status_in
+                                  .Arg<Buf>()  // shard
+                                  .Ret<Buf>()  // loss
+                                  .Ret<Buf>()  // metrics
+                                  .Ret<Buf>()  // grad_logp
+                                  .Ret<Buf>()  // grad_entropy
+                                  .Ret<Buf>()  // status
+                                  .Attrs());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgShardBackward, ShardBackwardImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<Buf>()  // hidden
+                                  .Arg<Buf>()  // weight
+                                  .Arg<Buf>()  // bias
+                                  .Arg<Buf>()  // token_ids
+                                  .Arg<Buf>()  // mask
+                                  .Arg<Buf>()  // shard
+                                  .Arg<Buf>()  // stats (after finish)
+                                  .Arg<Buf>()  // grad_logp
+                                  .Arg<Buf>()  // grad_entropy
+                                  .Arg<Buf>()  // status_in
+                                  .Ret<Buf>()  // grad_hidden (this shard's share)
+                                  .Ret<Buf>()  // grad_weight
+                                  .Ret<Buf>()  // grad_bias
+                                  .Ret<Buf>()  // status
+                                  .Attrs());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgCheck, CheckImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<Buf>()  // status (MAX over the mesh)
+                                  .Arg<Buf>()  // shard
+                                  .RemainingArgs()    // the call's results
+                                  .RemainingRets());  // ... the same (aliased)

@@ -1,11 +1,11 @@
-"""JAX front end: the fused loss as an XLA FFI custom call on the CPU.
+"""JAX front end: the fused loss as XLA FFI custom calls on the CPU.
 
-The handler (``_jax_ffi.cc``, C++ over the C library, written against
-``jax.ffi.include_dir()``'s ``xla/ffi/api/ffi.h``) is built with the package
+The handlers (``_jax_ffi.cc``, C++ over the C library, written against
+``jax.ffi.include_dir()``'s ``xla/ffi/api/ffi.h``) are built with the package
 (scikit-build-core / CMake, ``python/jax_ffi.cmake``) when jax is present at
 build time, and installed as ``fusedgrpo/libfusedgrpo_jax_ffi.so`` next to
-``libfusedgrpo.so.0``. Importing this module loads it and registers it with
-``jax.ffi.register_ffi_target``; if the package was built without it, the
+``libfusedgrpo.so.0``. Importing this module loads it and registers its targets
+with ``jax.ffi.register_ffi_target``; if the package was built without it, the
 import fails with an ImportError that says how to reinstall (jax installed
 first, then ``pip install --no-build-isolation .``; see python/README.md).
 ``FUSEDGRPO_JAX_BACKEND=callback`` (read at import) asks instead for the
@@ -15,17 +15,33 @@ sharding); ``=ffi`` is the default. ``backend()`` says which one is in use.
 ``fused_linear_grpo_loss`` is a ``jax.custom_vjp``: the forward of a
 differentiated call computes the loss and all gradients in one C call (like
 Liger), the backward scales them by the incoming cotangent. It works under
-``jit``. ``fused_linear_grpo_loss_sharded`` runs it under ``shard_map`` over a
-mesh: a batch axis (global normalizers fed at run time, results psum-ed) and/or
-a vocab axis (weight rows split; the C library's communicator hook is served
-in-process by the handler across the host devices' threads).
+``jit``.
+
+``fused_linear_grpo_loss_sharded`` runs under ``shard_map`` over a mesh, which
+may span processes (``jax.distributed``; CPU collectives over gloo):
+
+- a vocab axis: the weight's rows split over it; each shard runs the phases of
+  fusedgrpo.h ("phases of a vocab-sharded call"), every one a plain local FFI
+  call, with the reductions between them made by XLA: (a) row statistics,
+  ``lax.pmax``, (b) rescale, ``lax.psum``, finish (logp, entropy), (c) the loss
+  from logp, (d) the shard's backward, ``lax.psum`` of grad_hidden;
+- a batch axis (data parallel): each shard one C call on its sequences (or the
+  phases, with a vocab axis too), with the whole batch's normalisers (see the
+  function's docstring for TRL's convention);
+- errors: no shard raises on its own (the others would wait for it in the next
+  collective); a failure travels as a status through the phases, is MAX-reduced
+  over the mesh after the call's last collective, and every shard then raises
+  it (``fusedgrpo_check``).
+
+Like ``fused_linear_grpo_loss`` it is a ``jax.custom_vjp``: the sharded forward
+computes the gradients too, the backward scales them.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import jax
@@ -38,7 +54,16 @@ from ._lib import METRIC_NAMES, FusedGRPOError
 __all__ = ["fused_linear_grpo_loss", "fused_linear_grpo_loss_sharded", "linear_logprobs",
            "backend", "call_totals", "handler_path", "METRIC_NAMES", "FusedGRPOError"]
 
-_TARGET = "fusedgrpo_linear_grpo"
+# custom-call target -> the handler's symbol in _jax_ffi.cc
+_TARGETS = {
+    "fusedgrpo_linear_grpo": "FgLinearGrpo",
+    "fusedgrpo_shard_stats": "FgShardStats",
+    "fusedgrpo_shard_rescale": "FgShardRescale",
+    "fusedgrpo_shard_finish": "FgShardFinish",
+    "fusedgrpo_loss_from_logp": "FgLossFromLogp",
+    "fusedgrpo_shard_backward": "FgShardBackward",
+    "fusedgrpo_check": "FgCheck",
+}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HANDLER = "libfusedgrpo_jax_ffi.so"
 _BACKENDS = ("ffi", "callback")
@@ -68,8 +93,9 @@ def _load_handler():
         lib = ctypes.CDLL(so)  # resolves fg_* in the libfusedgrpo that _lib loaded globally
         lib.FgJaxCallTotals.argtypes = [ctypes.POINTER(ctypes.c_double)]
         lib.FgJaxCallTotals.restype = None
-        jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.FgLinearGrpo),
-                                    platform="cpu")
+        for target, symbol in _TARGETS.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                        platform="cpu")
     except Exception as e:  # noqa: BLE001 - re-raised with the path and the remedy
         raise ImportError(f"fusedgrpo.jax: cannot load the JAX FFI handler {so}: {e}; "
                           "reinstall fusedgrpo with jax present (python/README.md), or set "
@@ -90,16 +116,17 @@ _init_backend()
 
 
 def backend() -> str:
-    """"ffi" (the XLA custom call built with the package, the default) or
+    """"ffi" (the XLA custom calls built with the package, the default) or
     "callback" (jax.pure_callback, when FUSEDGRPO_JAX_BACKEND=callback)."""
     return _state["backend"]
 
 
 def call_totals() -> dict:
-    """Time spent inside the C library by the FFI handler since the process
+    """Time spent inside the C library by the FFI handlers since the process
     started: {"calls", "call_seconds", "gemm_seconds"} (zeros under the
     pure_callback backend, whose calls fusedgrpo.memory_stats() reports).
-    A step's wall time minus its call_seconds is the front end's overhead."""
+    A vocab-sharded call counts each of its phases. A step's wall time minus
+    its call_seconds is the front end's overhead."""
     out = (ctypes.c_double * 3)()
     if _state["lib"] is not None:
         _state["lib"].FgJaxCallTotals(out)
@@ -125,8 +152,6 @@ class _Static(NamedTuple):
     use_bias_correction_kl: int
     threads: int                 # <= 0: OpenMP's default
     memory_budget: int           # bytes; 0: the library's default
-    vocab_shards: int = 1        # set by the sharded wrapper
-    vocab_total: int = 0
     filter_eps: float = 0.0      # gradient filtering (-1: auto; _lib.filter_eps_value)
 
 
@@ -142,6 +167,8 @@ def _static(loss_type="dapo", importance_sampling_level="token", impl="fused", b
                              f"unknown importance_sampling_level {importance_sampling_level!r}")
     if delta is not None and not delta > 0:
         raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER", f"delta must be > 0, got {delta}")
+    if impl not in ("fused", "materialized"):
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}")
     exec_ = _lib.make_exec(threads, memory_budget)  # the NumPy front end's checks
     return _Static(loss_type, importance_sampling_level, impl, float(beta), float(epsilon_low),
                    -1.0 if epsilon_high is None else float(epsilon_high),
@@ -150,6 +177,35 @@ def _static(loss_type="dapo", importance_sampling_level="token", impl="fused", b
                    0 if max_completion_length is None else int(max_completion_length),
                    1 if use_bias_correction_kl else 0, exec_.threads, exec_.memory_budget,
                    filter_eps=_lib.filter_eps_value(filter_eps))
+
+
+def _exec_attrs(cfg):
+    return dict(threads=np.int64(cfg.threads), memory_budget=np.int64(cfg.memory_budget))
+
+
+def _loss_attrs(cfg):
+    """The loss config as FFI attributes (_jax_ffi.cc DecodeLossConfig)."""
+    return dict(loss_type=cfg.loss_type, level=cfg.importance_sampling_level,
+                beta=np.float64(cfg.beta), epsilon_low=np.float64(cfg.epsilon_low),
+                epsilon_high=np.float64(cfg.epsilon_high), delta=np.float64(cfg.delta),
+                temperature=np.float64(cfg.temperature),
+                sapo_temperature_pos=np.float64(cfg.sapo_temperature_pos),
+                sapo_temperature_neg=np.float64(cfg.sapo_temperature_neg),
+                max_completion_length=np.int64(cfg.max_completion_length),
+                use_bias_correction_kl=np.int64(cfg.use_bias_correction_kl), **_exec_attrs(cfg))
+
+
+def _head_attrs(cfg, vocab_total=0):
+    """The LM head's attributes (DecodeHeadAttrs) for the phases (a) and (d)."""
+    return dict(impl=cfg.impl, filter_eps=np.float64(cfg.filter_eps),
+                temperature=np.float64(cfg.temperature), vocab_total=np.int64(vocab_total),
+                **_exec_attrs(cfg))
+
+
+def _ffi(target, types, *args, aliases=None, **attrs):
+    call = jax.ffi.ffi_call(target, types, vmap_method="sequential",
+                            input_output_aliases=aliases)
+    return call(*args, **attrs)
 
 
 def _empty(dtype=jnp.float32):
@@ -167,25 +223,42 @@ def _grad_dtypes(dtype):
     return (bf, bf if fusedgrpo.bf16_gemms_native() else jnp.float32, bf)
 
 
-def _out_types(B, T, H, V, need, dtype=jnp.float32):
+def _grad_types(B, T, H, V, need, gdts):
+    S = jax.ShapeDtypeStruct
+    return (S((B, T, H) if need[0] else (0,), gdts[0]), S((V, H) if need[1] else (0,), gdts[1]),
+            S((V,) if need[2] else (0,), gdts[2]))
+
+
+def _out_types(B, T, H, V, need, gdts):
     f = jnp.float32
     S = jax.ShapeDtypeStruct
-    g = _grad_dtypes(dtype)
-    return (S((), f), S((len(METRIC_NAMES),), f), S((B, T), f), S((B, T), f),
-            S((B, T, H) if need[0] else (0,), g[0]), S((V, H) if need[1] else (0,), g[1]),
-            S((V,) if need[2] else (0,), g[2]))
+    return ((S((), f), S((len(METRIC_NAMES),), f), S((B, T), f), S((B, T), f))
+            + _grad_types(B, T, H, V, need, gdts) + (S((), f),))
 
 
-def _callback_impl(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars,
-                   shard):
+def _batch_operands(B, T, tok, mask, adv, old, ref, isr):
+    """The per-token and per-sequence operands as the handlers read them
+    (absent ones zero-sized)."""
+    old = _empty() if old is None else old.astype(jnp.float32)
+    ref = _empty() if ref is None else ref.astype(jnp.float32)
+    isr = _empty() if isr is None else isr.astype(jnp.float32)
+    if isr.ndim == 2 and isr.shape == (B, 1) and T != 1:
+        isr = isr.reshape(B)
+    tok = tok if tok.dtype in (jnp.int32, jnp.int64) else tok.astype(jnp.int32)
+    return tok, mask.astype(jnp.uint8), adv.astype(jnp.float32).reshape(B), old, ref, isr
+
+
+def _callback_impl(cfg, need, gdts, hidden, weight, bias, tok, mask, adv, old, ref, isr,
+                   scalars, shard):
     import fusedgrpo as fg
     sc = np.asarray(scalars)
+    rows = weight.shape[0] if np.size(shard) == 0 else int(np.asarray(shard)[1])
     r = fg.fused_linear_grpo(
-        np.asarray(hidden), np.asarray(weight), np.asarray(tok), np.asarray(mask),
+        np.asarray(hidden), np.asarray(weight)[:rows], np.asarray(tok), np.asarray(mask),
         np.asarray(adv), None if old.size == 0 else np.asarray(old),
         None if ref.size == 0 else np.asarray(ref), bias=None if bias.size == 0 else
-        np.asarray(bias), is_ratio=None if isr.size == 0 else np.asarray(isr), beta=cfg.beta,
-        epsilon_low=cfg.epsilon_low,
+        np.asarray(bias)[:rows], is_ratio=None if isr.size == 0 else np.asarray(isr),
+        beta=cfg.beta, epsilon_low=cfg.epsilon_low,
         epsilon_high=None if cfg.epsilon_high < 0 else cfg.epsilon_high,
         delta=None if cfg.delta <= 0 else cfg.delta, temperature=cfg.temperature,
         loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
@@ -198,68 +271,53 @@ def _callback_impl(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, is
         memory_budget=cfg.memory_budget, threads=cfg.threads, impl=cfg.impl,
         compute_grad=any(need), filter_eps=cfg.filter_eps)
     z = np.zeros((0,), np.float32)
-    g = _grad_dtypes(hidden.dtype)  # the callback path casts (the FFI path writes them)
+    pad = weight.shape[0] - rows  # padding rows past the vocabulary: zero gradient
+
+    def rows_out(g):
+        return np.concatenate([g, np.zeros((pad,) + g.shape[1:], g.dtype)]) if pad else g
+    # the callback path casts (the FFI path writes the dtypes it is given)
     return (np.float32(r.loss), np.array([r.metrics[n] for n in METRIC_NAMES], np.float32),
-            r.logp, r.entropy, r.grad_hidden.astype(g[0]) if need[0] else z.astype(g[0]),
-            r.grad_weight.astype(g[1]) if need[1] else z.astype(g[1]),
-            r.grad_bias.astype(g[2]) if need[2] else z.astype(g[2]))
+            r.logp, r.entropy, r.grad_hidden.astype(gdts[0]) if need[0] else z.astype(gdts[0]),
+            rows_out(r.grad_weight).astype(gdts[1]) if need[1] else z.astype(gdts[1]),
+            rows_out(r.grad_bias).astype(gdts[2]) if need[2] else z.astype(gdts[2]),
+            np.float32(0))
 
 
-def _prim(cfg, need, hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars, shard):
+def _prim(cfg, need, hidden, weight, bias, batch, scalars, shard=None, soft=False, gdts=None):
+    """One fg_linear_grpo: (loss, metrics, logp, entropy, grad_hidden,
+    grad_weight, grad_bias, status). soft: a failure comes back as the status
+    (every output zero) instead of raising (the sharded front end's convention)."""
     B, T, H = hidden.shape
     V = weight.shape[0]
     has_bias = bias is not None
     need = (need[0], need[1], need[2] and has_bias)
+    gdts = _grad_dtypes(hidden.dtype) if gdts is None else gdts
     bias = bias if has_bias else _empty(hidden.dtype)
-    old = _empty() if old is None else old.astype(jnp.float32)
-    ref = _empty() if ref is None else ref.astype(jnp.float32)
-    isr = _empty() if isr is None else isr.astype(jnp.float32)
-    if isr.ndim == 2 and isr.shape == (B, 1) and T != 1:
-        isr = isr.reshape(B)
-    tok = tok if tok.dtype in (jnp.int32, jnp.int64) else tok.astype(jnp.int32)
-    mask = mask.astype(jnp.uint8)
-    adv = adv.astype(jnp.float32).reshape(B)
-    shard = jnp.zeros((2,), jnp.int32) if shard is None else shard.astype(jnp.int32)
-    types = _out_types(B, T, H, V, need, hidden.dtype)
-    args = (hidden, weight, bias, tok, mask, adv, old, ref, isr, scalars, shard)
+    shard = jnp.zeros((0,), jnp.int32) if shard is None else shard
+    types = _out_types(B, T, H, V, need, gdts)
+    args = (hidden, weight, bias) + _batch_operands(B, T, *batch) + (scalars, shard)
     if backend() == "ffi":
-        call = jax.ffi.ffi_call(_TARGET, types, vmap_method="sequential")
-        return call(*args, loss_type=cfg.loss_type, level=cfg.importance_sampling_level,
-                    impl=cfg.impl, beta=np.float64(cfg.beta),
-                    epsilon_low=np.float64(cfg.epsilon_low),
-                    epsilon_high=np.float64(cfg.epsilon_high), delta=np.float64(cfg.delta),
-                    temperature=np.float64(cfg.temperature),
-                    sapo_temperature_pos=np.float64(cfg.sapo_temperature_pos),
-                    sapo_temperature_neg=np.float64(cfg.sapo_temperature_neg),
-                    max_completion_length=np.int64(cfg.max_completion_length),
-                    use_bias_correction_kl=np.int64(cfg.use_bias_correction_kl),
-                    threads=np.int64(cfg.threads), memory_budget=np.int64(cfg.memory_budget),
-                    vocab_shards=np.int64(cfg.vocab_shards),
-                    vocab_total=np.int64(cfg.vocab_total),
-                    filter_eps=np.float64(cfg.filter_eps))
-    if cfg.vocab_shards > 1:
-        raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler "
-                                  "(the pure_callback backend cannot do it)")
-    return jax.pure_callback(functools.partial(_callback_impl, cfg, need), types, *args,
+        return _ffi("fusedgrpo_linear_grpo", types, *args, **_loss_attrs(cfg),
+                    impl=cfg.impl, filter_eps=np.float64(cfg.filter_eps),
+                    soft_fail=np.int64(soft))
+    return jax.pure_callback(functools.partial(_callback_impl, cfg, need, gdts), types, *args,
                              vmap_method="sequential")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(cfg, hidden, weight, bias, batch):
-    outs = _prim(cfg, (False, False, False), hidden, weight, bias, *batch)
+def _core(cfg, hidden, weight, bias, batch, scalars):
+    outs = _prim(cfg, (False, False, False), hidden, weight, bias, batch, scalars)
     return outs[0], tuple(outs[1:4])
 
 
-def _core_fwd(cfg, hidden, weight, bias, batch):
-    outs = _prim(cfg, (True, True, True), hidden, weight, bias, *batch)
-    dts = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
-    shard = batch[-1]
-    # Vocab-sharded: every shard holds the whole (all-reduced) grad_hidden, and
-    # shard_map's transpose sums the cotangents of the vocab-replicated hidden
-    # over the vocab axis: keep it on rank 0 only.
-    keep = None if shard is None else (shard[0] == 0).astype(jnp.float32)
+def _dtypes(hidden, weight, bias):
+    return _DtypeBox((hidden.dtype, weight.dtype, None if bias is None else bias.dtype))
+
+
+def _core_fwd(cfg, hidden, weight, bias, batch, scalars):
+    outs = _prim(cfg, (True, True, True), hidden, weight, bias, batch, scalars)
     return (outs[0], tuple(outs[1:4])), (outs[4], outs[5], outs[6] if bias is not None else None,
-                                         keep, _DtypeBox(dts))
+                                         _dtypes(hidden, weight, bias))
 
 
 class _DtypeBox:
@@ -273,35 +331,36 @@ jax.tree_util.register_pytree_node(_DtypeBox, lambda b: ((), b.dts),
                                    lambda dts, _: _DtypeBox(dts))
 
 
-def _core_bwd(cfg, res, ct):
-    gh, gw, gb, keep, box = res
+def _scaled_grads(res, ct):
+    """The backward of a forward that computed the gradients: scaled by the
+    loss's cotangent, in the inputs' dtypes."""
+    gh, gw, gb, box = res
     g = ct[0]
-    if keep is not None:
-        # Vocab-sharded: the wrapper's loss is the mean of the nv shards' (equal)
-        # losses, but each shard's loss depends on every shard's weight rows
-        # through the in-kernel all-reduce that JAX cannot see: the gradient for
-        # this shard's inputs is that of the whole loss, i.e. nv times its share.
-        g = g * cfg.vocab_shards
-        gh = gh * keep.astype(gh.dtype)
     dh_t, dw_t, db_t = box.dts
     # in the gradients' own dtype: bf16 stays bf16 (g is 1 from jax.grad: exact)
     dh = (gh * g.astype(gh.dtype)).astype(dh_t)
     dw = (gw * g.astype(gw.dtype)).astype(dw_t)
     db = None if gb is None else (gb * g.astype(gb.dtype)).astype(db_t)
-    return dh, dw, db, None
+    return dh, dw, db
+
+
+def _core_bwd(cfg, res, ct):
+    return _scaled_grads(res, ct) + (None, None)
 
 
 _core.defvjp(_core_fwd, _core_bwd)
 
 
-def _batch(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, items, entropy_coef,
-           shard=None):
-    scalars = jnp.stack([jnp.asarray(items, jnp.float32),
-                         jnp.asarray(entropy_coef, jnp.float32)])
+def _batch(token_ids, mask, advantages, old_logp, ref_logp, is_ratio):
     return (jnp.asarray(token_ids), jnp.asarray(mask), jnp.asarray(advantages),
             None if old_logp is None else jnp.asarray(old_logp),
             None if ref_logp is None else jnp.asarray(ref_logp),
-            None if is_ratio is None else jnp.asarray(is_ratio), scalars, shard)
+            None if is_ratio is None else jnp.asarray(is_ratio))
+
+
+def _scalars(items, entropy_coef):
+    """(num_items_in_batch (< 0: default), entropy_coef): run-time values."""
+    return jnp.stack([jnp.asarray(items, jnp.float32), jnp.asarray(entropy_coef, jnp.float32)])
 
 
 def _aux(metrics, logp, ent):
@@ -326,20 +385,260 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, old_logp
     ``return_aux=True`` returns ``(loss, {"metrics": {...}, "logp", "entropy"})``
     (aux is not differentiable)."""
     cfg = _static(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
-               delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
-               max_completion_length, use_bias_correction_kl, threads, memory_budget,
-               filter_eps)
+                  delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
+                  max_completion_length, use_bias_correction_kl, threads, memory_budget,
+                  filter_eps)
     items = -1.0 if num_items_in_batch is None else num_items_in_batch
-    batch = _batch(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, items,
-                   entropy_coef)
-    loss, (metrics, logp, ent) = _core(cfg, hidden, weight, bias, batch)
+    batch = _batch(token_ids, mask, advantages, old_logp, ref_logp, is_ratio)
+    loss, (metrics, logp, ent) = _core(cfg, hidden, weight, bias, batch,
+                                       _scalars(items, entropy_coef))
     return (loss, _aux(metrics, logp, ent)) if return_aux else loss
+
+
+# ------------------------------------------------------------------ under shard_map
+#
+# Per shard of the mesh, inside shard_map: its normalisers (psum over the batch
+# axis), its loss and gradients (one C call, or the phases and their
+# reductions over the vocab axis), the whole batch's loss and metrics (psum
+# over the batch axis), and the status check. The custom_vjp wraps the whole
+# shard_map: its forward returns the gradients as sharded arrays, its backward
+# scales them.
+
+_INPUTS = ("hidden", "weight", "bias", "token_ids", "mask", "advantages", "old_logp",
+           "ref_logp", "is_ratio", "scalars")
+_BY_BATCH = ("hidden", "token_ids", "mask", "advantages", "old_logp", "ref_logp", "is_ratio")
+_PER_SEQUENCE = ("grpo", "sapo", "luspo", "dr_grpo")  # means over sequences
+
+
+class _Plan(NamedTuple):
+    """The sharded call's static layout (hashable: custom_vjp's nondiff argument)."""
+    cfg: _Static
+    mesh: Any
+    batch_axis: Optional[str]
+    vocab_axis: Optional[str]
+    vocab_size: int      # V: token ids lie in [0, V)
+    shard_rows: int      # weight rows per vocab shard (the last shard's past V: padding)
+    batch_size: int      # B of the whole batch
+    names: tuple         # the inputs present, in _INPUTS order
+
+    @property
+    def nb(self):
+        return self.mesh.shape[self.batch_axis] if self.batch_axis else 1
+
+    @property
+    def nv(self):
+        return self.mesh.shape[self.vocab_axis] if self.vocab_axis else 1
+
+
+def _psum_b(plan, x):
+    return lax.psum(x, plan.batch_axis) if plan.batch_axis else x
+
+
+def _shard_operand(plan):
+    """(vocab_start, rows, key, devices): this shard's vocab rows, its index on the
+    mesh and the mesh's size (which key the handlers' error messages)."""
+    key = jnp.int32(0)
+    for name in plan.mesh.axis_names:
+        key = key * plan.mesh.shape[name] + lax.axis_index(name)
+    start = (lax.axis_index(plan.vocab_axis) if plan.nv > 1 else 0) * plan.shard_rows
+    rows = jnp.minimum(plan.shard_rows, plan.vocab_size - start)
+    return jnp.stack([jnp.asarray(start, jnp.int32), jnp.asarray(rows, jnp.int32),
+                      key.astype(jnp.int32), jnp.int32(plan.mesh.size)])
+
+
+def _normalisers(plan, mask, scalars):
+    """This shard's weight s_p in the sum of the shards' losses and its call's
+    (num_items_in_batch, entropy_coef), so that the sum is the whole batch's
+    loss (fused_linear_grpo_loss_sharded's docstring)."""
+    n_loc = jnp.sum(mask != 0).astype(jnp.float32)
+    n_glob = _psum_b(plan, n_loc)
+    n_loc1, n_glob1 = jnp.maximum(n_loc, 1.0), jnp.maximum(n_glob, 1.0)
+    user_items, coef = scalars[0], scalars[1]
+    lt = plan.cfg.loss_type
+    if lt in _PER_SEQUENCE:
+        s_p, items = jnp.float32(mask.shape[0] / plan.batch_size), jnp.float32(-1.0)
+    elif lt == "bnpo":
+        s_p, items = n_loc1 / n_glob1, jnp.float32(-1.0)
+    else:  # dapo, cispo, vespo: one global normaliser, the shards' losses summed
+        s_p, items = jnp.float32(1.0), jnp.where(user_items < 0, n_glob, user_items)
+    c_eff = coef * n_loc1 / (n_glob1 * s_p)  # the bonus's mean over the whole batch's tokens
+    return s_p, n_loc, n_glob1, jnp.stack([items, c_eff])
+
+
+def _sharded_grad_dtypes(plan, dtype):
+    """grad_hidden in float32 where it is summed over the vocab shards, and
+    grad_weight / grad_bias where they are summed over the batch shards; the
+    backward casts to the inputs' dtypes."""
+    g = _grad_dtypes(dtype)
+    f = jnp.float32
+    return (f if plan.nv > 1 else g[0],) + ((f, f) if plan.nb > 1 else g[1:])
+
+
+def _one_call(plan, want_grads, a, scalars, shard):
+    """No vocab axis: one fg_linear_grpo on this shard's sequences."""
+    need = (want_grads,) * 3
+    batch = tuple(a.get(n) for n in _BY_BATCH[1:])
+    outs = _prim(plan.cfg, need, a["hidden"], a["weight"], a.get("bias"), batch, scalars,
+                 shard, soft=True, gdts=_sharded_grad_dtypes(plan, a["hidden"].dtype))
+    grads = ()
+    if want_grads:
+        grads = (outs[4], outs[5]) + ((outs[6],) if "bias" in a else ())
+    return outs[:4], grads, outs[7]
+
+
+def _vocab_phases(plan, want_grads, a, scalars, shard):
+    """The phases of fusedgrpo.h on this vocab shard, with their reductions over
+    the vocab axis. A failed phase's status travels on (the stats' slot, then
+    the status operands of (c) and (d)); the later phases pass it on."""
+    cfg, ax = plan.cfg, plan.vocab_axis
+    h, w, bias = a["hidden"], a["weight"], a.get("bias")
+    B, T, H = h.shape
+    N, f32, S = B * T, jnp.float32, jax.ShapeDtypeStruct
+    tok, mask, adv, old, ref, isr = _batch_operands(B, T, *(a.get(n) for n in _BY_BATCH[1:]))
+    head = (h, w, _empty(h.dtype) if bias is None else bias, tok, mask, shard)
+    ha = _head_attrs(cfg, plan.vocab_size)
+    k, _, _, slot = _lib.shard_stats_ranges(N)  # MAX range [0, k), its last float the status
+    st_t = S((_lib.shard_stats_floats(N),), f32)
+    stats = _ffi("fusedgrpo_shard_stats", st_t, *head, **ha)                     # (a)
+    stats = jnp.concatenate([lax.pmax(stats[:k], ax), stats[k:]])
+    stats = _ffi("fusedgrpo_shard_rescale", st_t, tok, mask, stats, shard, aliases={2: 0})
+    stats = jnp.concatenate([stats[:k], lax.psum(stats[k:], ax)])                # (b)
+    stats, logp, ent = _ffi("fusedgrpo_shard_finish", (st_t, S((B, T), f32), S((B, T), f32)),
+                            tok, mask, stats, shard, aliases={2: 0})
+    d_t = S((B, T) if want_grads else (0,), f32)
+    loss, metrics, dlogp, dent, status = _ffi(                                   # (c)
+        "fusedgrpo_loss_from_logp",
+        (S((), f32), S((len(METRIC_NAMES),), f32), d_t, d_t, S((), f32)),
+        tok, mask, adv, old, ref, isr, scalars, logp, ent, stats[slot], shard,
+        **_loss_attrs(cfg))
+    if not want_grads:
+        return (loss, metrics, logp, ent), (), status
+    need = (True, True, bias is not None)
+    gdts = _sharded_grad_dtypes(plan, h.dtype)
+    gh, gw, gb, status = _ffi("fusedgrpo_shard_backward",                        # (d)
+                              _grad_types(B, T, H, w.shape[0], need, gdts) + (S((), f32),),
+                              *head, stats, dlogp, dent, status, **ha)
+    grads = (lax.psum(gh, ax), gw) + ((gb,) if bias is not None else ())
+    return (loss, metrics, logp, ent), grads, status
+
+
+def _combined_metrics(plan, metrics, s_p, n_loc, n_glob1, B_loc):
+    """The shards' metrics as the whole batch's. METRIC_NAMES: kl, entropy (token
+    means); the clip fractions (token means, or sequence means at the sequence
+    level); the per-sequence min / max; vespo's weight (a sequence mean); the
+    policy loss (as the loss)."""
+    if not plan.batch_axis:
+        return metrics
+
+    def nan_extreme(x, reduce):  # TRL's nanmin / nanmax over every shard's sequences
+        fill = jnp.inf if reduce is lax.pmin else -jnp.inf
+        r = reduce(jnp.where(jnp.isnan(x), fill, x), plan.batch_axis)
+        return jnp.where(jnp.isinf(r), jnp.nan, r)
+
+    B_glob = jnp.float32(plan.batch_size)
+    seq = plan.cfg.importance_sampling_level == "sequence"
+    w_clip, d_clip = (jnp.float32(B_loc), B_glob) if seq else (n_loc, n_glob1)
+    ps = functools.partial(_psum_b, plan)
+    return jnp.concatenate([
+        ps(metrics[0:2] * n_loc) / n_glob1,
+        ps(metrics[2:6] * w_clip) / d_clip,
+        nan_extreme(metrics[6:7], lax.pmin), nan_extreme(metrics[7:8], lax.pmax),
+        ps(metrics[8:9] * jnp.float32(B_loc)) / B_glob,
+        ps(s_p * metrics[9:10])])
+
+
+def _combined_grads(plan, grads, s_p):
+    """The whole batch's gradient: each batch shard's weighted by s_p; the
+    weight's (and bias's) summed over the batch shards."""
+    if plan.nb == 1 or not grads:
+        return grads
+    gh = grads[0] * s_p.astype(grads[0].dtype)
+    return (gh,) + tuple(lax.psum(g * s_p, plan.batch_axis) for g in grads[1:])
+
+
+def _raise_agreed(plan, status, shard, results):
+    """`results`, through fusedgrpo_check: every shard raises the largest status
+    of the mesh, after the call's last collective (the check reads the results,
+    so XLA runs it after everything that produced them, and returns them in
+    place, so nothing downstream can skip it)."""
+    if backend() != "ffi":
+        return results  # the pure_callback path raises where it fails (one process)
+    status = lax.pmax(status, tuple(plan.mesh.axis_names))
+    types = tuple(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in results)
+    return tuple(_ffi("fusedgrpo_check", types, status, shard, *results,
+                      aliases={i + 2: i for i in range(len(results))}))
+
+
+def _local(plan, want_grads, *arrs):
+    a = dict(zip(plan.names, arrs))
+    shard = _shard_operand(plan)
+    s_p, n_loc, n_glob1, scalars = _normalisers(plan, a["mask"], a["scalars"])
+    run = _vocab_phases if plan.nv > 1 else _one_call
+    (loss, metrics, logp, ent), grads, status = run(plan, want_grads, a, scalars, shard)
+    metrics = _combined_metrics(plan, metrics, s_p, n_loc, n_glob1, a["hidden"].shape[0])
+    outs = (_psum_b(plan, s_p * loss), metrics, logp, ent) + _combined_grads(plan, grads, s_p)
+    return _raise_agreed(plan, status, shard, outs)
+
+
+def _run_sharded(plan, want_grads, hidden, weight, bias, rest):
+    from jax.sharding import PartitionSpec as P
+    vals = dict(rest, hidden=hidden, weight=weight, bias=bias)
+    bspec = P(plan.batch_axis) if plan.batch_axis else P()
+    vspec = P(plan.vocab_axis) if plan.vocab_axis else P()
+
+    def spec(n):
+        return bspec if n in _BY_BATCH else vspec if n in ("weight", "bias") else P()
+    in_specs = tuple(spec(n) for n in plan.names)
+    out_specs = (P(), P(), bspec, bspec)
+    if want_grads:
+        out_specs += (bspec, vspec) + ((vspec,) if bias is not None else ())
+    fn = _shard_map(functools.partial(_local, plan, want_grads), plan.mesh, in_specs, out_specs)
+    return fn(*(vals[n] for n in plan.names))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _sharded(plan, hidden, weight, bias, rest):
+    outs = _run_sharded(plan, False, hidden, weight, bias, rest)
+    return outs[0], tuple(outs[1:4])
+
+
+def _sharded_fwd(plan, hidden, weight, bias, rest):
+    outs = _run_sharded(plan, True, hidden, weight, bias, rest)
+    gb = outs[6] if bias is not None else None
+    return (outs[0], tuple(outs[1:4])), (outs[4], outs[5], gb, _dtypes(hidden, weight, bias))
+
+
+def _sharded_bwd(plan, res, ct):
+    return _scaled_grads(res, ct) + (None,)
+
+
+_sharded.defvjp(_sharded_fwd, _sharded_bwd)
+
+
+def _vocab_layout(weight, bias, vocab_size, nv):
+    """The weight (and bias) padded to a multiple of the nv vocab shards, and the
+    rows per shard. The padding rows, and any past vocab_size, never enter a C
+    call (each shard passes its own vocab rows, fusedgrpo.h's V_local): their
+    gradient is 0, and jnp.pad's transpose drops the rows added here."""
+    rows_in = weight.shape[0]
+    V = rows_in if vocab_size is None else int(vocab_size)
+    if not 0 < V <= rows_in:
+        raise ValueError(f"vocab_size {V} must lie in [1, weight rows = {rows_in}]")
+    pad = -rows_in % nv
+    rows = (rows_in + pad) // nv
+    if V <= rows * (nv - 1):
+        raise ValueError(f"vocab {V} over {nv} shards of {rows} rows leaves a shard without "
+                         "vocab rows")
+    if pad:
+        weight = jnp.pad(weight, ((0, pad), (0, 0)))
+        bias = None if bias is None else jnp.pad(bias, (0, pad))
+    return weight, bias, V, rows
 
 
 def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advantages,
                                    old_logp=None, ref_logp=None, *, bias=None, is_ratio=None,
-                                   batch_axis="batch", vocab_axis=None, beta=0.0,
-                                   epsilon_low=0.2, epsilon_high=None, delta=None,
+                                   batch_axis="batch", vocab_axis=None, vocab_size=None,
+                                   beta=0.0, epsilon_low=0.2, epsilon_high=None, delta=None,
                                    temperature=1.0, loss_type="dapo",
                                    importance_sampling_level="token",
                                    max_completion_length=None, num_items_in_batch=None,
@@ -347,103 +646,66 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
                                    use_bias_correction_kl=False, entropy_coef=0.0,
                                    impl="fused", memory_budget=None, threads=None,
                                    return_aux=False, filter_eps=0.0):
-    """The same loss under ``jax.shard_map`` over ``mesh``.
+    """The loss of fused_linear_grpo_loss under ``jax.shard_map`` over ``mesh``,
+    which may span processes (jax.distributed: every process makes the call
+    with global arrays). Returns the whole batch's loss (and aux: metrics, logp
+    and entropy [B, T], as the unsharded call's); gradients flow to hidden,
+    weight and bias with their shardings.
 
-    ``batch_axis`` (or None): sequences are split over it (B must divide
-    evenly); each shard runs the kernel on its sequences with the global
-    normalizers (token counts, B) computed by psum and fed at run time, and the
-    results are psum-ed, so the loss equals the single-device one.
-    ``vocab_axis`` (or None): weight and bias are split by vocab rows over it
-    (V must divide evenly); the kernel's communicator hook merges the row
-    statistics and grad_hidden across the shards of a group in-process (FFI
-    handler only: one process, its host devices). Other mesh axes replicate.
-    Gradients flow to hidden, weight and bias with their input shardings."""
-    from jax.sharding import PartitionSpec as P
+    ``vocab_axis`` (or None): weight and bias are split by vocab rows over it;
+    each shard runs the phases of fusedgrpo.h with lax.pmax / lax.psum between
+    them (the merge is exact: every shard gets the same logp bits). A
+    vocabulary that does not divide over the shards: the weight is padded with
+    rows that never enter a C call (each shard passes its own rows, the last
+    one fewer); or pass a weight already padded to a multiple of the shards
+    (e.g. a global array sharded over processes) with ``vocab_size`` = the
+    real vocabulary: rows past it are excluded and get a zero gradient. Every
+    shard must hold at least one vocab row. FFI backend only.
 
+    ``batch_axis`` (or None): the sequences are split over it (B must divide
+    evenly); data parallel, the normalisers of the whole batch. TRL's
+    convention under DDP (docs/LOSS_SPEC.md "Data parallel"), which the
+    shards' C calls follow:
+      - dapo, cispo, vespo: ``num_items_in_batch`` = the global unmasked token
+        count / the number of data shards, the gradients averaged over them.
+        Here each shard's call gets the global count (psum of the shards'
+        counts, or your ``num_items_in_batch`` as the whole batch's) and the
+        losses are summed: the same;
+      - grpo, dr_grpo, sapo, luspo (per-sequence means): exact with equal
+        sequences per shard (a shard whose sequences are all masked still
+        counts them); the losses are weighted by B_shard / B;
+      - bnpo and the entropy bonus: normalised by the shard's own tokens in its
+        call, as TRL's are; the losses are then weighted by the shard's share
+        of the unmasked tokens (not DDP's plain mean), so the result is the
+        whole batch's loss, which TRL's mean over ranks is only when they hold
+        equal token counts.
+    The gradients are those of this whole-batch loss (grad_weight summed over
+    the batch shards by psum, grad_hidden per shard). Metrics: the whole
+    batch's means. Other mesh axes replicate.
+
+    Errors (a bad token id, NaN inputs, a budget too small) raise on every
+    shard of every process with the same status (jax.errors.JaxRuntimeError
+    naming the FG_ERR_ status), after the call's collectives: none waits on a
+    shard that failed."""
     cfg = _static(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
-               delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
-               max_completion_length, use_bias_correction_kl, threads, memory_budget,
-               filter_eps)
+                  delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
+                  max_completion_length, use_bias_correction_kl, threads, memory_budget,
+                  filter_eps)
     nb = mesh.shape[batch_axis] if batch_axis else 1
     nv = mesh.shape[vocab_axis] if vocab_axis else 1
-    B_glob, V_glob = hidden.shape[0], weight.shape[0]
-    if B_glob % nb:
-        raise ValueError(f"batch {B_glob} does not divide over {nb} shards of {batch_axis!r}")
-    if V_glob % nv:
-        raise ValueError(f"vocab {V_glob} does not divide over {nv} shards of {vocab_axis!r}")
-    if nv > 1:
-        if backend() != "ffi":
-            raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler")
-        cfg = cfg._replace(vocab_shards=nv, vocab_total=V_glob)
-    bspec = P(batch_axis) if batch_axis else P()
-    vspec = P(vocab_axis) if vocab_axis else P()
-    names = ["hidden", "weight", "token_ids", "mask", "advantages", "old_logp", "ref_logp",
-             "bias", "is_ratio"]
-    vals = [hidden, weight, token_ids, mask, advantages, old_logp, ref_logp, bias, is_ratio]
-    by_batch = {"hidden", "token_ids", "mask", "advantages", "old_logp", "ref_logp", "is_ratio"}
-    present = [(n, v) for n, v in zip(names, vals) if v is not None]
-    specs = tuple(bspec if n in by_batch else vspec if n in ("weight", "bias") else P()
-                  for n, _ in present)
-    user_items = num_items_in_batch
-
-    def psum_b(x):
-        return lax.psum(x, batch_axis) if batch_axis else x
-
-    def nan_extreme(x, reduce):  # TRL's nanmin / nanmax over every shard's sequences
-        if not batch_axis:
-            return x
-        fill = jnp.inf if reduce is lax.pmin else -jnp.inf
-        r = reduce(jnp.where(jnp.isnan(x), fill, x), batch_axis)
-        return jnp.where(jnp.isinf(r), jnp.nan, r)
-
-    def local(*arrs):
-        a = dict(zip([n for n, _ in present], arrs))
-        m = a["mask"]
-        n_loc = jnp.sum(m != 0).astype(jnp.float32)
-        n_glob = psum_b(n_loc)
-        B_loc = a["hidden"].shape[0]
-        n_loc1, n_glob1 = jnp.maximum(n_loc, 1.0), jnp.maximum(n_glob, 1.0)
-        if loss_type in ("grpo", "sapo", "luspo", "dr_grpo"):
-            s_p = jnp.float32(B_loc / B_glob)
-            items = -1.0
-        elif loss_type == "bnpo":
-            s_p = n_loc1 / n_glob1
-            items = -1.0
-        else:  # dapo, cispo: one global normalizer
-            s_p = jnp.float32(1.0)
-            items = n_glob if user_items is None else user_items
-        s_p = lax.stop_gradient(s_p)
-        c_eff = entropy_coef * n_loc1 / (n_glob1 * s_p)
-        shard = None
-        if nv > 1:
-            group = lax.axis_index(batch_axis) if batch_axis else 0
-            shard = jnp.stack([lax.axis_index(vocab_axis), group]).astype(jnp.int32)
-        batch = _batch(a["token_ids"], m, a["advantages"], a.get("old_logp"),
-                       a.get("ref_logp"), a.get("is_ratio"), items, c_eff, shard)
-        loss, (metrics, logp, ent) = _core(cfg, a["hidden"], a["weight"], a.get("bias"), batch)
-        loss = psum_b(s_p * loss)
-        # METRIC_NAMES: kl, entropy (token means); the clip fractions (token
-        # means, or sequence means at the sequence level); the per-sequence
-        # min / max; vespo's weight (a sequence mean); the policy loss (as the loss)
-        metrics = lax.stop_gradient(metrics)  # metrics carry no gradient (pmin has no rule)
-        B_loc_f = jnp.float32(B_loc)
-        w_clip = B_loc_f if cfg.importance_sampling_level == "sequence" else n_loc
-        d_clip = jnp.float32(B_glob) if cfg.importance_sampling_level == "sequence" else n_glob1
-        metrics = jnp.concatenate([
-            psum_b(metrics[0:2] * n_loc) / n_glob1,
-            psum_b(metrics[2:6] * w_clip) / d_clip,
-            nan_extreme(metrics[6:7], lax.pmin), nan_extreme(metrics[7:8], lax.pmax),
-            psum_b(metrics[8:9] * B_loc_f) / jnp.float32(B_glob),
-            psum_b(s_p * metrics[9:10])])
-        if nv > 1:
-            loss = loss[None]  # one (equal) value per vocab shard, averaged outside
-        return loss, metrics, logp, ent
-
-    lspec = P(vocab_axis) if nv > 1 else P()
-    fn = _shard_map(local, mesh, specs, (lspec, P(), bspec, bspec))
-    loss, metrics, logp, ent = fn(*[v for _, v in present])
-    if nv > 1:
-        loss = jnp.mean(loss)
+    if hidden.shape[0] % nb:
+        raise ValueError(f"batch {hidden.shape[0]} does not divide over {nb} shards of "
+                         f"{batch_axis!r}")
+    if nv > 1 and backend() != "ffi":
+        raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler")
+    weight, bias, V, rows = _vocab_layout(weight, bias, vocab_size, nv)
+    items = -1.0 if num_items_in_batch is None else num_items_in_batch
+    rest = dict(zip(_BY_BATCH[1:], _batch(token_ids, mask, advantages, old_logp, ref_logp,
+                                          is_ratio)), scalars=_scalars(items, entropy_coef))
+    present = {**rest, "hidden": hidden, "weight": weight, "bias": bias}
+    plan = _Plan(cfg, mesh, batch_axis, vocab_axis, V, rows, hidden.shape[0],
+                 tuple(n for n in _INPUTS if present[n] is not None))
+    loss, (metrics, logp, ent) = _sharded(plan, hidden, weight, bias, rest)
     return (loss, _aux(metrics, logp, ent)) if return_aux else loss
 
 

@@ -270,6 +270,14 @@ def test_shard_map_2d_mesh_batch_axis_only():
         assert_close(f"batch_sharded/{n}", a, b)
 
 
+def _mesh(shape, axes):
+    if len(jax.devices()) < 4:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=4 before jax starts")
+    if fgj.backend() != "ffi":
+        pytest.skip("vocab sharding needs the FFI handler")
+    return Mesh(np.array(jax.devices()[:4]).reshape(shape), axes)
+
+
 @pytest.mark.parametrize("mesh_shape,axes,batch_axis", [
     ((4,), ("vocab",), None),
     ((2, 2), ("batch", "vocab"), "batch"),
@@ -277,16 +285,14 @@ def test_shard_map_2d_mesh_batch_axis_only():
 @pytest.mark.parametrize("loss_type,level", [("grpo", "sequence"), ("dapo", "token"),
                                              ("bnpo", "token"), ("sapo", "token")])
 def test_shard_map_vocab_axis(mesh_shape, axes, batch_axis, loss_type, level):
-    """Weight split by vocab rows: the C library's communicator hook is served
-    in-process by the FFI handler (barrier + rank-ordered reduction). A small
-    memory budget forces several chunks, which the shards must agree on."""
-    if len(jax.devices()) < 4:
-        pytest.skip("needs 4 host devices")
-    if fgj.backend() != "ffi":
-        pytest.skip("vocab sharding needs the FFI handler")
-    mesh = Mesh(np.array(jax.devices()[:4]).reshape(mesh_shape), axes)
+    """Weight split by vocab rows: the phases of fusedgrpo.h on every shard, with
+    lax.pmax / lax.psum between them. V = 1025 splits unevenly (the weight is
+    padded to 4 x 257 rows; the last shard passes its 254). A small memory
+    budget makes each shard's GEMM phases run in several chunks."""
+    mesh = _mesh(mesh_shape, axes)
     rng = np.random.default_rng(30 + len(axes))
-    inp = make_inputs(rng, B=4, T=24, H=16, V=4 * 257, all_masked_row=1, bad_masked_ids=False)
+    inp = make_inputs(rng, B=4, T=24, H=16, V=4 * 257 - 3, all_masked_row=1,
+                      bad_masked_ids=False)
     cfg = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.1,
                entropy_coef=0.02, temperature=0.8)
     l1, g1 = _grads(lambda *a, **k: fgj.fused_linear_grpo_loss_sharded(
@@ -301,6 +307,102 @@ def test_shard_map_vocab_axis(mesh_shape, axes, batch_axis, loss_type, level):
                                                 return_aux=True, **cfg)
     compare_to_reference("vocab_sharded", dict(metrics=aux["metrics"], logp=aux["logp"],
                                                entropy=aux["entropy"]), want, context)
+
+
+def test_shard_map_vocab_size_excludes_padding_rows():
+    """A weight already padded to a multiple of the shards (as a global array
+    sharded over processes must be) with vocab_size = the real vocabulary: the
+    padding rows never enter a call, though they would dominate every softmax
+    here, and their gradient is exactly 0."""
+    mesh = _mesh((4,), ("vocab",))
+    rng = np.random.default_rng(40)
+    V = 301
+    inp = make_inputs(rng, B=3, T=7, H=16, V=V)
+    cfg = dict(loss_type="cispo", beta=0.04, epsilon_high=1.2, temperature=0.9)
+    padded = {**inp, "weight": np.concatenate([inp["weight"], np.full((3, 16), 50.0, np.float32)]),
+              "bias": np.concatenate([inp["bias"], np.full(3, 50.0, np.float32)])}
+    l1, g1 = _grads(lambda *a, **k: fgj.fused_linear_grpo_loss_sharded(
+        mesh, *a, batch_axis=None, vocab_axis="vocab", vocab_size=V, **k), padded, cfg)
+    want = reference(**inp, **cfg)
+    compare_to_reference("vocab_sharded", dict(loss=l1, grad_hidden=g1[0],
+                                               grad_weight=g1[1][:V], grad_bias=g1[2][:V]), want)
+    assert not np.any(np.asarray(g1[1][V:])) and not np.any(np.asarray(g1[2][V:]))
+    with pytest.raises(ValueError, match="without vocab rows"):
+        fgj.fused_linear_grpo_loss_sharded(mesh, *_args({**inp, "weight": inp["weight"][:5]}),
+                                           batch_axis=None, vocab_axis="vocab")
+
+
+def test_shard_map_vocab_axis_bfloat16():
+    """bf16 inputs: grad_hidden's shares are summed in float32 and the gradients
+    come back in bf16, as from the unsharded call."""
+    mesh = _mesh((2, 2), ("batch", "vocab"))
+    rng = np.random.default_rng(41)
+    inp = make_inputs(rng, B=4, T=5, H=16, V=203)
+    bf = {k: jnp.asarray(inp[k], jnp.bfloat16) for k in ("hidden", "weight", "bias")}
+    cfg = dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.04)
+    loss, (gh, gw, gb) = jax.jit(jax.value_and_grad(
+        lambda h, w, b: fgj.fused_linear_grpo_loss_sharded(
+            mesh, *_args({**inp, "hidden": h, "weight": w}), bias=b, vocab_axis="vocab", **cfg),
+        argnums=(0, 1, 2)))(bf["hidden"], bf["weight"], bf["bias"])
+    assert gh.dtype == gw.dtype == gb.dtype == jnp.bfloat16
+    rounded = {**inp, **{k: np.asarray(v, np.float32) for k, v in bf.items()}}
+    want = reference(**rounded, **cfg)
+    compare_to_reference("bf16", dict(loss=loss), want)
+    assert_close("bf16_out/grad_hidden", gh, want["grad_hidden"])
+    assert_close("bf16_out/grad_weight", gw, want["grad_weight"])
+
+
+def test_shard_map_errors_raise_on_every_shard():
+    """A failure on one shard (NaN in its weight rows, a bad token id in one batch
+    shard) travels through the phases as a status; every shard raises it after
+    the collectives, with the failing shard's message where this process holds
+    it; the mesh then runs the next call as before."""
+    mesh = _mesh((2, 2), ("batch", "vocab"))
+    rng = np.random.default_rng(42)
+    inp = make_inputs(rng, B=4, T=5, H=16, V=101, bad_masked_ids=False)
+
+    def run(i, **kw):
+        return _grads(lambda *a, **k: fgj.fused_linear_grpo_loss_sharded(
+            mesh, *a, vocab_axis="vocab", **kw, **k), i, dict(loss_type="dapo", beta=0.04))
+
+    loss, _ = run(inp)
+    w = inp["weight"].copy()
+    w[90, 3] = np.nan  # a row of the second vocab shard
+    with pytest.raises(Exception, match=r"FG_ERR_NONFINITE_INPUT: weight\[39, 3\] is NaN"):
+        jax.block_until_ready(run({**inp, "weight": w}))
+    tok = inp["token_ids"].copy()
+    tok[3, 0] = 101  # a sequence of the second batch shard
+    with pytest.raises(Exception, match=r"FG_ERR_TOKEN_OUT_OF_RANGE: token_ids\[1, 0\] = 101"):
+        jax.block_until_ready(run({**inp, "token_ids": tok}))
+    with pytest.raises(Exception, match="FG_ERR_BUDGET_TOO_SMALL"):
+        jax.block_until_ready(run(inp, memory_budget=1000))
+    again, _ = run(inp)
+    assert float(again) == float(loss)
+    batch_mesh = _mesh((4,), ("batch",))  # no vocab axis: one soft-failing call per shard
+    with pytest.raises(Exception, match="FG_ERR_TOKEN_OUT_OF_RANGE"):
+        jax.block_until_ready(_grads(lambda *a, **k: fgj.fused_linear_grpo_loss_sharded(
+            batch_mesh, *a, **k), {**inp, "token_ids": tok}, {}))
+
+
+def test_shard_map_batch_axis_callback_backend(monkeypatch):
+    """The pure_callback backend serves the batch axis (one call per shard) and
+    refuses the vocab axis."""
+    mesh = _mesh((4,), ("batch",))
+    rng = np.random.default_rng(43)
+    inp = make_inputs(rng, B=4, T=5, H=8, V=19, bad_masked_ids=False)
+    cfg = dict(loss_type="bnpo", beta=0.05, entropy_coef=0.01)
+
+    def sharded(*a, **k):
+        return fgj.fused_linear_grpo_loss_sharded(mesh, *a, **k)
+    l1, g1 = _grads(sharded, inp, cfg)
+    monkeypatch.setitem(fgj._state, "backend", "callback")
+    l2, g2 = _grads(sharded, inp, cfg)
+    assert float(l1) == float(l2)
+    for a, b in zip(g1, g2):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(NotImplementedError, match="FFI handler"):
+        fgj.fused_linear_grpo_loss_sharded(Mesh(np.array(jax.devices()[:4]), ("vocab",)),
+                                           *_args(inp), batch_axis=None, vocab_axis="vocab")
 
 
 def test_linear_logprobs_differentiable():
