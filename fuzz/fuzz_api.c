@@ -25,8 +25,9 @@
  *     empty. Exceptions, where the header allows writes before the failure is
  *     known: FG_ERR_NONFINITE_INPUT whose message says "results are invalid"
  *     (non-finite logits found during the computation, finite check off or
- *     finite inputs overflowing), and FG_ERR_BACKEND when the fuzzed
- *     communicator failed;
+ *     finite inputs overflowing), and FG_ERR_COMMUNICATOR when the fuzzed
+ *     communicator failed (a collective call's reductions run after its
+ *     outputs start);
  *  3. on FG_OK: fg_last_error is "", slack and row padding (ld > cols) of
  *     every output are untouched, masked logp/entropy are 0, masked rows of
  *     grad_hidden/grad_logits are 0;
@@ -743,7 +744,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             die("empty fg_last_error after a failure", detail);
         const int late_ok = (st == FG_ERR_NONFINITE_INPUT &&
                              strstr(fg_last_error(ctx), "results are invalid")) ||
-                            (st == FG_ERR_BACKEND && g_comm.failed);
+                            (st == FG_ERR_COMMUNICATOR && g_comm.failed);
         if (late_ok) {
             if (!injected && !g_comm.failed && check_finite)
                 die("late non-finite failure without a non-finite input", detail);
