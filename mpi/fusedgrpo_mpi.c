@@ -33,7 +33,7 @@ void fg_mpi_grid_free(fg_mpi_grid *g)
 }
 
 /* Counts are int in MPI: reduce in pieces below INT_MAX floats. */
-static int allreduce(MPI_Comm comm, float *buf, int64_t count, MPI_Op op)
+int fg_mpi_allreduce_floats(MPI_Comm comm, float *buf, int64_t count, MPI_Op op)
 {
     const int64_t piece = (int64_t)1 << 30;
     for (int64_t i = 0; i < count; i += piece) {
@@ -49,7 +49,7 @@ static int hook(void *user, float *buf, int64_t count, fg_reduce_op op)
     fg_mpi_grid *g = user;
     g->hook_calls++;
     g->hook_bytes += count * (int64_t)sizeof(float);
-    return allreduce(g->vocab, buf, count, op == FG_REDUCE_MAX ? MPI_MAX : MPI_SUM);
+    return fg_mpi_allreduce_floats(g->vocab, buf, count, op == FG_REDUCE_MAX ? MPI_MAX : MPI_SUM);
 }
 
 fg_communicator fg_mpi_communicator(fg_mpi_grid *g)
@@ -90,7 +90,7 @@ fg_status fg_mpi_data_parallel_end(fg_mpi_grid *g, fg_status local, double *loss
             continue;
         g->data_calls++;
         g->data_bytes += counts[k] * (int64_t)sizeof(float);
-        if (allreduce(g->data, bufs[k], counts[k], MPI_SUM) != 0)
+        if (fg_mpi_allreduce_floats(g->data, bufs[k], counts[k], MPI_SUM) != 0)
             return FG_ERR_COMMUNICATOR;
         for (int64_t i = 0; i < counts[k]; i++)
             bufs[k][i] *= inv;

@@ -56,6 +56,10 @@ void fg_mpi_grid_free(fg_mpi_grid *grid);
 /* The hook over grid->vocab (MPI_Allreduce on floats); counts into grid. */
 fg_communicator fg_mpi_communicator(fg_mpi_grid *grid);
 
+/* MPI_Allreduce in place of `count` floats over comm, in pieces below
+ * MPI's int count. 0, or -1 when MPI fails. */
+int fg_mpi_allreduce_floats(MPI_Comm comm, float *buf, int64_t count, MPI_Op op);
+
 /* Part `index` of `parts` of [0, total): as even as can be (the first
  * total % parts parts one longer), so any total works. */
 void fg_mpi_split(int64_t total, int parts, int index, int64_t *start, int64_t *count);

@@ -755,11 +755,11 @@ static void plan_filter(const fg_linear_options *o, linear_plan *p)
     }
 }
 
-/* The plan of a validated call: dtypes, which products run, and the chunks.
- * `agree`: sharded calls agree on the chunk size. */
+/* The plan of a validated call: dtypes, which products run, and the chunks
+ * (a collective call then re-plans them at the shards' agreed size). */
 static fg_status plan_call(fg_call *call, const fg_linear_options *o, const linear_request *req,
                            const fg_linear_inputs *in, const fg_linear_outputs *out,
-                           int64_t n_active, int64_t forced, linear_plan *p)
+                           int64_t n_active, linear_plan *p)
 {
     memset(p, 0, sizeof *p);
     p->fused = o->impl == FG_IMPL_FUSED;
@@ -796,7 +796,7 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const line
     if (st != FG_OK)
         return st;
     plan_filter(o, p);
-    return plan_chunks(call, p, forced);
+    return plan_chunks(call, p, 0);
 }
 
 /* The arena a planned call reserves. */
@@ -821,7 +821,7 @@ static fg_status check_and_plan(fg_call *call, const fg_linear_options *opts,
     fg_status st = validate_linear(call, o, req, in, out, is_call, &n_active);
     if (st != FG_OK)
         return st;
-    return plan_call(call, o, req, in, out, n_active, 0, p);
+    return plan_call(call, o, req, in, out, n_active, p);
 }
 
 /* What the shards of a collective call must agree on: everything that sets

@@ -99,23 +99,6 @@ static fg_row_stats row_stats_isa(const void *x, fg_dtype dtype, int64_t n, floa
     return dtype == FG_DTYPE_BF16 ? stats_impl(x, 1, n, inv_temp) : stats_impl(x, 0, n, inv_temp);
 }
 
-fg_row_stats fg_row_stats_merge(fg_row_stats a, fg_row_stats b)
-{
-    if (a.max < b.max) {
-        fg_row_stats t = a;
-        a = b;
-        b = t;
-    }
-    if (b.max == -INFINITY) /* an empty shard contributes nothing */
-        return a;
-    const float shift = b.max - a.max, f = expf(shift);
-    fg_row_stats r;
-    r.max = a.max;
-    r.sum = a.sum + b.sum * f;
-    r.dot = a.dot + (b.dot + b.sum * shift) * f;
-    return r;
-}
-
 static ALWAYS_INLINE void backward_impl(const void *x, int xbf, void *out, int obf, int64_t n,
                                         float s, float zmax, float lsum, float ent, float g,
                                         float e, int64_t tok)

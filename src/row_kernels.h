@@ -13,13 +13,12 @@
 
 /* Mergeable row statistics: sum = Σ exp(z − max), dot = Σ exp(z − max)·(z − max).
  * Keeping dot relative to max avoids the cancellation of lse − Σ p z when the
- * logits are large. Two shards of one row merge with fg_row_stats_merge. */
+ * logits are large. Vocab shards of one row merge exactly in shard_stats.c. */
 typedef struct fg_row_stats {
     float max, sum, dot;
 } fg_row_stats;
 
 fg_row_stats fg_row_stats_compute(const void *x, fg_dtype dtype, int64_t n, float inv_temp);
-fg_row_stats fg_row_stats_merge(fg_row_stats a, fg_row_stats b);
 
 static inline float fg_row_lse(fg_row_stats s) { return s.max + logf(s.sum); }
 static inline float fg_row_entropy(fg_row_stats s) { return logf(s.sum) - s.dot / s.sum; }

@@ -104,13 +104,7 @@ int ft_sharded_rank(const ft_shards *s) { return s->grid.rank; }
  * a SUM assembles them exactly. */
 static int assemble_sum(float *buf, int64_t n, MPI_Comm comm)
 {
-    const int64_t piece = (int64_t)1 << 30;
-    for (int64_t i = 0; i < n; i += piece) {
-        const int c = (int)(n - i < piece ? n - i : piece);
-        if (MPI_Allreduce(MPI_IN_PLACE, buf + i, c, MPI_FLOAT, MPI_SUM, comm) != MPI_SUCCESS)
-            return -1;
-    }
-    return 0;
+    return fg_mpi_allreduce_floats(comm, buf, n, MPI_SUM);
 }
 
 static void zero_outside(float *buf, int64_t total, int64_t start, int64_t count)
