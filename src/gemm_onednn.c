@@ -177,7 +177,7 @@ fg_status fg_gemm_cache_create(fg_gemm_cache **out)
     }
     /* Probe once: does this CPU have oneDNN bf16 matmul kernels? */
     fg_gemm_shape probe = {16, 16, 16, FG_DTYPE_BF16, FG_DTYPE_BF16, FG_DTYPE_F32,
-                           16, 1, 16, 1, 16, 0, 0, 0, 0, 0, 0, 0};
+                           16, 1, 16, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0};
     gemm_slot tmp;
     memset(&tmp, 0, sizeof tmp);
     const int probed = create_primitive(c, &probe, &tmp);
@@ -270,7 +270,14 @@ static fg_status slot_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int work
  * keeps its place in a kernel tile. The scratch is laid out as
  * [padded A][worker 0]...[worker n-1]. Row blocks are of three kinds: full
  * (bm rows), last (the rest of the whole groups) and tail; each kind has a
- * primitive per column kind. */
+ * primitive per column kind.
+ *
+ * With split_k (gemm_onednn.h), K may be cut into kp pieces: the first (the
+ * longest, K - (kp-1)·kb) writes C as the product asks, each later one (kb
+ * long) a partial [bm, bn] of its own in the shared scratch, after the padded
+ * A; the partials are then added to C in piece order, so each element's sum
+ * runs in the same order for any thread count. Blocks are numbered piece by
+ * piece, then the tail: t = q·tm·tn + i·tn + j. */
 enum { ROWS_FULL, ROWS_LAST, ROWS_TAIL };
 #define TAIL_BLOCK_N 96
 _Static_assert(TAIL_BLOCK_N % FG_LOGITS_COL_GRANULE == 0, "tail blocks start at column groups");
@@ -281,19 +288,31 @@ typedef struct blocking {
     int64_t bm, bn, tm, tn; /* body blocks: rows, columns, block rows and columns */
     int64_t tbn, ttn;       /* tail blocks: columns, block columns (0: no tail)  */
     int64_t g, tail;        /* row granule (1: none), rows in the tail   */
-    gemm_slot *slot[3][2];  /* [row kind][last block column]; NULL: none */
+    int64_t kp, kb;         /* K pieces (1: whole K), a later piece's K  */
+    gemm_slot *slot[3][2][2]; /* [row kind][last block column][later piece]; NULL: none */
     size_t native_bytes;    /* one worker's oneDNN scratchpad, rounded   */
     size_t apad_bytes;      /* the padded A tail, shared, rounded        */
+    size_t partial_bytes;   /* the later pieces' partials, shared, rounded */
     size_t per_worker;      /* one worker's scratch: oneDNN's + C's tail */
     int workers;            /* memory-object sets prepared: min(threads, blocks) */
 } blocking;
 
 /* The shape of a block of the given kinds; 0 when the product has none. */
-static int block_shape(const fg_gemm_shape *s, const blocking *b, int kind, int last_col,
+static int block_shape(const fg_gemm_shape *s, const blocking *b, int kind, int last_col, int later,
                        fg_gemm_shape *u)
 {
     const int64_t body = s->M - b->tail;
     *u = *s;
+    if (later && b->kp < 2)
+        return 0;
+    if (b->kp > 1) { /* a later piece writes its own [bm, bn] partial */
+        u->K = later ? b->kb : s->K - (b->kp - 1) * b->kb;
+        if (later) {
+            u->c_ld = b->bn;
+            u->accumulate = 0;
+            u->has_bias = 0;
+        }
+    }
     if (kind == ROWS_TAIL)
         u->N = last_col ? s->N - (b->ttn - 1) * b->tbn : b->tbn;
     else
@@ -319,39 +338,54 @@ static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int t
 {
     memset(b, 0, sizeof *b);
     b->g = s->row_granule > 1 ? s->row_granule : 1;
+    const int split = s->split_k > 0 && b->g == 1 && s->c_type == FG_DTYPE_F32;
     b->bm = s->block_m > 0 && s->block_m < s->M ? s->block_m : s->M;
+    if (split && b->bm < s->M) /* M / block_m blocks of about equal rows (>= block_m
+                                  but the last, shorter by up to one row per block) */
+        b->bm = (s->M + s->M / b->bm - 1) / (s->M / b->bm);
     b->bm = b->bm / b->g * b->g; /* whole groups (0 when M < g: all tail) */
     b->bm = b->bm > 0 ? b->bm : b->g;
     b->bn = s->block_n > 0 && s->block_n < s->N ? s->block_n : s->N;
     b->tail = s->M % b->g;
     b->tm = (s->M - b->tail + b->bm - 1) / b->bm;
     b->tn = (s->N + b->bn - 1) / b->bn;
+    b->kp = 1;
+    if (split && b->tm * b->tn > 0 && b->tm * b->tn < s->split_k) {
+        const int64_t want = (s->split_k + b->tm * b->tn - 1) / (b->tm * b->tn);
+        const int64_t most = s->K / FG_GEMM_MIN_PIECE_K;
+        b->kp = want < most ? want : most > 1 ? most : 1;
+        b->kb = s->K / b->kp;
+    }
     if (b->tail) {
         b->tbn = b->bn < TAIL_BLOCK_N ? b->bn : TAIL_BLOCK_N;
         b->ttn = (s->N + b->tbn - 1) / b->tbn;
     }
     b->workers = threads < 1 ? 1 : threads;
-    if ((int64_t)b->workers > b->tm * b->tn + b->ttn)
-        b->workers = (int)(b->tm * b->tn + b->ttn);
+    if ((int64_t)b->workers > b->tm * b->tn * b->kp + b->ttn)
+        b->workers = (int)(b->tm * b->tn * b->kp + b->ttn);
     for (int k = 0; k < 3; k++)
-        for (int j = 0; j < 2; j++) {
-            fg_gemm_shape u;
-            if (!block_shape(s, b, k, j, &u))
-                continue;
-            fg_status st = slot_prepare(c, &u, b->workers, &b->slot[k][j], err);
-            if (st != FG_OK)
-                return st;
-            const size_t sb = fg_ws_round(b->slot[k][j]->scratch_bytes);
-            b->native_bytes = sb > b->native_bytes ? sb : b->native_bytes;
-        }
+        for (int j = 0; j < 2; j++)
+            for (int q = 0; q < 2; q++) {
+                fg_gemm_shape u;
+                if (!block_shape(s, b, k, j, q, &u))
+                    continue;
+                fg_status st = slot_prepare(c, &u, b->workers, &b->slot[k][j][q], err);
+                if (st != FG_OK)
+                    return st;
+                const size_t sb = fg_ws_round(b->slot[k][j][q]->scratch_bytes);
+                b->native_bytes = sb > b->native_bytes ? sb : b->native_bytes;
+            }
     /* The shapes were found or made in turn: look them up again in case a
      * later one evicted an earlier one (only with a tiny cache). */
     for (int k = 0; k < 3; k++)
-        for (int j = 0; j < 2; j++) {
-            fg_gemm_shape u;
-            if (block_shape(s, b, k, j, &u) && find_slot(c, &u) != b->slot[k][j])
-                return fg_fail(err, FG_ERR_BACKEND, "internal: GEMM cache too small");
-        }
+        for (int j = 0; j < 2; j++)
+            for (int q = 0; q < 2; q++) {
+                fg_gemm_shape u;
+                if (block_shape(s, b, k, j, q, &u) && find_slot(c, &u) != b->slot[k][j][q])
+                    return fg_fail(err, FG_ERR_BACKEND, "internal: GEMM cache too small");
+            }
+    b->partial_bytes =
+        fg_ws_round((size_t)((b->kp - 1) * b->tm * b->tn * b->bm * b->bn) * sizeof(float));
     if (b->tail) {
         b->apad_bytes = fg_ws_round((size_t)(b->g * s->K) * fg_dtype_size(s->a_type));
         b->per_worker =
@@ -384,19 +418,26 @@ static int run_block(fg_gemm_cache *c, const fg_gemm_shape *s, const blocking *b
                      int64_t t, int w, const void *A, const void *B, void *C, const void *bias,
                      unsigned char *scratch)
 {
-    const int tail = t >= b->tm * b->tn;
-    const int64_t i = tail ? b->tm : t / b->tn, j = tail ? t - b->tm * b->tn : t % b->tn;
+    const int64_t body = b->tm * b->tn, q = t < body * b->kp ? t / body : 0;
+    t -= q * body;
+    const int tail = t >= body;
+    const int64_t i = tail ? b->tm : t / b->tn, j = tail ? t - body : t % b->tn;
     const int kind = tail ? ROWS_TAIL : i == b->tm - 1 ? ROWS_LAST : ROWS_FULL;
-    const gemm_slot *slot = b->slot[kind][j == (tail ? b->ttn : b->tn) - 1];
+    const gemm_slot *slot = b->slot[kind][j == (tail ? b->ttn : b->tn) - 1][q > 0];
     const size_t ea = fg_dtype_size(s->a_type), eb = fg_dtype_size(s->b_type),
                  ec = fg_dtype_size(s->c_type);
     /* The tail's rows start after the whole groups, not at i * bm: the block
      * row before it may be short. */
     const int64_t r0 = tail ? s->M - b->tail : i * b->bm;
     const int64_t c0 = j * (tail ? b->tbn : b->bn), nb = slot->shape.N;
-    unsigned char *const mine = scratch ? scratch + b->apad_bytes + (size_t)w * b->per_worker : NULL;
-    unsigned char *a = (unsigned char *)A + (size_t)(r0 * s->a_rs) * ea;
+    unsigned char *const mine =
+        scratch ? scratch + b->apad_bytes + b->partial_bytes + (size_t)w * b->per_worker : NULL;
+    /* Piece q's K starts after the first piece and q - 1 later ones. */
+    const int64_t k0 = q > 0 ? s->K - (b->kp - q) * b->kb : 0;
+    unsigned char *a = (unsigned char *)A + (size_t)(r0 * s->a_rs + k0 * s->a_cs) * ea;
     unsigned char *cc = (unsigned char *)C + (size_t)(r0 * s->c_ld + c0) * ec;
+    if (q > 0)
+        cc = scratch + b->apad_bytes + (size_t)(((q - 1) * body + t) * b->bm * b->bn) * sizeof(float);
     if (tail) {
         unsigned char *cpad = mine + b->native_bytes;
         if (s->accumulate) { /* C's rows in; the padding rows zero, never stale */
@@ -407,7 +448,7 @@ static int run_block(fg_gemm_cache *c, const fg_gemm_shape *s, const blocking *b
         a = scratch;
         cc = cpad;
     }
-    void *const handle[MEM_COUNT] = {a, (unsigned char *)B + (size_t)(c0 * s->b_cs) * eb, cc,
+    void *const handle[MEM_COUNT] = {a, (unsigned char *)B + (size_t)(c0 * s->b_cs + k0 * s->b_rs) * eb, cc,
                                      bias ? (unsigned char *)bias + (size_t)c0 * eb : NULL,
                                      b->native_bytes ? mine : NULL};
     static const int arg_of[MEM_COUNT] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST,
@@ -441,7 +482,7 @@ static fg_status native_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void
         return st;
     const double t0 = omp_get_wtime();
     int failed = 0;
-    const int64_t blocks = b.tm * b.tn + b.ttn;
+    const int64_t blocks = b.tm * b.tn * b.kp + b.ttn;
     workers = workers < b.workers ? workers : b.workers;
     workers = workers < 1 ? 1 : workers;
     if (b.tail) { /* A's tail rows, zero-padded to a whole group */
@@ -460,6 +501,24 @@ static fg_status native_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void
 #pragma omp for schedule(dynamic)
         for (int64_t t = 0; t < blocks; t++)
             failed |= run_block(c, s, &b, t, w, A, B, C, bias, scratch);
+    }
+    /* The later pieces' partials into C, in piece order, row by row. */
+    if (b.kp > 1 && !failed) {
+        const float *partials = (const float *)((unsigned char *)scratch + b.apad_bytes);
+#pragma omp parallel for schedule(static) num_threads(workers)
+        for (int64_t r = 0; r < s->M; r++) {
+            const int64_t i = r / b.bm;
+            float *crow = (float *)C + (size_t)(r * s->c_ld);
+            for (int64_t q = 1; q < b.kp; q++)
+                for (int64_t j = 0; j < b.tn; j++) {
+                    const float *p = partials +
+                                     (size_t)((((q - 1) * b.tm + i) * b.tn + j) * b.bm * b.bn) +
+                                     (size_t)((r - i * b.bm) * b.bn);
+                    const int64_t n0 = j * b.bn, n = s->N - n0 < b.bn ? s->N - n0 : b.bn;
+                    for (int64_t k = 0; k < n; k++)
+                        crow[n0 + k] += p[k];
+                }
+        }
     }
     if (failed)
         return fg_fail(err, FG_ERR_BACKEND, "oneDNN matmul failed (M=%lld N=%lld K=%lld)",
@@ -535,8 +594,8 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
             return st;
         if (b.per_worker > t->native_per_worker)
             t->native_per_worker = b.per_worker;
-        if (b.apad_bytes > t->native_shared)
-            t->native_shared = b.apad_bytes;
+        if (b.apad_bytes + b.partial_bytes > t->native_shared)
+            t->native_shared = b.apad_bytes + b.partial_bytes;
     }
     return FG_OK;
 }
@@ -618,7 +677,7 @@ fg_status fg_gemm_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int threads,
         fg_status st = blocked_prepare(c, s, threads, &b, err);
         if (st != FG_OK)
             return st;
-        n.shared = b.apad_bytes;
+        n.shared = b.apad_bytes + b.partial_bytes;
         n.per_worker = b.per_worker;
     } else {
         tiling t;

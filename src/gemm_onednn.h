@@ -43,6 +43,12 @@ typedef struct fg_gemm_shape {
                             depend on where it lies (FG_LOGITS_ROW_GRANULE) */
     int64_t col_granule; /* > 1: the tile path cuts N only at multiples of this
                             (FG_LOGITS_COL_GRANULE); block_n must be one */
+    int64_t split_k;    /* > 0 (f32 C, no row granule): rows are cut into
+                           max(1, M / block_m) blocks of about equal rows (so
+                           about block_m or more), and when C then has fewer than
+                           split_k blocks K is
+                           cut into fixed pieces (>= FG_GEMM_MIN_PIECE_K long) until
+                           it has, computed side by side and summed in order */
 } fg_gemm_shape;
 
 /* The blocks of the LM head's three products, [rows x cols] of C. They
@@ -50,12 +56,22 @@ typedef struct fg_gemm_shape {
  * path bitwise identical for any thread count. Sized so that each block is
  * a full-speed single-thread GEMM and there are enough blocks to share:
  *   logits      [tokens, V]  = hidden · Wᵀ     K = H: 504 x 1008
- *   grad_hidden [tokens, H]  = dlogits · W     K = V: 512 x 256
- *   grad_weight [V, H]      += dlogitsᵀ · h    K = tokens: 1024 x whole H */
+ *   grad_hidden [tokens, H]  = dlogits · W     K = V: >= 512 x up to 2048,
+ *                                               K in pieces until 4 blocks
+ *   grad_weight [V, H]      += dlogitsᵀ · h    K = tokens: 1024 x whole H
+ * grad_hidden's blocks are wide and tall because oneDNN 2.6's sgemm runs a
+ * block whose rows m and columns n have 1/m + 1/n >= 0.0038 with its no-copy
+ * kernels (AVX2, measured: 38-40 GFLOP/s a core against 72-80 packed, at
+ * m = 410-512 and n = 256-576). A chunk of a few hundred rows is then one
+ * block, so K (the vocabulary) is cut to share it among threads. On the
+ * bf16 tile path K is a weight tile's rows (32 MiB of f32 at most): at
+ * H = 4096 that is 2048 rows, too few to cut, but N then gives two blocks. */
 #define FG_BLOCK_LOGITS_M 504  /* a multiple of FG_LOGITS_ROW_GRANULE */
 #define FG_BLOCK_LOGITS_N 1008 /* a multiple of FG_LOGITS_COL_GRANULE */
 #define FG_BLOCK_DHIDDEN_M 512
-#define FG_BLOCK_DHIDDEN_N 256
+#define FG_BLOCK_DHIDDEN_N 2048
+#define FG_BLOCK_DHIDDEN_SPLIT_K 4
+#define FG_GEMM_MIN_PIECE_K 2048 /* measured at full speed from K = 2048 (m = 410, n = 1024) */
 #define FG_BLOCK_DWEIGHT_M 1024
 
 /* The logits product's granules: a token's logits, so its log-prob, must not

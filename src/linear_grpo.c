@@ -117,14 +117,15 @@ static fg_gemm_shape shape_logits(const linear_plan *p, int64_t m)
 {
     fg_gemm_shape s = {m, p->V, p->H, p->cmp_t, p->in_t, p->logit_t, p->H, 1, 1, p->w_ld, p->V, 0,
                        p->has_bias, tile_cap(p, m), FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N,
-                       FG_LOGITS_ROW_GRANULE, FG_LOGITS_COL_GRANULE};
+                       FG_LOGITS_ROW_GRANULE, FG_LOGITS_COL_GRANULE, 0};
     return s;
 }
 
 static fg_gemm_shape shape_dhidden(const linear_plan *p, int64_t m)
 {
     fg_gemm_shape s = {m, p->H, p->V, p->cmp_t, p->in_t, FG_DTYPE_F32, p->V, 1, p->w_ld, 1, p->H,
-                       0, 0, tile_cap(p, m), FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0, 0};
+                       0, 0, tile_cap(p, m), FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0, 0,
+                       FG_BLOCK_DHIDDEN_SPLIT_K};
     return s;
 }
 
@@ -133,7 +134,7 @@ static fg_gemm_shape shape_dweight(const linear_plan *p, int64_t m, int accumula
 {
     fg_gemm_shape s = {p->V, p->H, m, p->cmp_t, p->cmp_t, p->gw_sum ? FG_DTYPE_F32 : p->gw_t,
                        1, p->V, p->H, 1, p->gw_sum ? p->H : p->gw_ld, accumulate, 0,
-                       tile_cap(p, m), FG_BLOCK_DWEIGHT_M, 0, 0, 0};
+                       tile_cap(p, m), FG_BLOCK_DWEIGHT_M, 0, 0, 0, 0};
     return s;
 }
 

@@ -27,7 +27,7 @@
 
 #include "test_util.h"
 
-enum { B = 4, T = 40, H = 96, V = 2053, N = B * T };
+enum { B = 4, T = 40, H = 96, V = 4099, N = B * T }; /* V >= 2 * FG_GEMM_MIN_PIECE_K: grad_hidden's K in pieces */
 enum { O_LOSS, O_METRICS, O_LOGP, O_ENT, O_GH, O_GW, O_GB, O_GL, O_COUNT };
 static const char *O_NAME[O_COUNT] = {"loss", "metrics", "logp", "entropy", "grad_hidden",
                                       "grad_weight", "grad_bias", "grad_logits"};

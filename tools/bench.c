@@ -40,6 +40,9 @@ static const char USAGE[] =
     "  --sweep KEY=V1,V2  repeat for each value of KEY (e.g. seq_len=512,1024,2048)\n"
     "  --json FILE        one JSON line per impl and sweep point (plot: bench/plot_bench.py)\n"
     "  --inputs DIR       a captured batch instead of the synthetic one (its shape wins)\n"
+    "  --interleave       exactly two impls (A,B) in one process, their steps taking turns\n"
+    "                     (A B, B A, ...): each pair's time ratio A/B (median, min, max), which a\n"
+    "                     machine whose speed drifts cannot skew; peak RSS is then not per impl\n"
     "  Under mpirun with --set vocab_shards=V,data_shards=D (V x D ranks): fused and baseline\n"
     "  sharded over the ranks: step time (the slowest rank's), payload bytes per rank.\n";
 
@@ -177,6 +180,10 @@ static void print_row(const cJSON *j, const char *val)
                "%10s full shape %.1f GFLOP/s, a 2048-cube product %.1f GFLOP/s on this machine)\n", "",
                get(j, "roofline_s"), get(j, "chunked_gemm_s"), get(j, "fused_chunk_rows"), "",
                get(j, "roofline_gflops"), get(j, "peak_gemm_gflops"));
+    if (cJSON_GetObjectItem(j, "paired_with"))
+        printf("%10s(interleaved with %s: this step's time / its, per pair: median %.4f [%.4f, %.4f])\n", "",
+               cJSON_GetStringValue(cJSON_GetObjectItem(j, "paired_with")), get(j, "pair_ratio_p50"),
+               get(j, "pair_ratio_min"), get(j, "pair_ratio_max"));
     if (error) /* a measured run with a non-fatal note (e.g. the roofline failed) */
         printf("          note: %s\n", cJSON_GetStringValue(error));
 }
@@ -211,13 +218,18 @@ static cJSON *result(const char *text, const char *why, const ft_config *cfg, in
 int ft_cmd_bench(int argc, char **argv)
 {
     ft_cli cli;
-    int rc = ft_cli_parse(&cli, argc, argv, FT_OPT_JSON | FT_OPT_INPUTS | FT_OPT_IMPLS | FT_OPT_SWEEP, USAGE);
+    const unsigned opts = FT_OPT_JSON | FT_OPT_INPUTS | FT_OPT_IMPLS | FT_OPT_SWEEP | FT_OPT_INTERLEAVE;
+    int rc = ft_cli_parse(&cli, argc, argv, opts, USAGE);
     if (rc != 0)
         return rc > 0 ? FT_EXIT_OK : FT_EXIT_USAGE;
     int impls[FT_IMPL_COUNT], nimpl;
     sweep sw;
     if (parse_impls(cli.impls, &cli.cfg, impls, &nimpl) != 0 || parse_sweep(cli.sweep, &cli.cfg, &sw) != 0)
         return FT_EXIT_USAGE;
+    if (cli.interleave && nimpl != 2) {
+        fprintf(stderr, "fusedgrpo bench: --interleave takes exactly two impls (--impls A,B)\n");
+        return FT_EXIT_USAGE;
+    }
     if (ft_sharded_wanted(&cli.cfg)) /* under mpirun: no fork, no sweep */
         return ft_bench_sharded(&cli.cfg, cli.inputs, impls, nimpl, cli.json);
     FILE *jf = NULL;
@@ -230,7 +242,7 @@ int ft_cmd_bench(int argc, char **argv)
         char err[MSG];
         ft_config cfg = cli.cfg;
         ft_problem p = {0};
-        ft_bench_job fill_job = {&cfg, &p, 0};
+        ft_bench_job fill_job = {&cfg, &p, 0, {0, 0}};
         ft_config_set(&cfg, sw.key, sw.values[v], "--sweep", 0, err, sizeof err);
         if (ft_problem_make(cli.inputs, &cfg, 1, &p, err, sizeof err) != 0 ||
             (!cli.inputs && isolate(fill, &fill_job, err, MSG, err, MSG) != 0)) {
@@ -245,18 +257,29 @@ int ft_cmd_bench(int argc, char **argv)
             printf("%-9s %-9s %9s %9s %10s %10s %10s %10s %9s %9s %13s %13s\n", "impl", "dtype", sw.key,
                    "tokens", "cold_s", "mean_s", "p50_s", "p90_s", "GFLOP/s", "roofline", "peak_work_MiB",
                    "rss_work_MiB");
-        for (int i = 0; i < nimpl; i++) {
-            ft_bench_job job = {&cfg, &p, impls[i]};
+        /* One child per impl, or with --interleave one child for the pair;
+         * each child writes a JSON line per impl it ran. */
+        const int per_child = cli.interleave ? 2 : 1;
+        for (int i = 0; i < nimpl; i += per_child) {
+            ft_bench_job job = {&cfg, &p, impls[i], {impls[i], impls[i + per_child - 1]}};
             static char text[FT_BENCH_RESULT_BYTES];
             text[0] = '\0';
-            const int died = isolate(ft_bench_measure, &job, text, sizeof text, err, sizeof err) < 0;
-            cJSON *j = result(text, died ? err : NULL, &cfg, impls[i], sw.key, val);
-            print_row(j, val);
-            fflush(stdout);
-            if (!cJSON_IsTrue(cJSON_GetObjectItem(j, "ok")) && status == FT_EXIT_OK)
-                status = FT_EXIT_FAIL;
-            if (ft_json_write_line(jf, j) != 0) /* jf NULL: no --json */
-                status = FT_EXIT_USAGE;
+            const int died = isolate(cli.interleave ? ft_bench_measure_interleaved : ft_bench_measure, &job,
+                                     text, sizeof text, err, sizeof err) < 0;
+            char *line = text;
+            for (int k = 0; k < per_child; k++) {
+                char *nl = strchr(line, '\n');
+                if (nl)
+                    *nl = '\0';
+                cJSON *j = result(line, died ? err : NULL, &cfg, impls[i + k], sw.key, val);
+                line = nl ? nl + 1 : line + strlen(line);
+                print_row(j, val);
+                fflush(stdout);
+                if (!cJSON_IsTrue(cJSON_GetObjectItem(j, "ok")) && status == FT_EXIT_OK)
+                    status = FT_EXIT_FAIL;
+                if (ft_json_write_line(jf, j) != 0) /* jf NULL: no --json */
+                    status = FT_EXIT_USAGE;
+            }
         }
         ft_problem_destroy(&p);
     }

@@ -141,52 +141,69 @@ static double peak_gemm_rate(const ft_config *cfg, const ft_problem *p, double *
     return rate;
 }
 
-/* The steps and the memory figures into j; 0, or -1 with err. */
-static int time_steps(const ft_config *cfg, ft_runner *r, cJSON *j, double fixed_bytes, double flops,
-                      char *err, size_t errlen)
+/* One impl's steps as they run, so that two impls can take turns (--interleave):
+ * step i of `warm + n` (the first is cold_s), the timed ones kept in t. */
+typedef struct step_log {
+    ft_runner *r;
+    cJSON *j;
+    int64_t warm, n;
+    double *t, mean, kernel, gemm, call;
+} step_log;
+
+static int step_log_init(step_log *s, ft_runner *r, cJSON *j, const ft_config *cfg)
 {
-    const int64_t warm = cfg->warmup > 1 ? cfg->warmup : 1, n = cfg->steps;
-    const int tty = isatty(STDERR_FILENO), logits = r->impl == FT_IMPL_LOGITS;
-    double *t = malloc((size_t)n * sizeof *t), mean = 0, kernel = 0, gemm = 0, call = 0;
-    for (int64_t i = 0; t && i < warm + n; i++) {
-        const double t0 = omp_get_wtime();
-        if (ft_runner_step(r) != 0) {
-            free(t);
-            return ft_error(err, errlen, "%s", r->err);
-        }
-        const double dt = omp_get_wtime() - t0;
-        fg_memory_stats ms = {0};
-        fg_get_memory_stats(r->ctx, &ms);
-        if (i == 0)
-            num(j, "cold_s", dt);
-        if (i >= warm) {
-            t[i - warm] = dt;
-            mean += dt / (double)n;
-            kernel += r->kernel_s / (double)n;
-            gemm += ms.gemm_seconds / (double)n;
-            call += ms.call_seconds / (double)n;
-        }
-        if (tty) /* progress, on a terminal only: logs stay free of it */
-            fprintf(stderr, "\r%-9s step %lld/%lld  %.3g s\033[K", ft_impl_name(r->impl),
-                    (long long)i + 1, (long long)(warm + n), dt);
+    *s = (step_log){.r = r, .j = j, .warm = cfg->warmup > 1 ? cfg->warmup : 1, .n = cfg->steps};
+    s->t = malloc((size_t)s->n * sizeof *s->t);
+    return s->t ? 0 : ft_error(r->err, sizeof r->err, "out of memory");
+}
+
+static int step_log_run(step_log *s, int64_t i)
+{
+    ft_runner *r = s->r;
+    const double t0 = omp_get_wtime();
+    if (ft_runner_step(r) != 0)
+        return -1;
+    const double dt = omp_get_wtime() - t0;
+    fg_memory_stats ms = {0};
+    fg_get_memory_stats(r->ctx, &ms);
+    if (i == 0)
+        num(s->j, "cold_s", dt);
+    if (i >= s->warm) {
+        s->t[i - s->warm] = dt;
+        s->mean += dt / (double)s->n;
+        s->kernel += r->kernel_s / (double)s->n;
+        s->gemm += ms.gemm_seconds / (double)s->n;
+        s->call += ms.call_seconds / (double)s->n;
     }
-    if (tty)
+    if (isatty(STDERR_FILENO)) /* progress, on a terminal only: logs stay free of it */
+        fprintf(stderr, "\r%-9s step %lld/%lld  %.3g s\033[K", ft_impl_name(r->impl), (long long)i + 1,
+                (long long)(s->warm + s->n), dt);
+    return 0;
+}
+
+/* The step and memory figures into s->j (sorts s->t). rss: VmHWM is this
+ * impl's own (not when two impls shared the process). */
+static void step_log_report(step_log *s, double fixed_bytes, double flops, int rss)
+{
+    if (isatty(STDERR_FILENO))
         fputs("\r\033[K", stderr);
-    if (t == NULL)
-        return ft_error(err, errlen, "out of memory");
+    cJSON *j = s->j;
+    const ft_runner *r = s->r;
+    const int logits = r->impl == FT_IMPL_LOGITS;
+    const int64_t n = s->n;
     /* Memory before the roofline, whose own buffers would count. */
-    const double hwm = proc_status_bytes("VmHWM"), p50 = percentile(t, n, 0.5);
+    const double hwm = rss ? proc_status_bytes("VmHWM") : NAN, p50 = percentile(s->t, n, 0.5);
     fg_memory_stats ms = {0};
     fg_get_memory_stats(r->ctx, &ms);
     num(j, "steps", (double)n);
-    num(j, "step_s_mean", mean);
+    num(j, "step_s_mean", s->mean);
     num(j, "step_s_p50", p50);
-    num(j, "step_s_p90", percentile(t, n, 0.9));
-    num(j, "step_s_min", t[0]);
-    num(j, "step_s_max", t[n - 1]);
-    num(j, logits ? "kernel_s_mean" : "gemm_s_mean", logits ? kernel : gemm); /* the library's own timing */
+    num(j, "step_s_p90", percentile(s->t, n, 0.9));
+    num(j, "step_s_min", s->t[0]);
+    num(j, "step_s_max", s->t[n - 1]);
+    num(j, logits ? "kernel_s_mean" : "gemm_s_mean", logits ? s->kernel : s->gemm); /* the library's own */
     if (!logits)
-        num(j, "call_s_mean", call);
+        num(j, "call_s_mean", s->call);
     num(j, "peak_work_bytes", (double)(ms.peak_bytes + ft_runner_tool_bytes(r))); /* counted + the tool's */
     num(j, "lib_peak_bytes", (double)ms.peak_bytes);
     num(j, "tool_bytes", (double)ft_runner_tool_bytes(r)); /* logits impl: logits + GEMM scratch */
@@ -201,8 +218,58 @@ static int time_steps(const ft_config *cfg, ft_runner *r, cJSON *j, double fixed
     num(j, "gflops", p50 > 0 ? flops / p50 / 1e9 : 0.0);
     num(j, "loss", r->loss_value); /* the last step's, a sanity value */
     num(j, "entropy_mean", r->metrics.entropy); /* the batch's: how peaked its softmax is */
-    free(t);
-    return 0;
+}
+
+/* The problem's figures every impl's object starts with; returns the step's FLOPs. */
+static double begin(cJSON *j, ft_problem *p)
+{
+    num(j, "rss_base_bytes", proc_status_bytes("VmRSS"));
+    const int64_t n = ft_problem_unmasked(p);
+    num(j, "tokens", (double)ft_problem_tokens(p));
+    num(j, "unmasked_tokens", (double)n);
+    num(j, "input_bytes", (double)p->bytes);
+    const double flops = 6.0 * (double)n * (double)p->s.hidden * (double)p->s.vocab;
+    num(j, "flops_per_step", flops);
+    return flops;
+}
+
+/* The roofline figures (bench_measure.c's head) into each of js[0..nj), after
+ * every step's buffer is gone; chunk: the fused path's rows (<= 0: none). */
+static void roofline(const ft_config *cfg, const ft_problem *p, int64_t chunk, cJSON **js, int nj,
+                     char *note, size_t notelen)
+{
+    const int64_t n = ft_problem_unmasked(p);
+    double full = 0, chunked = 0, bytes = 0, peak = 0;
+    if (cfg->roofline_reps > 0 && n > 0) { /* a failure leaves a note */
+        full = time_gemms(cfg, p, n, n, &bytes, note, notelen);
+        chunked = chunk > 0 ? time_gemms(cfg, p, chunk, n, &bytes, note, notelen) : NAN;
+        peak = peak_gemm_rate(cfg, p, &bytes, note, notelen);
+    }
+    const double flops = 6.0 * (double)n * (double)p->s.hidden * (double)p->s.vocab;
+    for (int i = 0; i < nj; i++) {
+        cJSON *j = js[i];
+        const cJSON *median = cJSON_GetObjectItem(j, "step_s_p50");
+        num(j, "fused_chunk_rows", (double)chunk);
+        num(j, "roofline_s", full);
+        num(j, "chunked_gemm_s", chunked);
+        num(j, "roofline_ratio", median && full > 0 ? full / median->valuedouble : full);
+        num(j, "roofline_bytes", bytes); /* the roofline's and peak product's buffers, not the library's */
+        num(j, "peak_gemm_gflops", peak / 1e9);
+        num(j, "roofline_gflops", full > 0 ? flops / full / 1e9 : 0);
+    }
+}
+
+/* Appends j's text and a newline to out (FT_BENCH_RESULT_BYTES) and frees j. */
+static void emit(cJSON *j, int ok, const char *note, char *out)
+{
+    cJSON_AddBoolToObject(j, "ok", ok);
+    if (note[0])
+        cJSON_AddStringToObject(j, "error", note);
+    char *text = cJSON_PrintUnformatted(j);
+    const size_t used = strlen(out);
+    snprintf(out + used, FT_BENCH_RESULT_BYTES - used, "%s\n", text ? text : "{}");
+    cJSON_free(text);
+    cJSON_Delete(j);
 }
 
 int ft_bench_measure(void *arg, void *out)
@@ -212,48 +279,95 @@ int ft_bench_measure(void *arg, void *out)
     ft_problem *p = job->p;
     cJSON *j = cJSON_CreateObject();
     char note[1024] = "";
-    num(j, "rss_base_bytes", proc_status_bytes("VmRSS"));
+    ((char *)out)[0] = '\0';
+    const double flops = begin(j, p);
     ft_problem_seal(p);
-    const int64_t n = ft_problem_unmasked(p);
-    const double flops = 6.0 * (double)n * (double)p->s.hidden * (double)p->s.vocab;
-    num(j, "tokens", (double)ft_problem_tokens(p));
-    num(j, "unmasked_tokens", (double)n);
-    num(j, "flops_per_step", flops);
-    num(j, "input_bytes", (double)p->bytes);
     ft_runner r;
-    int ok = ft_runner_init(&r, cfg, p, job->impl, 1) == 0;
-    if (!ok) {
-        snprintf(note, sizeof note, "%s", r.err);
-    } else {
+    step_log s = {0};
+    int ok = ft_runner_init(&r, cfg, p, job->impl, 1) == 0 && step_log_init(&s, &r, j, cfg) == 0;
+    if (ok)
         num(j, "output_bytes", (double)r.output_bytes);
-        ok = time_steps(cfg, &r, j, (double)p->bytes + (double)r.output_bytes, flops, note, sizeof note) == 0;
-    }
+    for (int64_t i = 0; ok && i < s.warm + s.n; i++)
+        ok = step_log_run(&s, i) == 0;
+    if (ok)
+        step_log_report(&s, (double)p->bytes + (double)r.output_bytes, flops, 1);
+    else
+        snprintf(note, sizeof note, "%s", r.err);
+    free(s.t);
     const int64_t chunk = ok ? ft_runner_fused_chunk_rows(&r) : 0;
     if (ok && chunk <= 0)
         snprintf(note, sizeof note, "no chunked roofline: %.900s", r.err);
-    num(j, "fused_chunk_rows", (double)chunk);
     /* Every buffer goes first: the child never holds a step's memory and the
      * roofline's at once (at the headline shape both would not fit). */
     ft_runner_free(&r);
-    double full = 0, chunked = 0, bytes = 0, peak = 0;
-    if (ok && cfg->roofline_reps > 0 && n > 0) { /* a failure leaves a note */
-        full = time_gemms(cfg, p, n, n, &bytes, note, sizeof note);
-        chunked = chunk > 0 ? time_gemms(cfg, p, chunk, n, &bytes, note, sizeof note) : NAN;
-        peak = peak_gemm_rate(cfg, p, &bytes, note, sizeof note);
+    if (ok)
+        roofline(cfg, p, chunk, &j, 1, note, sizeof note);
+    emit(j, ok, note, out);
+    return ok ? 0 : 1;
+}
+
+/* Median, min and max over the pairs of a / b into j (a and b left as they are). */
+static void pair_ratios(cJSON *j, const double *a, const double *b, int64_t n)
+{
+    double *q = malloc((size_t)n * sizeof *q);
+    if (q == NULL)
+        return;
+    for (int64_t i = 0; i < n; i++)
+        q[i] = a[i] / b[i];
+    num(j, "pair_ratio_p50", percentile(q, n, 0.5)); /* sorts q */
+    num(j, "pair_ratio_min", q[0]);
+    num(j, "pair_ratio_max", q[n - 1]);
+    free(q);
+}
+
+int ft_bench_measure_interleaved(void *arg, void *out)
+{
+    const ft_bench_job *job = arg;
+    const ft_config *cfg = job->cfg;
+    ft_problem *p = job->p;
+    cJSON *js[2];
+    char note[1024] = "";
+    ft_runner r[2];
+    step_log s[2] = {{0}, {0}};
+    int ok = 1, made = 0;
+    ((char *)out)[0] = '\0';
+    ft_problem_seal(p);
+    double flops = 0;
+    for (int k = 0; k < 2; k++)
+        flops = begin(js[k] = cJSON_CreateObject(), p);
+    for (; ok && made < 2; made++) {
+        ok = ft_runner_init(&r[made], cfg, p, job->impls[made], 1) == 0 &&
+             step_log_init(&s[made], &r[made], js[made], cfg) == 0;
+        if (!ok)
+            snprintf(note, sizeof note, "%s: %s", ft_impl_name(job->impls[made]), r[made].err);
     }
-    const cJSON *median = cJSON_GetObjectItem(j, "step_s_p50");
-    num(j, "roofline_s", full);
-    num(j, "chunked_gemm_s", chunked);
-    num(j, "roofline_ratio", median && full > 0 ? full / median->valuedouble : full);
-    num(j, "roofline_bytes", bytes); /* the roofline's and the peak product's buffers, not the library's */
-    num(j, "peak_gemm_gflops", peak / 1e9);
-    num(j, "roofline_gflops", full > 0 ? flops / full / 1e9 : 0);
-    cJSON_AddBoolToObject(j, "ok", ok);
-    if (note[0])
-        cJSON_AddStringToObject(j, "error", note);
-    char *text = cJSON_PrintUnformatted(j);
-    snprintf(out, FT_BENCH_RESULT_BYTES, "%s", text ? text : "{}");
-    cJSON_free(text);
-    cJSON_Delete(j);
+    /* Step i runs A then B when i is even, B then A when odd: a drift of the
+     * machine's speed within a pair falls on both alike (ABBA). */
+    for (int64_t i = 0; ok && i < s[0].warm + s[0].n; i++)
+        for (int q = 0; ok && q < 2; q++) {
+            const int k = (int)(i & 1) ^ q;
+            ok = step_log_run(&s[k], i) == 0;
+            if (!ok)
+                snprintf(note, sizeof note, "%s: %s", ft_impl_name(job->impls[k]), r[k].err);
+        }
+    for (int k = 0; ok && k < 2; k++) {
+        cJSON_AddStringToObject(js[k], "paired_with", ft_impl_name(job->impls[1 - k]));
+        pair_ratios(js[k], s[k].t, s[1 - k].t, s[k].n); /* before the report sorts the times */
+    }
+    for (int k = 0; ok && k < 2; k++) {
+        num(js[k], "output_bytes", (double)r[k].output_bytes);
+        step_log_report(&s[k], (double)p->bytes + (double)r[k].output_bytes, flops, 0);
+    }
+    const int64_t chunk = ok ? ft_runner_fused_chunk_rows(&r[0]) : 0;
+    if (ok && chunk <= 0)
+        snprintf(note, sizeof note, "no chunked roofline: %.900s", r[0].err);
+    for (int k = 0; k < made; k++) {
+        free(s[k].t);
+        ft_runner_free(&r[k]);
+    }
+    if (ok)
+        roofline(cfg, p, chunk, js, 2, note, sizeof note);
+    for (int k = 0; k < 2; k++)
+        emit(js[k], ok, note, out);
     return ok ? 0 : 1;
 }

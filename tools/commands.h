@@ -21,13 +21,14 @@ enum {
     FT_OPT_JSON = 1 << 0, FT_OPT_INPUTS = 1 << 1, FT_OPT_DUMP = 1 << 2, FT_OPT_SAVE_INPUTS = 1 << 3,
     FT_OPT_IMPLS = 1 << 4, FT_OPT_SWEEP = 1 << 5,
     FT_OPT_KEYS = 1 << 6, /* config --keys */
-    FT_OPT_QUIET = 1 << 7 /* -q, --quiet */
+    FT_OPT_QUIET = 1 << 7, /* -q, --quiet */
+    FT_OPT_INTERLEAVE = 1 << 8 /* bench --interleave */
 };
 
 typedef struct ft_cli {
     ft_config cfg;
     const char *json, *inputs, *dump, *save_inputs, *impls, *sweep;
-    int keys, quiet;
+    int keys, quiet, interleave;
 } ft_cli;
 
 /* Returns 0 to run, 1 after printing help (exit 0), -1 after printing an error (exit 2). */

@@ -21,6 +21,7 @@ static const opt_def OPTS[] = {
     VALUE("--dump", FT_OPT_DUMP, dump),     VALUE("--save-inputs", FT_OPT_SAVE_INPUTS, save_inputs),
     VALUE("--impls", FT_OPT_IMPLS, impls),  VALUE("--sweep", FT_OPT_SWEEP, sweep),
     {"--keys", FT_OPT_KEYS, offsetof(ft_cli, keys), 1},
+    {"--interleave", FT_OPT_INTERLEAVE, offsetof(ft_cli, interleave), 1},
     {"-q", FT_OPT_QUIET, offsetof(ft_cli, quiet), 1}, {"--quiet", FT_OPT_QUIET, offsetof(ft_cli, quiet), 1},
     {"--config", 0, CONFIG_OR_SET, 0},      {"-c", 0, CONFIG_OR_SET, 0}, {"--set", 0, CONFIG_OR_SET, 0},
 };

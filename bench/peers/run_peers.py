@@ -4,6 +4,9 @@ head) on the same inputs, each peer in its own subprocess:
 
   torch_eager      PyTorch eager, materialized [N, V] logits (TRL-style formulas)
   liger            Liger-Kernel's LigerFusedLinearGRPOLoss (its pure-torch chunked path)
+  trl_chunked      TRL 1.16's own fused LM head (trl.kernels.ChunkedLogProbFunction, what
+                   GRPOTrainer uses: log-probs and entropy in [4096, chunk] tiles, torch ops
+                   without Triton), then TRL's loss on the log-probs
   jax_pure         jitted pure JAX, materialized logits (jax.nn.log_softmax)
   fusedgrpo_numpy  fusedgrpo.fused_linear_grpo (NumPy front end)
   fusedgrpo_torch  fusedgrpo.torch.FusedLinearGRPOLoss (custom op)
@@ -35,7 +38,7 @@ import subprocess
 import sys
 import time
 
-PEERS = ["torch_eager", "liger", "jax_pure", "fusedgrpo_numpy", "fusedgrpo_torch",
+PEERS = ["torch_eager", "liger", "trl_chunked", "jax_pure", "fusedgrpo_numpy", "fusedgrpo_torch",
          "fusedgrpo_jax"]
 
 
@@ -134,6 +137,20 @@ def peer_torch(a, inp, kind):
             h.grad = w.grad = None
             loss, _ = mod(h, w, tok, mask.long(), adv, ref_per_token_logps=ref,
                           old_per_token_logps=old)
+            loss.backward()
+            return loss.item()
+    elif kind == "trl_chunked":
+        from trl.kernels import ChunkedLogProbFunction
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+        flat_h = h.reshape(-1, h.shape[-1])
+
+        def step():
+            h.grad = w.grad = None
+            # As GRPOTrainer's fused head on a device without Triton: every position scored.
+            logp, _entropy, *_ = ChunkedLogProbFunction.apply(
+                flat_h, w, None, tok.reshape(-1), c["temperature"], _CHUNKED_LOGPROB_CHUNK_SIZE, None,
+                1.0, ("log_probs", "entropy"))
+            loss = torch_grpo_loss(torch, logp.view(tok.shape).float(), old, ref, mask, adv, c)
             loss.backward()
             return loss.item()
     else:
@@ -235,7 +252,7 @@ def child(a):
     t0 = time.perf_counter()
     try:
         inp = make_inputs(a)
-        if a.child in ("torch_eager", "liger", "fusedgrpo_torch"):
+        if a.child in ("torch_eager", "liger", "trl_chunked", "fusedgrpo_torch"):
             step = peer_torch(a, inp, a.child)
         elif a.child in ("jax_pure", "fusedgrpo_jax"):
             step = peer_jax(a, inp, a.child)

@@ -68,6 +68,22 @@ d = json.loads(open(fj).read())
 assert d["ok"] and 0 < d["dlogits_kept_frac"] < 0.5, d
 assert "filtering kept" in out, out
 
+# --interleave: one child runs the pair, steps taking turns; each line holds
+# the median of its pair ratios, and over an odd number of pairs the two
+# medians are each other's reciprocal (the same pair, the middle one).
+ij = os.path.join(work, "bench_interleave.jsonl")
+run(fg, "bench", "--config", config, "--set", "steps=5", "--set", "roofline_reps=1",
+    "--impls", "baseline,fused", "--interleave", "--json", ij)
+a, b = (json.loads(line) for line in open(ij))
+assert (a["impl"], a["paired_with"], b["impl"], b["paired_with"]) == (
+    "baseline", "fused", "fused", "baseline"), (a, b)
+for d in (a, b):
+    assert d["ok"] and d["steps"] == 5 and d["rss_work_bytes"] is None, d
+    assert d["pair_ratio_min"] <= d["pair_ratio_p50"] <= d["pair_ratio_max"], d
+    assert d["roofline_s"] > 0 and d["fused_chunk_rows"] == b["chunk_rows"], d
+assert abs(a["pair_ratio_p50"] * b["pair_ratio_p50"] - 1) < 1e-12, (a, b)
+assert a["chunks"] == 1 and b["chunks"] > 1, (a, b)
+
 if importlib.util.find_spec("matplotlib") is None:
     print("matplotlib not available: plot_bench.py not checked")
 else:
