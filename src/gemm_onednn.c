@@ -1,6 +1,7 @@
 /* oneDNN matmul wrapper: primitive cache, fixed blocks and the bf16 tile path
  * (see gemm_onednn.h). */
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -667,6 +668,17 @@ static fg_status tile_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *
 }
 
 /* ---------------------------------------------------------- public */
+
+int64_t fg_gemm_fast_rows(int64_t n)
+{
+    const double room = 0.0038 - 1.0 / (double)(n > 0 ? n : 1);
+    if (room <= 0)
+        return INT64_MAX;
+    int64_t m = (int64_t)(1.0 / room);
+    while (1.0 / (double)m + 1.0 / (double)n >= 0.0038) /* the first m past the rule */
+        m++;
+    return m;
+}
 
 fg_status fg_gemm_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int threads,
                           fg_gemm_scratch *need, fg_error *err)

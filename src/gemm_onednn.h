@@ -102,6 +102,13 @@ typedef struct fg_gemm_shape {
  * speed. Drivers size tiles below it (fg_gemm_shape.tile_bytes). */
 #define FG_TILE_CAP_BYTES ((size_t)32 << 20)
 
+/* The fewest rows m of a block n columns wide that oneDNN 2.6's sgemm runs
+ * with its packed kernels: it takes its no-copy kernels when 1/m + 1/n >=
+ * 0.0038 (nocopy_checker_avx2; measured on AVX2 at half the speed, see the
+ * blocks above); INT64_MAX when no m is fast (n <= 263). Used on every ISA:
+ * a longer chunk is never slower where the rule differs. */
+int64_t fg_gemm_fast_rows(int64_t n);
+
 typedef struct fg_gemm_cache fg_gemm_cache;
 
 /* An engine, per-worker streams and up to FG_GEMM_CACHE_SLOTS block

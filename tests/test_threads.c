@@ -13,7 +13,9 @@
  *   - fg_logits_grpo: no GEMM; rows are computed whole by one thread,
  *     reductions in a fixed order;
  *   - fg_linear_grpo: the GEMM layer cuts every product into fixed blocks,
- *     each one single-threaded oneDNN call with its whole K, and the planner
+ *     each one single-threaded oneDNN call with its whole K (grad_hidden's
+ *     in fixed pieces, summed in order, when a chunk is one block: V here is
+ *     large enough for two), and the planner
  *     picks chunk sizes without looking at the thread count
  *     (src/gemm_onednn.h, docs/ROBUSTNESS.md).
  * Every run is also repeated on the same context: same thread count, same
