@@ -3,7 +3,7 @@
 # Long: about an hour on the 2-core reference machine. Results go to
 # bench/results/ (JSON lines, text tables, the PNG plot). Run on an idle
 # machine: every figure is a ratio of runs made back to back.
-#   bash bench/run_benchmarks.sh [scaled|sweep|headline|budget|gemms|peers]...
+#   bash bench/run_benchmarks.sh [ab|sweep|peaked|blocks|scaled|headline|budget|gemms|peers]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
@@ -11,17 +11,35 @@ FG=./build/tools/fusedgrpo
 out=bench/results
 mkdir -p "$out"
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(scaled sweep headline budget gemms peers)
+[ ${#parts[@]} -eq 0 ] && parts=(ab sweep peaked blocks scaled headline budget gemms peers)
+ab="$out/issue14_interleaved"
+mkdir -p "$ab"
 for part in "${parts[@]}"; do
   case "$part" in
     scaled)   # T=2048, H=2048, V=151936: all three impls, f32, one run
       $FG bench --config configs/scaled_t2048.yaml --set steps=2 --set roofline_reps=1 \
           --json "$out/scaled_f32.jsonl" | tee "$out/scaled_f32.txt" ;;
-    sweep)    # fused vs baseline over seq_len, with the plot
-      $FG bench --config configs/scaled_t2048.yaml --impls fused,baseline --set steps=1 \
-          --set roofline_reps=0 --sweep seq_len=512,1024,2048 \
-          --json "$out/sweep_f32.jsonl" | tee "$out/sweep_f32.txt"
-      python3 bench/plot_bench.py "$out/sweep_f32.jsonl" -o "$out/sweep_f32.png" ;;
+    ab)       # fused vs materialized in one process, steps taking turns: T=2048, H=1024/2048, f32/bf16
+      for dt in float32 bfloat16; do for h in 1024 2048; do
+        [ "$dt$h" = float322048 ] && continue  # the sweep's T=2048 point
+        $FG bench --config configs/scaled_t2048.yaml --set hidden=$h --set dtype=$dt --set steps=5 \
+            --set warmup=1 --set roofline_reps=0 --impls fused,baseline --interleave \
+            --json "$ab/h${h}_$dt.jsonl"
+      done; done ;;
+    sweep)    # fused vs baseline over seq_len, steps taking turns, with the plot
+      $FG bench --config configs/scaled_t2048.yaml --impls fused,baseline --interleave --set steps=5 \
+          --set warmup=1 --set roofline_reps=0 --sweep seq_len=512,1024,2048 \
+          --json "$ab/sweep_h2048_float32.jsonl" | tee "$ab/sweep_h2048_float32.txt"
+      python3 bench/plot_bench.py "$ab/sweep_h2048_float32.jsonl" -o "$ab/sweep_h2048_float32.png" ;;
+    peaked)   # the seeds' headline shape on peaked synthetic logits, gradient filtering on (~30 min)
+      $FG bench --config configs/peaked_t2048.yaml --set seq_len=8192 --set hidden=4096 \
+          --set filter_eps=auto --set steps=5 --set warmup=1 --set roofline_reps=0 \
+          --impls fused,baseline --json "$ab/headline_peaked_bf16.jsonl" ;;
+    blocks)   # one grad_hidden block on one thread: oneDNN's packed vs no-copy kernels
+      cc -O2 -o build/block_probe bench/block_probe.c -ldnnl
+      for mn in "410 256" "410 512" "410 576" "410 1024" "512 576" "512 1024" "205 1024"; do
+        OMP_NUM_THREADS=1 ./build/block_probe $mn 37984 1024
+      done | tee "$ab/block_probe.txt" ;;
     headline) # the seeds' shape: B=1, T=8192, H=4096, V=151936, bf16 weights
       $FG bench --config configs/seeds_t8192_bf16.yaml --impls fused,baseline --set warmup=1 \
           --set steps=1 --set roofline_reps=0 \
@@ -36,12 +54,15 @@ for part in "${parts[@]}"; do
     peers)    # PyTorch eager, Liger, pure JAX and fusedgrpo's front ends at the scaled shape
       python3 bench/peers/run_peers.py --batch 1 --seq-len 2048 --hidden 2048 --vocab 151936 \
           --dtype float32 --reps 2 --warmup 1 --threads 2 --timeout 1500 \
-          --json "$out/peers_t2048_f32.json" | tee "$out/peers_t2048_f32.md"
+          --json "$ab/peers_t2048_f32.json" | tee "$ab/peers_t2048_f32.md"
+      python3 bench/peers/run_peers.py --batch 1 --seq-len 2048 --hidden 2048 --vocab 151936 \
+          --dtype float32 --reps 2 --warmup 1 --threads 2 --timeout 1500 --peers liger --liger-compiled \
+          --json "$ab/peers_t2048_f32_liger_compiled.json" | tee "$ab/peers_t2048_f32_liger_compiled.md"
       # torch eager in bf16 takes hours here (no bf16 GEMM on AVX2: see BENCHMARKS.md)
       python3 bench/peers/run_peers.py --batch 1 --seq-len 2048 --hidden 2048 --vocab 151936 \
           --dtype bfloat16 --reps 1 --warmup 1 --threads 2 --timeout 1500 \
           --peers liger,jax_pure,fusedgrpo_numpy,fusedgrpo_torch,fusedgrpo_jax \
-          --json "$out/peers_t2048_bf16.json" | tee "$out/peers_t2048_bf16.md" ;;
+          --json "$ab/peers_t2048_bf16.json" | tee "$ab/peers_t2048_bf16.md" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done
