@@ -235,8 +235,8 @@ static double begin(cJSON *j, ft_problem *p)
 
 /* The roofline figures (bench_measure.c's head) into each of js[0..nj), after
  * every step's buffer is gone; chunk: the fused path's rows (<= 0: none). */
-static void roofline(const ft_config *cfg, const ft_problem *p, int64_t chunk, cJSON **js, int nj,
-                     char *note, size_t notelen)
+static void roofline(const ft_config *cfg, const ft_problem *p, int64_t chunk, double flops, cJSON **js,
+                     int nj, char *note, size_t notelen)
 {
     const int64_t n = ft_problem_unmasked(p);
     double full = 0, chunked = 0, bytes = 0, peak = 0;
@@ -245,7 +245,6 @@ static void roofline(const ft_config *cfg, const ft_problem *p, int64_t chunk, c
         chunked = chunk > 0 ? time_gemms(cfg, p, chunk, n, &bytes, note, notelen) : NAN;
         peak = peak_gemm_rate(cfg, p, &bytes, note, notelen);
     }
-    const double flops = 6.0 * (double)n * (double)p->s.hidden * (double)p->s.vocab;
     for (int i = 0; i < nj; i++) {
         cJSON *j = js[i];
         const cJSON *median = cJSON_GetObjectItem(j, "step_s_p50");
@@ -301,7 +300,7 @@ int ft_bench_measure(void *arg, void *out)
      * roofline's at once (at the headline shape both would not fit). */
     ft_runner_free(&r);
     if (ok)
-        roofline(cfg, p, chunk, &j, 1, note, sizeof note);
+        roofline(cfg, p, chunk, flops, &j, 1, note, sizeof note);
     emit(j, ok, note, out);
     return ok ? 0 : 1;
 }
@@ -366,7 +365,7 @@ int ft_bench_measure_interleaved(void *arg, void *out)
         ft_runner_free(&r[k]);
     }
     if (ok)
-        roofline(cfg, p, chunk, js, 2, note, sizeof note);
+        roofline(cfg, p, chunk, flops, js, 2, note, sizeof note);
     for (int k = 0; k < 2; k++)
         emit(js[k], ok, note, out);
     return ok ? 0 : 1;

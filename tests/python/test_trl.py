@@ -41,25 +41,10 @@ B, P, C = 4, 3, 7  # 2 prompts x 2 generations; prompt and completion lengths
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from tiny_llama import save_tiny_llama
 
     d = tmp_path_factory.mktemp("tiny_llama")
-    vocab = {f"t{i}": i for i in range(V - 3)}
-    vocab.update({"<pad>": V - 3, "<eos>": V - 2, "<unk>": V - 1})
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>",
-                                  unk_token="<unk>")
-    cfg = LlamaConfig(vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                      pad_token_id=V - 3, eos_token_id=V - 2, bos_token_id=None)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # logits of a few units: ratios and entropies of real spread
-        model.model.embed_tokens.weight.mul_(4.0)
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
+    save_tiny_llama(d, V)
     return str(d)
 
 

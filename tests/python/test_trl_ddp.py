@@ -27,6 +27,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 
 import fusedgrpo  # noqa: E402
 from fusedgrpo import _lib  # noqa: E402
+from tiny_llama import save_tiny_llama  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trl_ddp_worker.py")
 TIMEOUT_S = 120.0
@@ -35,34 +36,10 @@ COMPARED = ("loss", "grad_norm", "kl", "entropy", "clip_ratio/low_mean", "clip_r
             "clip_ratio/region_mean", "reward", "num_tokens", "completions/mean_length")
 
 
-def _tiny_model(d):
-    """test_trl.py's tiny random Llama (word-level tokenizer, nothing
-    downloaded), its eos embedding scaled so that completions end early."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {f"t{i}": i for i in range(V - 3)}
-    vocab.update({"<pad>": V - 3, "<eos>": V - 2, "<unk>": V - 1})
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>",
-                                  unk_token="<unk>")
-    cfg = LlamaConfig(vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                      pad_token_id=V - 3, eos_token_id=V - 2, bos_token_id=None)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(4.0)
-        model.model.embed_tokens.weight[V - 2].mul_(6.0)
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-
-
 @pytest.fixture(scope="module")
 def ddp_logs(tmp_path_factory):
     d = tmp_path_factory.mktemp("trl_ddp")
-    _tiny_model(d / "model")
+    save_tiny_llama(d / "model", V, eos_scale=6.0)  # test_trl.py's model, ragged completions
     out = d / "logs.json"
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(fusedgrpo.__file__)))
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
