@@ -4,10 +4,13 @@
  * them), through oneDNN's f32 matmul on one thread, best of 3: whether oneDNN
  * runs that block with its packed or its no-copy kernels shows as a 2x rate
  * (docs/BENCHMARKS.md, session 12; src/gemm_onednn.h, fg_gemm_fast_rows).
+ * With a fifth argument `t`, a logits-shaped block instead: B = Wᵀ, B's
+ * columns ldb floats apart (N weight rows of K = H floats, ldb >= K).
  *
  *   cc -O2 -o build/block_probe bench/block_probe.c -ldnnl
  *   for mn in "410 256" "410 1024" "512 576"; do
  *       OMP_NUM_THREADS=1 build/block_probe $mn 37984 1024; done
+ *   OMP_NUM_THREADS=1 build/block_probe 342 1008 2048 2048 t
  */
 #define _GNU_SOURCE
 #include <oneapi/dnnl/dnnl.h>
@@ -38,21 +41,22 @@ static float *buffer(size_t n)
 
 int main(int argc, char **argv)
 {
-    if (argc != 5) {
-        fprintf(stderr, "usage: block_probe M N K ldb   (ldb >= N)\n");
+    if (argc != 5 && !(argc == 6 && argv[5][0] == 't')) {
+        fprintf(stderr, "usage: block_probe M N K ldb [t]   (ldb >= N; with t, B transposed and ldb >= K)\n");
         return 2;
     }
     const long M = atol(argv[1]), N = atol(argv[2]), K = atol(argv[3]), ldb = atol(argv[4]);
+    const int tb = argc == 6;
     dnnl_engine_t engine;
     dnnl_stream_t stream;
-    if (M < 1 || N < 1 || K < 1 || ldb < N || dnnl_engine_create(&engine, dnnl_cpu, 0) ||
+    if (M < 1 || N < 1 || K < 1 || ldb < (tb ? K : N) || dnnl_engine_create(&engine, dnnl_cpu, 0) ||
         dnnl_stream_create(&stream, engine, dnnl_stream_default_flags)) {
         fprintf(stderr, "block_probe: bad sizes or no oneDNN engine\n");
         return 2;
     }
-    float *A = buffer((size_t)(M * K)), *B = buffer((size_t)(K * ldb)), *C = buffer((size_t)(M * N));
+    float *A = buffer((size_t)(M * K)), *B = buffer((size_t)((tb ? N : K) * ldb)), *C = buffer((size_t)(M * N));
     dnnl_memory_desc_t a, b, c;
-    dnnl_dims_t ad = {M, K}, as = {K, 1}, bd = {K, N}, bs = {ldb, 1}, cd = {M, N}, cs = {N, 1};
+    dnnl_dims_t ad = {M, K}, as = {K, 1}, bd = {K, N}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cd = {M, N}, cs = {N, 1};
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
@@ -75,7 +79,7 @@ int main(int argc, char **argv)
         const double t = now() - t0;
         best = t < best ? t : best;
     }
-    printf("M=%ld N=%ld K=%ld ldb=%ld: %.1f GFLOP/s (1/M + 1/N = %.5f)\n", M, N, K, ldb,
+    printf("M=%ld N=%ld K=%ld ldb=%ld%s: %.1f GFLOP/s (1/M + 1/N = %.5f)\n", M, N, K, ldb, tb ? " Bt" : "",
            2.0 * (double)M * (double)N * (double)K / best / 1e9, 1.0 / (double)M + 1.0 / (double)N);
     return 0;
 }

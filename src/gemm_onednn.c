@@ -39,6 +39,7 @@ struct fg_gemm_cache {
     dnnl_stream_t *streams; /* one per worker thread */
     int workers;
     int native_bf16;
+    int64_t row_granule;
     gemm_slot slots[FG_GEMM_CACHE_SLOTS];
     uint64_t clock;
 };
@@ -189,6 +190,10 @@ fg_status fg_gemm_cache_create(fg_gemm_cache **out)
         return FG_ERR_OUT_OF_MEMORY;
     }
     c->native_bf16 = probed == CREATE_OK;
+    const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    c->row_granule = isa == dnnl_cpu_isa_avx2 || isa == dnnl_cpu_isa_avx2_vnni
+                         ? FG_LOGITS_ROW_GRANULE_AVX2
+                         : FG_LOGITS_ROW_GRANULE;
     *out = c;
     return FG_OK;
 }
@@ -207,6 +212,8 @@ void fg_gemm_cache_destroy(fg_gemm_cache *c)
 }
 
 int fg_gemm_native_bf16(const fg_gemm_cache *c) { return c->native_bf16; }
+
+int64_t fg_gemm_row_granule(const fg_gemm_cache *c) { return c->row_granule; }
 
 static int is_native(const fg_gemm_cache *c, const fg_gemm_shape *s)
 {
@@ -264,7 +271,7 @@ static fg_status slot_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int work
  * With a row granule g, bm is a multiple of g and the M % g rows past the
  * last whole group (the tail) run as one more block row of g rows: A's tail
  * rows copied once into a zero-padded [g, K] scratch shared by the workers,
- * C's into a [g, TAIL_BLOCK_N] scratch of the worker's own, so that every
+ * C's into a [g, TAIL_C_ELEMS / g] scratch of the worker's own, so that every
  * row of C comes out of a full register tile. The tail's column blocks are
  * narrower than the body's, to keep that scratch (part of the smallest
  * budget) small; both start at multiples of the column granule, so a column
@@ -280,8 +287,13 @@ static fg_status slot_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int work
  * runs in the same order for any thread count. Blocks are numbered piece by
  * piece, then the tail: t = q·tm·tn + i·tn + j. */
 enum { ROWS_FULL, ROWS_LAST, ROWS_TAIL };
-#define TAIL_BLOCK_N 96
-_Static_assert(TAIL_BLOCK_N % FG_LOGITS_COL_GRANULE == 0, "tail blocks start at column groups");
+/* A worker's padded C tail holds this many elements: tail blocks of 96
+ * columns at a granule of 24, of 384 at 6. */
+#define TAIL_C_ELEMS (24 * 96)
+_Static_assert(FG_LOGITS_ROW_GRANULE % FG_LOGITS_ROW_GRANULE_AVX2 == 0, "granules nest");
+_Static_assert((TAIL_C_ELEMS / FG_LOGITS_ROW_GRANULE) % FG_LOGITS_COL_GRANULE == 0 &&
+                   (TAIL_C_ELEMS / FG_LOGITS_ROW_GRANULE_AVX2) % FG_LOGITS_COL_GRANULE == 0,
+               "tail blocks start at column groups");
 _Static_assert(FG_BLOCK_LOGITS_N % FG_LOGITS_COL_GRANULE == 0, "blocks start at column groups");
 _Static_assert(FG_BLOCK_LOGITS_M % FG_LOGITS_ROW_GRANULE == 0, "blocks hold whole row groups");
 
@@ -358,7 +370,8 @@ static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int t
         b->kb = s->K / b->kp;
     }
     if (b->tail) {
-        b->tbn = b->bn < TAIL_BLOCK_N ? b->bn : TAIL_BLOCK_N;
+        const int64_t tail_n = TAIL_C_ELEMS / b->g / FG_LOGITS_COL_GRANULE * FG_LOGITS_COL_GRANULE;
+        b->tbn = b->bn < tail_n ? b->bn : tail_n > 0 ? tail_n : 1;
         b->ttn = (s->N + b->tbn - 1) / b->tbn;
     }
     b->workers = threads < 1 ? 1 : threads;
@@ -578,6 +591,9 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
     rows = rows < TILE_MIN_ROWS ? TILE_MIN_ROWS : rows;
     if (t->along_n && s->col_granule > 1) /* tiles cut N at whole column groups */
         rows = rows < s->col_granule ? s->col_granule : rows / s->col_granule * s->col_granule;
+    if (t->along_n && s->block_n > 0 && rows > s->block_n) /* and at whole column blocks: a
+        tile's last block narrower than 264 columns would run oneDNN's no-copy kernels */
+        rows = rows / s->block_n * s->block_n;
     t->rows = rows < t->len ? rows : t->len;
     t->tiles = (t->len + t->rows - 1) / t->rows;
     t->btile_bytes = fg_ws_round((size_t)t->rows * (size_t)other * sizeof(float));

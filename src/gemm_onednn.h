@@ -40,7 +40,7 @@ typedef struct fg_gemm_shape {
                                  whole), each by one thread with its whole K */
     int64_t row_granule; /* > 1: C's rows are computed in whole groups of this
                             many, whatever M, so that a row's bits do not
-                            depend on where it lies (FG_LOGITS_ROW_GRANULE) */
+                            depend on where it lies (fg_gemm_row_granule) */
     int64_t col_granule; /* > 1: the tile path cuts N only at multiples of this
                             (FG_LOGITS_COL_GRANULE); block_n must be one */
     int64_t split_k;    /* > 0 (f32 C, no row granule): rows are cut into
@@ -84,8 +84,13 @@ typedef struct fg_gemm_shape {
  *   rows: measured on AVX2, groups of 6 (any multiple of 6 gives bitwise
  *     position-independent rows, 4, 8 and 16 do not; before this, 1-2 rows
  *     of 115-333 moved by up to 2e-6 when permuted); 8 assumed on AVX-512
- *     (its 48x8 sgemm kernel, not measured). The M % 24 rows past the last
- *     whole group run padded to a whole group (gemm_onednn.c, blocking).
+ *     (its 48x8 sgemm kernel, not measured), and 24 measured under
+ *     DNNL_MAX_CPU_ISA=SSE41. fg_gemm_row_granule gives 6 where oneDNN runs
+ *     AVX2 kernels, FG_LOGITS_ROW_GRANULE (24, a multiple of both) elsewhere.
+ *     The M % granule rows past the last whole group run padded to a whole
+ *     group (gemm_onednn.c, blocking): a 24-row group of a 410-row chunk ran
+ *     at 43 GFLOP/s a core against 72 for the rest, 9% of the product's time
+ *     for 2 rows; 6-row groups waste a quarter of that.
  *   columns: the tile path (bf16 weights on CPUs without bf16 GEMMs) cuts N
  *     into tiles whose width followed the chunk size, and a column's bits
  *     moved with it (measured on AVX2: a third of the rows of a 1-row-chunk
@@ -95,6 +100,7 @@ typedef struct fg_gemm_shape {
  * tests/test_row_position.c checks both (bitwise where oneDNN runs at most
  * AVX2; on AVX-512 it prints how many rows were not, until measured). */
 #define FG_LOGITS_ROW_GRANULE 24
+#define FG_LOGITS_ROW_GRANULE_AVX2 6
 #define FG_LOGITS_COL_GRANULE 48
 
 /* The most a converted bf16 weight tile holds (tile path only): >= 1024
@@ -119,6 +125,11 @@ void fg_gemm_cache_destroy(fg_gemm_cache *cache); /* NULL is fine */
 
 /* 1 when bf16·bf16 products run natively on this CPU. */
 int fg_gemm_native_bf16(const fg_gemm_cache *cache);
+
+/* The row granule of position-independent rows on the ISA oneDNN runs here:
+ * FG_LOGITS_ROW_GRANULE_AVX2 on AVX2, FG_LOGITS_ROW_GRANULE elsewhere. A
+ * divisor of FG_LOGITS_ROW_GRANULE, so of FG_BLOCK_LOGITS_M. */
+int64_t fg_gemm_row_granule(const fg_gemm_cache *cache);
 
 /* Time and work issued to GEMMs, accumulated by fg_gemm_run. */
 typedef struct fg_gemm_stats {

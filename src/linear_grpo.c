@@ -6,7 +6,8 @@
  *
  *   for each chunk of rows R:                       shapes
  *     hbuf   = hidden[R]                            [Nc, H]   gather
- *     logits = hbuf · Wᵀ + bias                     [Nc, V]   GEMM 1
+ *     logits = hbuf · Wᵀ + bias                     [Nc, V]   GEMM 1 (rows padded
+ *                                                   to the row granule: padded_rows)
  *     per row: lse, logp, entropy, then d loss/d logits (in place, or bf16)
  *     grad_bias   += Σ_rows dlogits                 [V]
  *     grad_hidden[R] = dlogits · W                  [Nc, H]   GEMM 2
@@ -87,6 +88,9 @@ typedef struct linear_plan {
     int hook;    /* sharded, merged through the context's communicator per chunk */
     int64_t vocab_start;
     int64_t w_ld, gw_ld;
+    int64_t row_granule;  /* the logits product's, for this CPU (fg_gemm_row_granule) */
+    int64_t row_pad;      /* chunks' logits rows rounded up to this (padded_rows):
+                             row_granule, or 1 where the budget does not hold it  */
     int64_t n_active;     /* unmasked tokens: the rows the chunks cover            */
     size_t fixed_bytes;   /* per-call [B, T] arrays (fg_common_workspace_bytes)    */
     fg_gemm_scratch gemm; /* GEMM scratch of the chosen chunk sizes               */
@@ -113,11 +117,26 @@ static size_t tile_cap(const linear_plan *p, int64_t m)
     return half_logits < FG_TILE_CAP_BYTES ? half_logits : FG_TILE_CAP_BYTES;
 }
 
+/* The logits product's rows for a chunk of m: m rounded up to the row granule.
+ * hbuf and the logits buffer hold that many, the rows past m zero in hbuf,
+ * so that the product has no partial row group to run padded (gemm_onednn.c:
+ * a padded group streams the whole weight for a few rows, 47 ms a 410-row
+ * chunk at H = 1024 on AVX2, 1.7% of the step). The row work reads m rows.
+ * The planner plans the chunks unpadded, then pads where the budget holds the
+ * padding with the chunks and GEMM threads unchanged (plan_chunks): one more
+ * chunk would cost more than the padded group, and a row's bits are the same
+ * either way (whole row groups, gemm_onednn.h). */
+static int64_t padded_rows(const linear_plan *p, int64_t m)
+{
+    return (m + p->row_pad - 1) / p->row_pad * p->row_pad;
+}
+
+/* m: the product's rows, padded_rows of the chunk's. */
 static fg_gemm_shape shape_logits(const linear_plan *p, int64_t m)
 {
     fg_gemm_shape s = {m, p->V, p->H, p->cmp_t, p->in_t, p->logit_t, p->H, 1, 1, p->w_ld, p->V, 0,
                        p->has_bias, tile_cap(p, m), FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N,
-                       FG_LOGITS_ROW_GRANULE, FG_LOGITS_COL_GRANULE, 0};
+                       p->row_granule, FG_LOGITS_COL_GRANULE, 0};
     return s;
 }
 
@@ -144,7 +163,7 @@ static fg_status prepare_gemms(fg_call *call, const linear_plan *p, int64_t m,
 {
     fg_gemm_shape shapes[4];
     int k = 0;
-    shapes[k++] = shape_logits(p, m);
+    shapes[k++] = shape_logits(p, padded_rows(p, m));
     if (p->want_gh)
         shapes[k++] = shape_dhidden(p, m);
     if (p->want_gw) {
@@ -161,10 +180,11 @@ static fg_status prepare_gemms(fg_call *call, const linear_plan *p, int64_t m,
 
 static size_t chunk_bytes(const linear_plan *p, int64_t m)
 {
-    size_t b = fg_ws_round((size_t)m * (size_t)p->V * fg_dtype_size(p->logit_t));
+    const int64_t mp = padded_rows(p, m);
+    size_t b = fg_ws_round((size_t)mp * (size_t)p->V * fg_dtype_size(p->logit_t));
     if (p->any_grad && !p->dl_alias)
         b += fg_ws_round((size_t)m * (size_t)p->V * fg_dtype_size(p->dlogit_t));
-    b += fg_ws_round((size_t)m * (size_t)p->H * fg_dtype_size(p->cmp_t));
+    b += fg_ws_round((size_t)mp * (size_t)p->H * fg_dtype_size(p->cmp_t));
     if (p->want_gh) /* and the failure flag of its reduction */
         b += fg_ws_round(((size_t)m * (size_t)p->H + (size_t)p->hook) * sizeof(float));
     if (p->hook)
@@ -210,7 +230,8 @@ static int64_t chunk_rows(const linear_plan *p, int64_t n, int64_t nc)
 static fg_status fit_chunks(fg_call *call, const linear_plan *p, int workers, int64_t *out)
 {
     const int64_t n = p->n_active;
-    const size_t row = chunk_bytes(p, 1);
+    const size_t row = chunk_bytes(p, p->row_pad) / (size_t)p->row_pad; /* a row's, past
+                                                                          the padding */
     const size_t budget = call->budget;
     const size_t avail = budget > p->fixed_bytes ? budget - p->fixed_bytes : 0;
     int64_t nc = (int64_t)(avail / row) < n ? (int64_t)(avail / row) : n;
@@ -255,6 +276,8 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
     const int threads = call->threads;
     int64_t nc = forced > 0 ? forced : n;
     fg_status st;
+    if (forced <= 0) /* the chunks are planned unpadded, then padded if that fits */
+        p->row_pad = 1;
     if (p->fused && forced <= 0) {
         if ((st = fit_any(call, p, &nc)) != FG_OK)
             return st;
@@ -290,6 +313,19 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
     p->chunks = chunks;
     p->gemm_workers = workers;
     p->scratch_bytes = fg_gemm_scratch_bytes(&p->gemm, workers);
+    if (forced <= 0) { /* padded logits rows, where the budget holds them as planned */
+        linear_plan q = *p;
+        size_t need_pad;
+        q.row_pad = p->row_granule;
+        if ((st = need_bytes(call, &q, nc, n - (chunks - 1) * nc, workers, &need_pad, &q.gemm)) !=
+            FG_OK)
+            return st;
+        if (!p->fused || need_pad <= call->budget) {
+            p->row_pad = q.row_pad;
+            p->gemm = q.gemm;
+            p->scratch_bytes = fg_gemm_scratch_bytes(&p->gemm, workers);
+        }
+    }
     return FG_OK;
 }
 
@@ -553,7 +589,10 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     fg_status st;
     if (!logits_ready && !L->failed) {
         gather_rows(p, &L->in->hidden, tok, m, L->hbuf);
-        fg_gemm_shape s1 = shape_logits(p, m);
+        const int64_t mp = padded_rows(p, m);
+        const size_t hrow = (size_t)p->H * fg_dtype_size(p->cmp_t);
+        memset((unsigned char *)L->hbuf + (size_t)m * hrow, 0, (size_t)(mp - m) * hrow);
+        fg_gemm_shape s1 = shape_logits(p, mp);
         st = fg_gemm_run(call->gemm, &s1, L->hbuf, L->in->weight.data, L->logits,
                          L->in->bias.data, L->scratch, p->gemm_workers, &call->gemm_stats,
                          call->err);
@@ -782,6 +821,8 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const line
     p->logit_t = (!p->fused && o->round_logits_to_input_dtype) ? p->in_t : FG_DTYPE_F32;
     p->dlogit_t = p->cmp_t; /* the gradient GEMMs take dlogits in the compute dtype */
     p->dl_alias = p->fused && p->dlogit_t == p->logit_t;
+    p->row_granule = fg_gemm_row_granule(call->gemm);
+    p->row_pad = 1;
     p->H = in->hidden.cols;
     p->V = in->weight.rows;
     p->w_ld = in->weight.ld;
@@ -935,6 +976,7 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
         /* With bf16 GEMM kernels a bf16 grad_weight runs without its float32
          * sums (plan_grad_weight_sums): the smallest budget leaves them out. */
         linear_plan q = p;
+        q.row_pad = 1; /* a one-row chunk, unpadded (plan_chunks) */
         if (q.gw_sum && q.cmp_t == FG_DTYPE_BF16) {
             q.gw_sum = 0;
             q.fixed_bytes -= q.gw_sum_bytes;
@@ -1003,11 +1045,12 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     if (p->gw_sum)
         L.gwsum = fg_call_take(&call, (size_t)p->V * (size_t)p->H * sizeof(float));
     if (p->n_active > 0) {
-        L.logits = fg_call_take(&call, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->logit_t));
+        const size_t mp = (size_t)padded_rows(p, p->Nc);
+        L.logits = fg_call_take(&call, mp * (size_t)p->V * fg_dtype_size(p->logit_t));
         L.dlogits = L.logits;
         if (p->any_grad && !p->dl_alias)
             L.dlogits = fg_call_take(&call, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->dlogit_t));
-        L.hbuf = fg_call_take(&call, (size_t)p->Nc * (size_t)p->H * fg_dtype_size(p->cmp_t));
+        L.hbuf = fg_call_take(&call, mp * (size_t)p->H * fg_dtype_size(p->cmp_t));
         if (p->want_gh)
             L.ghbuf = fg_call_take(&call, ((size_t)p->Nc * (size_t)p->H + (size_t)p->hook) *
                                               sizeof(float));
