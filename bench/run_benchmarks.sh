@@ -3,7 +3,7 @@
 # Long: about an hour on the 2-core reference machine. Results go to
 # bench/results/ (JSON lines, text tables, the PNG plot). Run on an idle
 # machine: every figure is a ratio of runs made back to back.
-#   bash bench/run_benchmarks.sh [ab|sweep|peaked|blocks|scaled|headline|budget|gemms|peers]...
+#   bash bench/run_benchmarks.sh [ab|budgets|sweep|peaked|blocks|scaled|headline|budget|gemms|peers]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
@@ -11,21 +11,28 @@ FG=./build/tools/fusedgrpo
 out=bench/results
 mkdir -p "$out"
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(ab sweep peaked blocks scaled headline budget gemms peers)
+[ ${#parts[@]} -eq 0 ] && parts=(ab budgets sweep peaked blocks scaled headline budget gemms peers)
 ab="$out/issue14_interleaved"
-mkdir -p "$ab"
+s13="$out/session13"
+mkdir -p "$ab" "$s13"
 for part in "${parts[@]}"; do
   case "$part" in
     scaled)   # T=2048, H=2048, V=151936: all three impls, f32, one run
       $FG bench --config configs/scaled_t2048.yaml --set steps=2 --set roofline_reps=1 \
           --json "$out/scaled_f32.jsonl" | tee "$out/scaled_f32.txt" ;;
     ab)       # fused vs materialized in one process, steps taking turns: T=2048, H=1024/2048, f32/bf16
-      for dt in float32 bfloat16; do for h in 1024 2048; do
-        [ "$dt$h" = float322048 ] && continue  # the sweep's T=2048 point
-        $FG bench --config configs/scaled_t2048.yaml --set hidden=$h --set dtype=$dt --set steps=5 \
+      for hd in "1024 float32" "1024 bfloat16" "2048 float32" "2048 bfloat16"; do
+        set -- $hd
+        $FG bench --config configs/scaled_t2048.yaml --set hidden=$1 --set dtype=$2 --set steps=5 \
             --set warmup=1 --set roofline_reps=0 --impls fused,baseline --interleave \
-            --json "$ab/h${h}_$dt.jsonl"
-      done; done ;;
+            --json "$s13/h$1_$2.jsonl"
+      done ;;
+    budgets)  # the same at H=1024, f32, with larger budgets: where fused overtakes
+      for b in 384MiB 512MiB; do
+        $FG bench --config configs/scaled_t2048.yaml --set hidden=1024 --set memory_budget=$b \
+            --set steps=7 --set warmup=1 --set roofline_reps=0 --impls fused,baseline --interleave \
+            --json "$s13/h1024_float32_budget_$b.jsonl"
+      done ;;
     sweep)    # fused vs baseline over seq_len, steps taking turns, with the plot
       $FG bench --config configs/scaled_t2048.yaml --impls fused,baseline --interleave --set steps=5 \
           --set warmup=1 --set roofline_reps=0 --sweep seq_len=512,1024,2048 \
@@ -39,7 +46,12 @@ for part in "${parts[@]}"; do
       cc -O2 -o build/block_probe bench/block_probe.c -ldnnl
       for mn in "410 256" "410 512" "410 576" "410 1024" "512 576" "512 1024" "205 1024"; do
         OMP_NUM_THREADS=1 ./build/block_probe $mn 37984 1024
-      done | tee "$ab/block_probe.txt" ;;
+      done | tee "$ab/block_probe.txt"
+      # logits blocks (B = Wᵀ): 1008 columns at the chunk rows of T=2048, and the padded groups
+      for a in "342 1008 2048 2048" "342 2016 2048 2048" "372 1008 1024 1024" "408 1008 1024 1024" \
+               "504 1008 1024 1024" "316 1008 4096 4096" "316 2016 4096 4096" "6 384 1024 1024" "24 96 1024 1024"; do
+        OMP_NUM_THREADS=1 ./build/block_probe $a t
+      done | tee "$s13/block_probe_logits.txt" ;;
     headline) # the seeds' shape: B=1, T=8192, H=4096, V=151936, bf16 weights
       $FG bench --config configs/seeds_t8192_bf16.yaml --impls fused,baseline --set warmup=1 \
           --set steps=1 --set roofline_reps=0 \

@@ -190,10 +190,7 @@ fg_status fg_gemm_cache_create(fg_gemm_cache **out)
         return FG_ERR_OUT_OF_MEMORY;
     }
     c->native_bf16 = probed == CREATE_OK;
-    const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    c->row_granule = isa == dnnl_cpu_isa_avx2 || isa == dnnl_cpu_isa_avx2_vnni
-                         ? FG_LOGITS_ROW_GRANULE_AVX2
-                         : FG_LOGITS_ROW_GRANULE;
+    c->row_granule = FG_LOGITS_ROW_GRANULE; /* every ISA (gemm_onednn.h: why not 6 on AVX2) */
     *out = c;
     return FG_OK;
 }
@@ -271,7 +268,7 @@ static fg_status slot_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int work
  * With a row granule g, bm is a multiple of g and the M % g rows past the
  * last whole group (the tail) run as one more block row of g rows: A's tail
  * rows copied once into a zero-padded [g, K] scratch shared by the workers,
- * C's into a [g, TAIL_C_ELEMS / g] scratch of the worker's own, so that every
+ * C's into a [g, TAIL_BLOCK_N] scratch of the worker's own, so that every
  * row of C comes out of a full register tile. The tail's column blocks are
  * narrower than the body's, to keep that scratch (part of the smallest
  * budget) small; both start at multiples of the column granule, so a column
@@ -287,13 +284,8 @@ static fg_status slot_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int work
  * runs in the same order for any thread count. Blocks are numbered piece by
  * piece, then the tail: t = q·tm·tn + i·tn + j. */
 enum { ROWS_FULL, ROWS_LAST, ROWS_TAIL };
-/* A worker's padded C tail holds this many elements: tail blocks of 96
- * columns at a granule of 24, of 384 at 6. */
-#define TAIL_C_ELEMS (24 * 96)
-_Static_assert(FG_LOGITS_ROW_GRANULE % FG_LOGITS_ROW_GRANULE_AVX2 == 0, "granules nest");
-_Static_assert((TAIL_C_ELEMS / FG_LOGITS_ROW_GRANULE) % FG_LOGITS_COL_GRANULE == 0 &&
-                   (TAIL_C_ELEMS / FG_LOGITS_ROW_GRANULE_AVX2) % FG_LOGITS_COL_GRANULE == 0,
-               "tail blocks start at column groups");
+#define TAIL_BLOCK_N 96
+_Static_assert(TAIL_BLOCK_N % FG_LOGITS_COL_GRANULE == 0, "tail blocks start at column groups");
 _Static_assert(FG_BLOCK_LOGITS_N % FG_LOGITS_COL_GRANULE == 0, "blocks start at column groups");
 _Static_assert(FG_BLOCK_LOGITS_M % FG_LOGITS_ROW_GRANULE == 0, "blocks hold whole row groups");
 
@@ -370,8 +362,7 @@ static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int t
         b->kb = s->K / b->kp;
     }
     if (b->tail) {
-        const int64_t tail_n = TAIL_C_ELEMS / b->g / FG_LOGITS_COL_GRANULE * FG_LOGITS_COL_GRANULE;
-        b->tbn = b->bn < tail_n ? b->bn : tail_n > 0 ? tail_n : 1;
+        b->tbn = b->bn < TAIL_BLOCK_N ? b->bn : TAIL_BLOCK_N;
         b->ttn = (s->N + b->tbn - 1) / b->tbn;
     }
     b->workers = threads < 1 ? 1 : threads;

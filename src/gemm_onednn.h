@@ -81,16 +81,24 @@ typedef struct fg_gemm_shape {
  * the loss), and a k3 KL of 1e-13 where it should be 0 is a gradient that
  * Adam turns into a full step. oneDNN's sgemm computes C in register tiles
  * and runs a last partial tile with other code whose rounding differs:
- *   rows: measured on AVX2, groups of 6 (any multiple of 6 gives bitwise
- *     position-independent rows, 4, 8 and 16 do not; before this, 1-2 rows
- *     of 115-333 moved by up to 2e-6 when permuted); 8 assumed on AVX-512
- *     (its 48x8 sgemm kernel, not measured), and 24 measured under
- *     DNNL_MAX_CPU_ISA=SSE41. fg_gemm_row_granule gives 6 where oneDNN runs
- *     AVX2 kernels, FG_LOGITS_ROW_GRANULE (24, a multiple of both) elsewhere.
- *     The M % granule rows past the last whole group run padded to a whole
- *     group (gemm_onednn.c, blocking): a 24-row group of a 410-row chunk ran
- *     at 43 GFLOP/s a core against 72 for the rest, 9% of the product's time
- *     for 2 rows; 6-row groups waste a quarter of that.
+ *   rows: measured on AVX2, groups of 6 within a product (4, 8 and 16 do
+ *     not; before this, 1-2 rows of 115-333 moved by up to 2e-6 when
+ *     permuted); 8 assumed on AVX-512 (its 48x8 sgemm kernel, not measured);
+ *     24 measured under DNNL_MAX_CPU_ISA=SSE41. 24 on every ISA: with 6 on
+ *     AVX2 (tried, and 3% faster at T = 2048, H = 1024, f32), a row of a
+ *     product's last group moved by up to 3e-6 when the same rows ran one
+ *     group later (M = 336 against 342, K = 301, oneDNN's no-copy kernels;
+ *     tests/test_row_position.c, the GEMM layer's check (c)), which 24 does
+ *     not. The M % 24 rows past the last whole group run padded to a whole
+ *     group (gemm_onednn.c, blocking): a 24-row group of a 410-row chunk
+ *     costs about 9% of the product's time for 2 rows, so the driver pads its
+ *     chunks to whole groups where the budget holds it (linear_grpo.c).
+ *   regimes: past one of oneDNN's K blocks (K = 1031, not 301), a block of
+ *     C run with the packed kernels (1/m + 1/n < 0.0038, see below) sums in
+ *     another order than one run with the no-copy kernels, so a row keeps
+ *     its bits only among products whose blocks holding it take the same
+ *     kind: measured 333 of 333 rows apart between a 336- and a 360-row
+ *     product at K = 1031 (docs/LOSS_SPEC.md states the guarantee).
  *   columns: the tile path (bf16 weights on CPUs without bf16 GEMMs) cuts N
  *     into tiles whose width followed the chunk size, and a column's bits
  *     moved with it (measured on AVX2: a third of the rows of a 1-row-chunk
@@ -100,7 +108,6 @@ typedef struct fg_gemm_shape {
  * tests/test_row_position.c checks both (bitwise where oneDNN runs at most
  * AVX2; on AVX-512 it prints how many rows were not, until measured). */
 #define FG_LOGITS_ROW_GRANULE 24
-#define FG_LOGITS_ROW_GRANULE_AVX2 6
 #define FG_LOGITS_COL_GRANULE 48
 
 /* The most a converted bf16 weight tile holds (tile path only): >= 1024
@@ -126,9 +133,9 @@ void fg_gemm_cache_destroy(fg_gemm_cache *cache); /* NULL is fine */
 /* 1 when bf16·bf16 products run natively on this CPU. */
 int fg_gemm_native_bf16(const fg_gemm_cache *cache);
 
-/* The row granule of position-independent rows on the ISA oneDNN runs here:
- * FG_LOGITS_ROW_GRANULE_AVX2 on AVX2, FG_LOGITS_ROW_GRANULE elsewhere. A
- * divisor of FG_LOGITS_ROW_GRANULE, so of FG_BLOCK_LOGITS_M. */
+/* The row granule of position-independent rows on the CPU oneDNN runs here:
+ * FG_LOGITS_ROW_GRANULE on every ISA so far (see above); a divisor of
+ * FG_BLOCK_LOGITS_M. Drivers pass it as fg_gemm_shape.row_granule. */
 int64_t fg_gemm_row_granule(const fg_gemm_cache *cache);
 
 /* Time and work issued to GEMMs, accumulated by fg_gemm_run. */

@@ -120,12 +120,15 @@ static size_t tile_cap(const linear_plan *p, int64_t m)
 /* The logits product's rows for a chunk of m: m rounded up to the row granule.
  * hbuf and the logits buffer hold that many, the rows past m zero in hbuf,
  * so that the product has no partial row group to run padded (gemm_onednn.c:
- * a padded group streams the whole weight for a few rows, 47 ms a 410-row
- * chunk at H = 1024 on AVX2, 1.7% of the step). The row work reads m rows.
- * The planner plans the chunks unpadded, then pads where the budget holds the
- * padding with the chunks and GEMM threads unchanged (plan_chunks): one more
- * chunk would cost more than the padded group, and a row's bits are the same
- * either way (whole row groups, gemm_onednn.h). */
+ * a padded group streams the whole weight for a few rows, about 0.1 s a
+ * 410-row chunk at H = 1024 on AVX2, 24 rows at 35 GFLOP/s a core). The row
+ * work reads m rows.
+ * The planner plans the chunks unpadded, then pads them where the budget
+ * holds the padding with the GEMM scratchpads the chunks were fitted with
+ * (plan_chunks): one more chunk would cost more than the padded group, and
+ * the choice depends on the shape and budget only, never on the thread
+ * count, like the chunks. A row's bits are the same either way (whole row
+ * groups, gemm_onednn.h). */
 static int64_t padded_rows(const linear_plan *p, int64_t m)
 {
     return (m + p->row_pad - 1) / p->row_pad * p->row_pad;
@@ -230,8 +233,7 @@ static int64_t chunk_rows(const linear_plan *p, int64_t n, int64_t nc)
 static fg_status fit_chunks(fg_call *call, const linear_plan *p, int workers, int64_t *out)
 {
     const int64_t n = p->n_active;
-    const size_t row = chunk_bytes(p, p->row_pad) / (size_t)p->row_pad; /* a row's, past
-                                                                          the padding */
+    const size_t row = chunk_bytes(p, 1); /* chunks are fitted unpadded */
     const size_t budget = call->budget;
     const size_t avail = budget > p->fixed_bytes ? budget - p->fixed_bytes : 0;
     int64_t nc = (int64_t)(avail / row) < n ? (int64_t)(avail / row) : n;
@@ -257,12 +259,18 @@ static fg_status fit_chunks(fg_call *call, const linear_plan *p, int workers, in
 }
 
 /* The largest chunk size that fits, with room for PLAN_GEMM_WORKERS GEMM
- * scratchpads or else one; 0 when not even one row fits. */
-static fg_status fit_any(fg_call *call, const linear_plan *p, int64_t *nc)
+ * scratchpads or else one (*workers, NULL: not wanted); 0 when not even one
+ * row fits. */
+static fg_status fit_any(fg_call *call, const linear_plan *p, int64_t *nc, int *workers)
 {
     fg_status st = fit_chunks(call, p, PLAN_GEMM_WORKERS, nc);
-    if (st == FG_OK && *nc < 1)
+    int w = PLAN_GEMM_WORKERS;
+    if (st == FG_OK && *nc < 1) {
         st = fit_chunks(call, p, 1, nc);
+        w = 1;
+    }
+    if (workers)
+        *workers = w;
     return st;
 }
 
@@ -276,10 +284,11 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
     const int threads = call->threads;
     int64_t nc = forced > 0 ? forced : n;
     fg_status st;
-    if (forced <= 0) /* the chunks are planned unpadded, then padded if that fits */
-        p->row_pad = 1;
+    int fit_workers = PLAN_GEMM_WORKERS;
+    if (forced <= 0) /* materialized: padded; fused: see below */
+        p->row_pad = p->fused ? 1 : p->row_granule;
     if (p->fused && forced <= 0) {
-        if ((st = fit_any(call, p, &nc)) != FG_OK)
+        if ((st = fit_any(call, p, &nc, &fit_workers)) != FG_OK)
             return st;
         if (nc < 1) {
             size_t need1;
@@ -300,6 +309,18 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
     nc = chunk_rows(p, n, nc);
     const int64_t chunks = (n + nc - 1) / nc;
     size_t need;
+    if (p->fused && forced <= 0) { /* padded rows where these chunks fit padded with the
+                                      scratchpads they were fitted with (never the thread
+                                      count, like the chunks) */
+        linear_plan q = *p;
+        fg_gemm_scratch gs;
+        q.row_pad = p->row_granule;
+        if ((st = need_bytes(call, &q, nc, n - (chunks - 1) * nc, fit_workers, &need, &gs)) !=
+            FG_OK)
+            return st;
+        if (need <= call->budget)
+            p->row_pad = q.row_pad;
+    }
     if ((st = need_bytes(call, p, nc, n - (chunks - 1) * nc, 1, &need, &p->gemm)) != FG_OK)
         return st;
     /* As many GEMM threads as the budget holds scratchpads for. */
@@ -313,19 +334,6 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
     p->chunks = chunks;
     p->gemm_workers = workers;
     p->scratch_bytes = fg_gemm_scratch_bytes(&p->gemm, workers);
-    if (forced <= 0) { /* padded logits rows, where the budget holds them as planned */
-        linear_plan q = *p;
-        size_t need_pad;
-        q.row_pad = p->row_granule;
-        if ((st = need_bytes(call, &q, nc, n - (chunks - 1) * nc, workers, &need_pad, &q.gemm)) !=
-            FG_OK)
-            return st;
-        if (!p->fused || need_pad <= call->budget) {
-            p->row_pad = q.row_pad;
-            p->gemm = q.gemm;
-            p->scratch_bytes = fg_gemm_scratch_bytes(&p->gemm, workers);
-        }
-    }
     return FG_OK;
 }
 
@@ -777,13 +785,13 @@ static fg_status plan_grad_weight_sums(fg_call *call, linear_plan *p)
         if (!p->fused)
             return FG_OK; /* one product, one rounding */
         int64_t nc, nc_sum;
-        fg_status st = fit_any(call, p, &nc);
+        fg_status st = fit_any(call, p, &nc, NULL);
         if (st != FG_OK || nc < 1 || nc >= p->n_active)
             return st; /* too small (plan_chunks says so), or one chunk */
         linear_plan q = *p;
         q.gw_sum = 1;
         q.fixed_bytes += bytes;
-        if ((st = fit_any(call, &q, &nc_sum)) != FG_OK)
+        if ((st = fit_any(call, &q, &nc_sum, NULL)) != FG_OK)
             return st;
         if (nc_sum < 1)
             return FG_OK;
