@@ -28,9 +28,9 @@ for part in "${parts[@]}"; do
             --json "$s13/h$1_$2.jsonl"
       done ;;
     budgets)  # the same at H=1024, f32, with larger budgets: where fused overtakes
-      for b in 384MiB 512MiB; do
+      for b in 512MiB; do
         $FG bench --config configs/scaled_t2048.yaml --set hidden=1024 --set memory_budget=$b \
-            --set steps=7 --set warmup=1 --set roofline_reps=0 --impls fused,baseline --interleave \
+            --set steps=5 --set warmup=1 --set roofline_reps=0 --impls fused,baseline --interleave \
             --json "$s13/h1024_float32_budget_$b.jsonl"
       done ;;
     sweep)    # fused vs baseline over seq_len, steps taking turns, with the plot

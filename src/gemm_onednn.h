@@ -90,13 +90,14 @@ typedef struct fg_gemm_shape {
  *     group later (M = 336 against 342, K = 301, oneDNN's no-copy kernels;
  *     tests/test_row_position.c, the GEMM layer's check (c)), which 24 does
  *     not. The M % 24 rows past the last whole group run padded to a whole
- *     group (gemm_onednn.c, blocking): a 24-row group of a 410-row chunk
- *     costs about 9% of the product's time for 2 rows, so the driver pads its
- *     chunks to whole groups where the budget holds it (linear_grpo.c).
+ *     group (gemm_onednn.c, blocking): 24 x 96 blocks at 34.5 GFLOP/s a core
+ *     (bench/block_probe.c), about 0.1 s a 410-row chunk at H = 1024, so the
+ *     driver pads its chunks to whole groups where the budget holds it
+ *     (linear_grpo.c).
  *   regimes: past one of oneDNN's K blocks (K = 1031, not 301), a block of
  *     C run with the packed kernels (1/m + 1/n < 0.0038, see below) sums in
- *     another order than one run with the no-copy kernels, so a row keeps
- *     its bits only among products whose blocks holding it take the same
+ *     another order than one run with the no-copy kernels, so a row is
+ *     guaranteed its bits only among products whose blocks holding it take the same
  *     kind: measured 333 of 333 rows apart between a 336- and a 360-row
  *     product at K = 1031 (docs/LOSS_SPEC.md states the guarantee).
  *   columns: the tile path (bf16 weights on CPUs without bf16 GEMMs) cuts N
@@ -106,7 +107,8 @@ typedef struct fg_gemm_shape {
  *     whole multiples of 48 (16 on AVX2, 48 assumed on AVX-512), so a
  *     column sits at the same place of a kernel tile in every call.
  * tests/test_row_position.c checks both (bitwise where oneDNN runs at most
- * AVX2; on AVX-512 it prints how many rows were not, until measured). */
+ * AVX2 and the rows stay in one kind of block; on AVX-512 it prints how many
+ * rows were not, until measured). */
 #define FG_LOGITS_ROW_GRANULE 24
 #define FG_LOGITS_COL_GRANULE 48
 

@@ -120,15 +120,17 @@ static size_t tile_cap(const linear_plan *p, int64_t m)
 /* The logits product's rows for a chunk of m: m rounded up to the row granule.
  * hbuf and the logits buffer hold that many, the rows past m zero in hbuf,
  * so that the product has no partial row group to run padded (gemm_onednn.c:
- * a padded group streams the whole weight for a few rows, about 0.1 s a
- * 410-row chunk at H = 1024 on AVX2, 24 rows at 35 GFLOP/s a core). The row
- * work reads m rows.
+ * a padded group streams the whole weight for a few rows: 24 x 96 blocks ran
+ * at 34.5 GFLOP/s a core against 72-76 for the body's, bench/block_probe.c,
+ * about 0.1 s a 410-row chunk at H = 1024 on AVX2). The row work reads m
+ * rows.
  * The planner plans the chunks unpadded, then pads them where the budget
  * holds the padding with the GEMM scratchpads the chunks were fitted with
  * (plan_chunks): one more chunk would cost more than the padded group, and
  * the choice depends on the shape and budget only, never on the thread
- * count, like the chunks. A row's bits are the same either way (whole row
- * groups, gemm_onednn.h). */
+ * count, like the chunks. A row's bits are the same either way within one
+ * of oneDNN's K blocks; past one, padding can move the last rows from a
+ * no-copy block into a packed one (docs/LOSS_SPEC.md states the limits). */
 static int64_t padded_rows(const linear_plan *p, int64_t m)
 {
     return (m + p->row_pad - 1) / p->row_pad * p->row_pad;

@@ -34,11 +34,11 @@ assert g["pass"] is True and g["impl"] == "logits" and g["config"]["impl"] == "l
 assert g["config"]["loss_type"] == "dapo" and g["config"]["memory_budget"] == "min"
 assert all(gate["pass"] for gate in g["gates"])
 
-run(fg, "bench", "--config", config, "--set", "steps=2", "--sweep", "seq_len=5,9",
+run(fg, "bench", "--config", config, "--set", "steps=2", "--sweep", "seq_len=4,9",
     "--impls", "fused,baseline", "--json", bj)
 lines = [json.loads(line) for line in open(bj)]
 assert [(d["impl"], d["seq_len"]) for d in lines] == [
-    ("fused", 5), ("baseline", 5), ("fused", 9), ("baseline", 9)], lines
+    ("fused", 4), ("baseline", 4), ("fused", 9), ("baseline", 9)], lines
 for d in lines:
     assert d["ok"] and d["config"]["impl"] == d["impl"], d
     for key in ("cold_s", "step_s_mean", "step_s_p50", "step_s_p90", "peak_work_bytes",
@@ -54,8 +54,7 @@ for d in lines:
 # memory_budget: min is a one-row chunk's need rounded up to pages, so the
 # fused path runs 1-row chunks, or a few more where the page rounding leaves
 # room (the per-call arrays, so the slack, differ with seq_len, and a chunk's
-# GEMM scratch does not grow below the row granule; a token count of whole row
-# groups would run as one chunk with no padded group: 6 tokens on AVX2); every impl's
+# GEMM scratch does not grow below FG_LOGITS_ROW_GRANULE rows); every impl's
 # chunked roofline uses the fused path's chunk rows of its own sweep point.
 for f, b in ((lines[0], lines[1]), (lines[2], lines[3])):
     assert 1 <= f["chunk_rows"] <= 4 and f["chunks"] > 1 and b["chunks"] == 1, (f, b)
