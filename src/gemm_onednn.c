@@ -39,7 +39,6 @@ struct fg_gemm_cache {
     dnnl_stream_t *streams; /* one per worker thread */
     int workers;
     int native_bf16;
-    int64_t row_granule;
     gemm_slot slots[FG_GEMM_CACHE_SLOTS];
     uint64_t clock;
 };
@@ -190,7 +189,6 @@ fg_status fg_gemm_cache_create(fg_gemm_cache **out)
         return FG_ERR_OUT_OF_MEMORY;
     }
     c->native_bf16 = probed == CREATE_OK;
-    c->row_granule = FG_LOGITS_ROW_GRANULE; /* every ISA (gemm_onednn.h: why not 6 on AVX2) */
     *out = c;
     return FG_OK;
 }
@@ -209,8 +207,6 @@ void fg_gemm_cache_destroy(fg_gemm_cache *c)
 }
 
 int fg_gemm_native_bf16(const fg_gemm_cache *c) { return c->native_bf16; }
-
-int64_t fg_gemm_row_granule(const fg_gemm_cache *c) { return c->row_granule; }
 
 static int is_native(const fg_gemm_cache *c, const fg_gemm_shape *s)
 {

@@ -40,7 +40,7 @@ typedef struct fg_gemm_shape {
                                  whole), each by one thread with its whole K */
     int64_t row_granule; /* > 1: C's rows are computed in whole groups of this
                             many, whatever M, so that a row's bits do not
-                            depend on where it lies (fg_gemm_row_granule) */
+                            depend on where it lies (FG_LOGITS_ROW_GRANULE) */
     int64_t col_granule; /* > 1: the tile path cuts N only at multiples of this
                             (FG_LOGITS_COL_GRANULE); block_n must be one */
     int64_t split_k;    /* > 0 (f32 C, no row granule): rows are cut into
@@ -134,11 +134,6 @@ void fg_gemm_cache_destroy(fg_gemm_cache *cache); /* NULL is fine */
 
 /* 1 when bf16·bf16 products run natively on this CPU. */
 int fg_gemm_native_bf16(const fg_gemm_cache *cache);
-
-/* The row granule of position-independent rows on the CPU oneDNN runs here:
- * FG_LOGITS_ROW_GRANULE on every ISA so far (see above); a divisor of
- * FG_BLOCK_LOGITS_M. Drivers pass it as fg_gemm_shape.row_granule. */
-int64_t fg_gemm_row_granule(const fg_gemm_cache *cache);
 
 /* Time and work issued to GEMMs, accumulated by fg_gemm_run. */
 typedef struct fg_gemm_stats {

@@ -88,9 +88,9 @@ typedef struct linear_plan {
     int hook;    /* sharded, merged through the context's communicator per chunk */
     int64_t vocab_start;
     int64_t w_ld, gw_ld;
-    int64_t row_granule;  /* the logits product's, for this CPU (fg_gemm_row_granule) */
     int64_t row_pad;      /* chunks' logits rows rounded up to this (padded_rows):
-                             row_granule, or 1 where the budget does not hold it  */
+                             FG_LOGITS_ROW_GRANULE, or 1 where the budget does
+                             not hold it                                          */
     int64_t n_active;     /* unmasked tokens: the rows the chunks cover            */
     size_t fixed_bytes;   /* per-call [B, T] arrays (fg_common_workspace_bytes)    */
     fg_gemm_scratch gemm; /* GEMM scratch of the chosen chunk sizes               */
@@ -141,7 +141,7 @@ static fg_gemm_shape shape_logits(const linear_plan *p, int64_t m)
 {
     fg_gemm_shape s = {m, p->V, p->H, p->cmp_t, p->in_t, p->logit_t, p->H, 1, 1, p->w_ld, p->V, 0,
                        p->has_bias, tile_cap(p, m), FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N,
-                       p->row_granule, FG_LOGITS_COL_GRANULE, 0};
+                       FG_LOGITS_ROW_GRANULE, FG_LOGITS_COL_GRANULE, 0};
     return s;
 }
 
@@ -288,7 +288,7 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
     fg_status st;
     int fit_workers = PLAN_GEMM_WORKERS;
     if (forced <= 0) /* materialized: padded; fused: see below */
-        p->row_pad = p->fused ? 1 : p->row_granule;
+        p->row_pad = p->fused ? 1 : FG_LOGITS_ROW_GRANULE;
     if (p->fused && forced <= 0) {
         if ((st = fit_any(call, p, &nc, &fit_workers)) != FG_OK)
             return st;
@@ -316,7 +316,7 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
                                       count, like the chunks) */
         linear_plan q = *p;
         fg_gemm_scratch gs;
-        q.row_pad = p->row_granule;
+        q.row_pad = FG_LOGITS_ROW_GRANULE;
         if ((st = need_bytes(call, &q, nc, n - (chunks - 1) * nc, fit_workers, &need, &gs)) !=
             FG_OK)
             return st;
@@ -831,7 +831,6 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const line
     p->logit_t = (!p->fused && o->round_logits_to_input_dtype) ? p->in_t : FG_DTYPE_F32;
     p->dlogit_t = p->cmp_t; /* the gradient GEMMs take dlogits in the compute dtype */
     p->dl_alias = p->fused && p->dlogit_t == p->logit_t;
-    p->row_granule = fg_gemm_row_granule(call->gemm);
     p->row_pad = 1;
     p->H = in->hidden.cols;
     p->V = in->weight.rows;

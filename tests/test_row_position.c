@@ -222,7 +222,7 @@ static int gemm(fg_gemm_cache *gc, const fg_gemm_shape *s, const float *A, const
 
 static void check_gemm_layer(fg_gemm_cache *gc, int64_t M, int64_t K, uint64_t seed)
 {
-    const int64_t g = fg_gemm_row_granule(gc), Mw = (M + g - 1) / g * g, N = V;
+    const int64_t g = FG_LOGITS_ROW_GRANULE, Mw = (M + g - 1) / g * g, N = V;
     tu_rng rng;
     tu_rng_seed(&rng, seed);
     float *A = tu_xmalloc_aligned((size_t)(Mw * K) * sizeof(float));

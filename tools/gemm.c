@@ -79,7 +79,7 @@ int ft_gemm_logits(ft_gemm *g, int a_type, const void *A, int64_t M, int w_type,
         int t = a_type;
         const void *a = a_rows(g, &t, A, r0, m, H);
         fg_gemm_shape s = {m, V, H, t, w_type, c_type, H, 1, 1, H, V, 0, bias != NULL,
-                           TILE_BYTES, FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N, fg_gemm_row_granule(g->cache),
+                           TILE_BYTES, FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N, FG_LOGITS_ROW_GRANULE,
                            FG_LOGITS_COL_GRANULE, 0};
         char *c = (char *)C + (size_t)r0 * (size_t)V * ft_dtype_size(c_type);
         if (a == NULL || product(g, &s, a, W, c, bias) != 0)
