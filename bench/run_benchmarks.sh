@@ -4,6 +4,7 @@
 # bench/results/ (JSON lines, text tables, the PNG plot). Run on an idle
 # machine: every figure is a ratio of runs made back to back.
 #   bash bench/run_benchmarks.sh [ab|budgets|sweep|peaked|blocks|scaled|headline|budget|gemms|peers]...
+# ab and budgets take FG_AB="H:dtype ..." to run a subset (default: all four).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
@@ -13,25 +14,25 @@ mkdir -p "$out"
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(ab budgets sweep peaked blocks scaled headline budget gemms peers)
 ab="$out/issue14_interleaved"
-s13="$out/session13"
-mkdir -p "$ab" "$s13"
+s14="$out/session14"
+mkdir -p "$ab" "$s14"
+shapes=(${FG_AB:-1024:float32 1024:bfloat16 2048:float32 2048:bfloat16})
 for part in "${parts[@]}"; do
   case "$part" in
     scaled)   # T=2048, H=2048, V=151936: all three impls, f32, one run
       $FG bench --config configs/scaled_t2048.yaml --set steps=2 --set roofline_reps=1 \
           --json "$out/scaled_f32.jsonl" | tee "$out/scaled_f32.txt" ;;
     ab)       # fused vs materialized in one process, steps taking turns: T=2048, H=1024/2048, f32/bf16
-      for hd in "1024 float32" "1024 bfloat16" "2048 float32" "2048 bfloat16"; do
-        set -- $hd
-        $FG bench --config configs/scaled_t2048.yaml --set hidden=$1 --set dtype=$2 --set steps=5 \
-            --set warmup=1 --set roofline_reps=0 --impls fused,baseline --interleave \
-            --json "$s13/h$1_$2.jsonl"
-      done ;;
-    budgets)  # the same at H=1024, f32, with larger budgets: where fused overtakes
-      for b in 512MiB; do
-        $FG bench --config configs/scaled_t2048.yaml --set hidden=1024 --set memory_budget=$b \
+      for hd in "${shapes[@]}"; do
+        $FG bench --config configs/scaled_t2048.yaml --set hidden=${hd%:*} --set dtype=${hd#*:} \
             --set steps=5 --set warmup=1 --set roofline_reps=0 --impls fused,baseline --interleave \
-            --json "$s13/h1024_float32_budget_$b.jsonl"
+            --json "$s14/h${hd%:*}_${hd#*:}.jsonl"
+      done ;;
+    budgets)  # the same with a 512 MiB budget: where fused overtakes
+      for hd in "${shapes[@]}"; do
+        $FG bench --config configs/scaled_t2048.yaml --set hidden=${hd%:*} --set dtype=${hd#*:} \
+            --set memory_budget=512MiB --set steps=5 --set warmup=1 --set roofline_reps=0 \
+            --impls fused,baseline --interleave --json "$s14/h${hd%:*}_${hd#*:}_budget_512MiB.jsonl"
       done ;;
     sweep)    # fused vs baseline over seq_len, steps taking turns, with the plot
       $FG bench --config configs/scaled_t2048.yaml --impls fused,baseline --interleave --set steps=5 \
@@ -51,7 +52,7 @@ for part in "${parts[@]}"; do
       for a in "342 1008 2048 2048" "342 2016 2048 2048" "372 1008 1024 1024" "408 1008 1024 1024" \
                "504 1008 1024 1024" "316 1008 4096 4096" "316 2016 4096 4096" "6 384 1024 1024" "24 96 1024 1024"; do
         OMP_NUM_THREADS=1 ./build/block_probe $a t
-      done | tee "$s13/block_probe_logits.txt" ;;
+      done | tee "$out/session13/block_probe_logits.txt" ;;
     headline) # the seeds' shape: B=1, T=8192, H=4096, V=151936, bf16 weights
       $FG bench --config configs/seeds_t8192_bf16.yaml --impls fused,baseline --set warmup=1 \
           --set steps=1 --set roofline_reps=0 \

@@ -331,7 +331,7 @@ typedef struct fg_memory_stats {
     size_t peak_bytes;    /* high-water mark since create / last reset; a
                              caller workspace counts while a call uses it  */
     size_t budget_bytes;  /* the fused path's cap in the last call         */
-    int64_t chunk_rows;   /* token rows per chunk chosen by the last call    */
+    int64_t chunk_rows;   /* the last call's first chunk's rows (the largest) */
     int64_t chunks;       /* chunks processed by the last call               */
     int64_t gemm_flops;   /* floating-point ops issued to GEMMs, last call   */
     double gemm_seconds;  /* wall time inside GEMMs, last call               */
@@ -417,7 +417,8 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
  * message the call would give, and still writes info (chunk_rows = 0).
  */
 typedef struct fg_linear_plan_info {
-    int64_t chunk_rows;        /* token rows per chunk                                  */
+    int64_t chunk_rows;        /* token rows of the first chunk, the largest (the
+                                  others may hold fewer)                             */
     int64_t chunks;            /* chunks the call walks (per sweep)                     */
     size_t working_bytes;      /* the arena the call holds, whole pages                 */
     size_t fixed_bytes;        /* per-call [B, T] arrays and loss scratch               */

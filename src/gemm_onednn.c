@@ -39,6 +39,7 @@ struct fg_gemm_cache {
     dnnl_stream_t *streams; /* one per worker thread */
     int workers;
     int native_bf16;
+    int avx2_kernels; /* oneDNN runs at most AVX2 here: restride_f32 applies */
     gemm_slot slots[FG_GEMM_CACHE_SLOTS];
     uint64_t clock;
 };
@@ -189,6 +190,7 @@ fg_status fg_gemm_cache_create(fg_gemm_cache **out)
         return FG_ERR_OUT_OF_MEMORY;
     }
     c->native_bf16 = probed == CREATE_OK;
+    c->avx2_kernels = (dnnl_get_effective_cpu_isa() & ~dnnl_cpu_isa_avx2) == 0;
     *out = c;
     return FG_OK;
 }
@@ -208,13 +210,39 @@ void fg_gemm_cache_destroy(fg_gemm_cache *c)
 
 int fg_gemm_native_bf16(const fg_gemm_cache *c) { return c->native_bf16; }
 
+/* An f32 product that runs on f32 copies of the weight, tile by tile, at
+ * tile_ld's stride: a split-K (grad_hidden) product whose blocks oneDNN runs
+ * with its no-copy kernels (M < fg_gemm_fast_rows of the block's columns),
+ * which read B in place, when B's rows lie a multiple of 4 KiB apart (H =
+ * 1024, 2048, 4096): a column of B then falls on one cache set. Measured on
+ * AVX2 (bench/block_probe.c, one thread, m = 188, n = 1024, K = 8192): 38.7
+ * GFLOP/s a core in place, 70.4 at a stride of 1040; the copy reads the
+ * weight once more, as the bf16 tile path's conversion does. Only where
+ * oneDNN runs AVX2 kernels: AVX-512's choose by other rules, unmeasured.
+ * Measured on 2 cores only: a tile's two K pieces give two blocks at a time,
+ * where more cores would want more. */
+static int restride_f32(const fg_gemm_cache *c, const fg_gemm_shape *s)
+{
+    if (!c->avx2_kernels || s->a_type != FG_DTYPE_F32 || s->b_type != FG_DTYPE_F32 ||
+        s->c_type != FG_DTYPE_F32 || s->split_k <= 0 || s->b_cs != 1 || s->b_rs % 1024 != 0 ||
+        s->tile_bytes == 0)
+        return 0;
+    const int64_t bn = s->block_n > 0 && s->block_n < s->N ? s->block_n : s->N;
+    /* and only where a tile holds two K pieces: a tile's product is then two
+     * blocks or more, as many as the workers here (fewer rows, from a short
+     * chunk's smaller tiles, would run one block at a time where the weight
+     * read in place gives 4 to share) */
+    const size_t two_pieces = (size_t)2 * FG_GEMM_MIN_PIECE_K * (size_t)s->N * sizeof(float);
+    return s->M < fg_gemm_fast_rows(bn) && s->tile_bytes >= two_pieces;
+}
+
 static int is_native(const fg_gemm_cache *c, const fg_gemm_shape *s)
 {
     if (s->a_type != s->b_type)
         return 0;
     if (s->a_type == FG_DTYPE_BF16 || s->c_type == FG_DTYPE_BF16)
         return c->native_bf16;
-    return 1;
+    return !restride_f32(c, s);
 }
 
 /* ---------------------------------------------------------- native path */
@@ -539,9 +567,25 @@ static fg_status native_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void
 typedef struct tiling {
     int along_n;
     int64_t len, rows, tiles; /* tiled dimension, rows per tile, tile count */
+    int64_t ld;               /* floats between a tile's rows (tile_ld) */
     size_t btile_bytes, ctile_bytes, bias_bytes; /* shared by the workers */
     size_t native_shared, native_per_worker; /* the tiles' blocked products */
 } tiling;
+
+/* A converted tile's row stride for rows of n floats: whole 64-byte lines,
+ * an odd number of them. A stride of a power of two (n = 1024, 2048, 4096)
+ * maps a column of the tile onto one cache set, and oneDNN's no-copy kernels
+ * then run a grad_hidden block (C = dlogits · W, m rows < fg_gemm_fast_rows)
+ * at half speed: measured on AVX2, m = 188, n = 1024, K = 8192: 38.7 GFLOP/s
+ * a core at a stride of 1024 floats, 70.4 at 1040 (bench/block_probe.c).
+ * The stride changes no kernel choice (nocopy_checker_avx2 reads m, n and k
+ * only) and so no bits. */
+static int64_t tile_ld(int64_t n)
+{
+    int64_t lines = (n + 15) / 16;
+    lines += (lines & 1) ? 0 : 1;
+    return lines * 16;
+}
 
 static fg_gemm_shape tile_shape(const fg_gemm_shape *s, const tiling *t, int64_t rows, int first)
 {
@@ -550,12 +594,12 @@ static fg_gemm_shape tile_shape(const fg_gemm_shape *s, const tiling *t, int64_t
     if (t->along_n) {
         u.N = rows;
         u.b_rs = 1;
-        u.b_cs = s->K;
+        u.b_cs = t->ld;
         if (s->c_type == FG_DTYPE_BF16)
             u.c_ld = rows;
     } else {
         u.K = rows;
-        u.b_rs = s->N;
+        u.b_rs = t->ld;
         u.b_cs = 1;
         u.accumulate = s->accumulate || !first;
         u.has_bias = s->has_bias && first;
@@ -574,6 +618,9 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
         return fg_fail(err, FG_ERR_BACKEND, "internal: bf16 C needs an N-tiled product");
     const int64_t other = t->along_n ? s->K : s->N;
     t->len = t->along_n ? s->N : s->K;
+    t->ld = tile_ld(other); /* rows are counted unpadded: the rows, so the blocks, do not
+                               depend on the stride (and 8192 weight rows at n = 1024 stay
+                               4 K pieces of 2048) */
     int64_t rows = (int64_t)(s->tile_bytes / ((size_t)other * sizeof(float)));
     rows = rows < TILE_MIN_ROWS ? TILE_MIN_ROWS : rows;
     if (t->along_n && s->col_granule > 1) /* tiles cut N at whole column groups */
@@ -583,7 +630,7 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
         rows = rows / s->block_n * s->block_n;
     t->rows = rows < t->len ? rows : t->len;
     t->tiles = (t->len + t->rows - 1) / t->rows;
-    t->btile_bytes = fg_ws_round((size_t)t->rows * (size_t)other * sizeof(float));
+    t->btile_bytes = fg_ws_round((size_t)t->rows * (size_t)t->ld * sizeof(float));
     if (t->along_n && s->c_type == FG_DTYPE_BF16)
         t->ctile_bytes = fg_ws_round((size_t)s->M * (size_t)t->rows * sizeof(float));
     if (s->has_bias)
@@ -604,21 +651,25 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
     return FG_OK;
 }
 
-/* dst[j][i] = src row r0 + j, element i, for `rows` rows of `len` elements:
- * weight row (r0 + j) is element (i * stride_in + (r0 + j) * stride_out). */
-static void convert_rows(float *dst, const void *src, fg_dtype t, int64_t r0, int64_t rows,
-                         int64_t len, int64_t row_stride, int64_t elem_stride, int nt)
+/* dst[j * ld + i] = src row r0 + j, element i, for `rows` rows of `len`
+ * elements: weight row (r0 + j) is element (i * elem_stride + (r0 + j) *
+ * row_stride). */
+static void convert_rows(float *dst, int64_t ld, const void *src, fg_dtype t, int64_t r0,
+                         int64_t rows, int64_t len, int64_t row_stride, int64_t elem_stride, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t j = 0; j < rows; j++) {
         const size_t base = (size_t)(r0 + j) * (size_t)row_stride;
-        float *d = dst + (size_t)j * (size_t)len;
+        float *d = dst + (size_t)j * (size_t)ld;
         if (t == FG_DTYPE_BF16) {
             fg_bf16_to_f32_strided(d, (const uint16_t *)src + base, len, elem_stride);
         } else {
             const float *sp = (const float *)src + base;
-            for (int64_t i = 0; i < len; i++)
-                d[i] = sp[(size_t)i * (size_t)elem_stride];
+            if (elem_stride == 1)
+                memcpy(d, sp, (size_t)len * sizeof(float));
+            else
+                for (int64_t i = 0; i < len; i++)
+                    d[i] = sp[(size_t)i * (size_t)elem_stride];
         }
     }
 }
@@ -639,15 +690,15 @@ static fg_status tile_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *
     const int nt = workers < 1 ? 1 : workers;
     const size_t a_es = fg_dtype_size(s->a_type), c_es = fg_dtype_size(s->c_type);
     if (!t.along_n && s->has_bias)
-        convert_rows(btmp, bias, s->b_type, 0, 1, s->N, 0, 1, 1);
+        convert_rows(btmp, s->N, bias, s->b_type, 0, 1, s->N, 0, 1, 1);
     for (int64_t k = 0; k < t.tiles && st == FG_OK; k++) {
         const int64_t r0 = k * t.rows, rows = t.len - r0 < t.rows ? t.len - r0 : t.rows;
         fg_gemm_shape u = tile_shape(s, &t, rows, k == 0);
         if (t.along_n) {
             /* B column n = weight row n: element (kk, n) at kk*b_rs + n*b_cs. */
-            convert_rows(btile, B, s->b_type, r0, rows, s->K, s->b_cs, s->b_rs, nt);
+            convert_rows(btile, t.ld, B, s->b_type, r0, rows, s->K, s->b_cs, s->b_rs, nt);
             if (s->has_bias)
-                convert_rows(btmp, (const unsigned char *)bias + (size_t)r0 * fg_dtype_size(s->b_type),
+                convert_rows(btmp, rows, (const unsigned char *)bias + (size_t)r0 * fg_dtype_size(s->b_type),
                              s->b_type, 0, 1, rows, 0, 1, 1);
             void *cdst = s->c_type == FG_DTYPE_BF16 ? (void *)ctile
                                                     : (unsigned char *)C + (size_t)r0 * c_es;
@@ -662,7 +713,7 @@ static fg_status tile_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *
             }
         } else {
             /* B row kk = weight row kk: element (kk, n) at kk*b_rs + n*b_cs. */
-            convert_rows(btile, B, s->b_type, r0, rows, s->N, s->b_rs, s->b_cs, nt);
+            convert_rows(btile, t.ld, B, s->b_type, r0, rows, s->N, s->b_rs, s->b_cs, nt);
             const void *a_tile = (const unsigned char *)A + (size_t)r0 * (size_t)s->a_cs * a_es;
             st = native_run(c, &u, a_tile, btile, C, btmp, native_scratch, workers, stats, err);
         }
@@ -671,6 +722,8 @@ static fg_status tile_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *
 }
 
 /* ---------------------------------------------------------- public */
+
+int fg_gemm_tiled(const fg_gemm_cache *c, const fg_gemm_shape *s) { return !is_native(c, s); }
 
 int64_t fg_gemm_fast_rows(int64_t n)
 {

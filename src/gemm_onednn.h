@@ -18,6 +18,9 @@
  * rows at a time, and a bf16 C is written through an f32 tile: the weight is
  * never copied whole, and the extra traffic is one read of it per product.
  * A must then be f32: fg_gemm_native_bf16() tells the caller which to pass.
+ * Tiles are stored at a stride no cache set aliases, and short f32
+ * grad_hidden products whose weight rows lie 4 KiB multiples apart take the
+ * same path (fg_gemm_tiled).
  */
 #ifndef FG_GEMM_ONEDNN_H
 #define FG_GEMM_ONEDNN_H
@@ -34,8 +37,9 @@ typedef struct fg_gemm_shape {
     int64_t c_ld;
     int accumulate;     /* C += A·B instead of C = A·B */
     int has_bias;       /* bias[N], in b_type, added to every row */
-    size_t tile_bytes;  /* bf16 tile path: cap of one converted weight tile (the
-                           caller's plan decides it; not part of a primitive's key) */
+    size_t tile_bytes;  /* tile path: cap of one converted weight tile (the caller's
+                           plan decides it; not part of a primitive's key; 0: f32
+                           products never take the tile path) */
     int64_t block_m, block_n; /* C is computed in fixed blocks of this size (<= 0:
                                  whole), each by one thread with its whole K */
     int64_t row_granule; /* > 1: C's rows are computed in whole groups of this
@@ -114,7 +118,9 @@ typedef struct fg_gemm_shape {
 
 /* The most a converted bf16 weight tile holds (tile path only): >= 1024
  * weight rows at H = 4096, enough for the per-tile GEMMs to run at full
- * speed. Drivers size tiles below it (fg_gemm_shape.tile_bytes). */
+ * speed. Drivers size tiles below it (fg_gemm_shape.tile_bytes). The cap
+ * counts rows x H floats; a tile's rows are stored up to 32 floats apart
+ * more (gemm_onednn.c, tile_ld), and the scratch need counts that. */
 #define FG_TILE_CAP_BYTES ((size_t)32 << 20)
 
 /* The fewest rows m of a block n columns wide that oneDNN 2.6's sgemm runs
@@ -134,6 +140,13 @@ void fg_gemm_cache_destroy(fg_gemm_cache *cache); /* NULL is fine */
 
 /* 1 when bf16·bf16 products run natively on this CPU. */
 int fg_gemm_native_bf16(const fg_gemm_cache *cache);
+
+/* 1 when the product runs on converted weight tiles stored at a stride that
+ * no cache set aliases (the tile path): bf16 weights without native kernels,
+ * and, where oneDNN runs AVX2 kernels, f32 grad_hidden products too short
+ * for its packed kernels whose weight rows lie a multiple of 4 KiB apart
+ * (gemm_onednn.c, restride_f32). Such a product runs at full speed at any M. */
+int fg_gemm_tiled(const fg_gemm_cache *cache, const fg_gemm_shape *shape);
 
 /* Time and work issued to GEMMs, accumulated by fg_gemm_run. */
 typedef struct fg_gemm_stats {

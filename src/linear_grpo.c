@@ -77,6 +77,9 @@ typedef struct linear_plan {
     fg_dtype logit_t, dlogit_t;
     int dl_alias; /* dlogits overwrite the f32 logits in place */
     int64_t H, V, Nc, chunks;
+    int64_t lead; /* chunk 0 holds Nc rows, every later one Nc - lead (the last
+                     maybe fewer): the rows past whole row groups, in one chunk
+                     (plan_chunks, lead_rows); 0: every chunk Nc rows */
     int want_gh, want_gw, want_gb, any_grad;
     fg_dtype gh_t, gw_t, gb_t; /* the gradient outputs' dtypes (bf16 for bf16 inputs) */
     int accumulate; /* grad_weight and grad_bias += this call's gradient */
@@ -107,8 +110,10 @@ typedef struct linear_plan {
  * scratchpads for. */
 #define PLAN_GEMM_WORKERS 8
 
-/* Converted weight tiles (CPUs without native bf16 GEMMs) scale with the
- * chunk: half its logits, at most FG_TILE_CAP_BYTES. Everything the call
+/* Converted weight tiles (bf16 on CPUs without native bf16 GEMMs; f32 for
+ * short grad_hidden products at H a multiple of 1024, gemm_onednn.c,
+ * restride_f32) scale with the chunk: half its logits, at most
+ * FG_TILE_CAP_BYTES. Everything the call
  * holds is then a function of the chunk rows alone, so the smallest budget is
  * the need of a one-row chunk. */
 static size_t tile_cap(const linear_plan *p, int64_t m)
@@ -217,17 +222,85 @@ static fg_status need_bytes(fg_call *call, const linear_plan *p, int64_t m, int6
     return st;
 }
 
+/* Whether grad_hidden's blocks for a chunk of m rows may run at half speed:
+ * blocks that short run oneDNN's no-copy kernels (fg_gemm_fast_rows), which
+ * read the weight in place, and rows H floats apart (a power of two at H =
+ * 1024, 2048, 4096) fall on one cache set: measured on AVX2, m = 188, H =
+ * 1024: 38.7 GFLOP/s a core against 70.4 at a stride of 1040
+ * (bench/block_probe.c). Products on weight tiles (fg_gemm_tiled) are
+ * stored at such a stride and run fast at any m. */
+static int dhidden_slow(fg_call *call, const linear_plan *p, int64_t m)
+{
+    if (!p->want_gh)
+        return 0;
+    const fg_gemm_shape s = shape_dhidden(p, m);
+    if (fg_gemm_tiled(call->gemm, &s))
+        return 0;
+    return m < fg_gemm_fast_rows(p->H < FG_BLOCK_DHIDDEN_N ? p->H : FG_BLOCK_DHIDDEN_N);
+}
+
 /* Rows a chunk for n rows at most nc a chunk: equal chunks, so that the last
  * is not a sliver, unless equal chunks are too short for grad_hidden's
- * blocks to run at full speed while nc-row ones are not (fg_gemm_fast_rows:
+ * blocks to run at full speed while nc-row ones are not (dhidden_slow:
  * measured 1.39x the materialized step's time at T = 2048, H = 1024, bf16,
  * AVX2, with six equal 342-row chunks where five of 371 and one of 193 stay
- * fast but the last); then nc-row chunks and a shorter last one. */
-static int64_t chunk_rows(const linear_plan *p, int64_t n, int64_t nc)
+ * fast but the last, before the tile path's stride); then nc-row chunks and
+ * a shorter last one. */
+static int64_t chunk_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t nc)
 {
     const int64_t chunks = (n + nc - 1) / nc, equal = (n + chunks - 1) / chunks;
-    const int64_t fast = fg_gemm_fast_rows(p->H < FG_BLOCK_DHIDDEN_N ? p->H : FG_BLOCK_DHIDDEN_N);
-    return equal < fast && nc >= fast ? nc : equal;
+    return dhidden_slow(call, p, equal) && !dhidden_slow(call, p, nc) ? nc : equal;
+}
+
+/* The same number of chunks (or fewer) in whole row groups: the equal size
+ * rounded up to FG_LOGITS_ROW_GRANULE, the last chunk shorter. No chunk but the last has a
+ * partial group, and padding costs no memory past the chunk's own rows;
+ * against equal chunks each padded, the logits product then runs the
+ * rounding once rather than once a chunk (5% of its rows at T = 2048, 342-
+ * row chunks run as 360). 0 where that would turn a chunk's grad_hidden slow
+ * (dhidden_slow) that was not, or leave no shorter last chunk. */
+static int64_t group_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t nc)
+{
+    const int64_t g = FG_LOGITS_ROW_GRANULE, chunks = (n + nc - 1) / nc;
+    const int64_t rows = ((n + chunks - 1) / chunks + g - 1) / g * g;
+    const int64_t k = (n + rows - 1) / rows, last = n - (k - 1) * rows;
+    const int64_t was_last = n - (chunks - 1) * nc;
+    if (rows == nc || k < 2 || (dhidden_slow(call, p, rows) && !dhidden_slow(call, p, nc)) ||
+        (dhidden_slow(call, p, last) && !dhidden_slow(call, p, was_last)))
+        return 0;
+    return rows;
+}
+
+/* Chunk k's first row and rows (run_chunk walks them). */
+static int64_t chunk_start(const linear_plan *p, int64_t k)
+{
+    return k == 0 ? 0 : p->lead + k * (p->Nc - p->lead);
+}
+
+static int64_t chunk_len(const linear_plan *p, int64_t k)
+{
+    const int64_t r0 = chunk_start(p, k), m = k == 0 ? p->Nc : p->Nc - p->lead;
+    return p->n_active - r0 < m ? p->n_active - r0 : m;
+}
+
+/* The same number of chunks with every chunk but the first in whole row
+ * groups: g = the equal size rounded down to FG_LOGITS_ROW_GRANULE, and the
+ * first holds the n - (chunks - 1)·g left, so only it has a partial group.
+ * Where padding does not fit, equal chunks each run their partial group as a
+ * padded product (about 0.07 s a chunk at H = 1024, T = 2048 on AVX2: 24
+ * rows for a few); this runs one. Returns g (the first chunk n - (chunks -
+ * 1)·g rows), or 0 where no chunk would be spared a partial group, or
+ * where a chunk's grad_hidden would turn slow (dhidden_slow) that was not. */
+static int64_t lead_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t nc)
+{
+    const int64_t gr = FG_LOGITS_ROW_GRANULE, chunks = (n + nc - 1) / nc;
+    const int64_t g = n / chunks / gr * gr, first = n - (chunks - 1) * g;
+    const int64_t last = n - (chunks - 1) * nc;
+    const int64_t partial = (chunks - 1) * (nc % gr != 0) + (last % gr != 0);
+    if (chunks < 2 || g < gr || partial <= (first % gr != 0) ||
+        (dhidden_slow(call, p, g) && !dhidden_slow(call, p, nc)))
+        return 0;
+    return g;
 }
 
 /* The largest chunk size (chunk_rows) whose need with `workers` GEMM
@@ -241,7 +314,7 @@ static fg_status fit_chunks(fg_call *call, const linear_plan *p, int workers, in
     int64_t nc = (int64_t)(avail / row) < n ? (int64_t)(avail / row) : n;
     *out = 0;
     while (nc >= 1) {
-        nc = chunk_rows(p, n, nc);
+        nc = chunk_rows(call, p, n, nc);
         const int64_t chunks = (n + nc - 1) / nc;
         size_t need;
         fg_gemm_scratch gs;
@@ -308,22 +381,51 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
                            (long long)p->H);
         }
     }
-    nc = chunk_rows(p, n, nc);
-    const int64_t chunks = (n + nc - 1) / nc;
+    if (forced <= 0) /* forced: exactly that, the same chunks on every shard whatever its
+                        own vocabulary slice makes of dhidden_slow */
+        nc = chunk_rows(call, p, n, nc);
     size_t need;
+    if (p->fused && forced <= 0 && !p->hook) { /* whole row groups where they fit padded;
+        not where shards merge per chunk: they agree on the smallest Nc and replan with
+        it through chunk_rows, which must give every shard the same chunks */
+        const int64_t rows = group_rows(call, p, n, nc);
+        linear_plan q = *p;
+        fg_gemm_scratch gs;
+        q.row_pad = FG_LOGITS_ROW_GRANULE;
+        if (rows > 0 && (st = need_bytes(call, &q, rows, n - (n - 1) / rows * rows, fit_workers,
+                                         &need, &gs)) != FG_OK)
+            return st;
+        if (rows > 0 && need <= call->budget)
+            nc = rows;
+    }
+    int64_t chunks = (n + nc - 1) / nc, other = n - (chunks - 1) * nc; /* the other size */
+    p->lead = 0;
     if (p->fused && forced <= 0) { /* padded rows where these chunks fit padded with the
                                       scratchpads they were fitted with (never the thread
                                       count, like the chunks) */
         linear_plan q = *p;
         fg_gemm_scratch gs;
         q.row_pad = FG_LOGITS_ROW_GRANULE;
-        if ((st = need_bytes(call, &q, nc, n - (chunks - 1) * nc, fit_workers, &need, &gs)) !=
-            FG_OK)
+        if ((st = need_bytes(call, &q, nc, other, fit_workers, &need, &gs)) != FG_OK)
             return st;
         if (need <= call->budget)
             p->row_pad = q.row_pad;
     }
-    if ((st = need_bytes(call, p, nc, n - (chunks - 1) * nc, 1, &need, &p->gemm)) != FG_OK)
+    if (p->fused && forced <= 0 && p->row_pad == 1 && !p->hook) {
+        /* else the partial groups in one chunk (lead_rows); not where shards
+           merge per chunk (p->hook), whose agreement is on Nc alone */
+        const int64_t g = lead_rows(call, p, n, nc);
+        fg_gemm_scratch gs;
+        if (g > 0 && (st = need_bytes(call, p, n - (chunks - 1) * g, g, fit_workers, &need,
+                                      &gs)) != FG_OK)
+            return st;
+        if (g > 0 && need <= call->budget) {
+            nc = n - (chunks - 1) * g;
+            p->lead = nc - g;
+            other = g;
+        }
+    }
+    if ((st = need_bytes(call, p, nc, other, 1, &need, &p->gemm)) != FG_OK)
         return st;
     /* As many GEMM threads as the budget holds scratchpads for. */
     int workers = 1;
@@ -593,8 +695,7 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
                            int logits_ready, int first_backward_chunk)
 {
     const linear_plan *p = &L->p;
-    const int64_t r0 = k * p->Nc;
-    const int64_t m = L->c.n_active - r0 < p->Nc ? L->c.n_active - r0 : p->Nc;
+    const int64_t r0 = chunk_start(p, k), m = chunk_len(p, k);
     const int64_t *tok = L->c.active + r0;
     fg_status st;
     if (!logits_ready && !L->failed) {

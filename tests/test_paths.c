@@ -123,7 +123,9 @@ static const popt SETS[] = {
 typedef struct shape {
     int64_t B, T, H, V;
 } shape;
-static const shape SHAPES[] = {{3, 7, 37, 1009}, {1, 1, 37, 503}, {4, 5, 61, 503}};
+/* H = 1024: weight rows 4 KiB apart, whose short grad_hidden products run on
+ * restrided tiles (gemm_onednn.c, restride_f32) */
+static const shape SHAPES[] = {{3, 7, 37, 1009}, {1, 1, 37, 503}, {4, 5, 61, 503}, {2, 9, 1024, 503}};
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 
 static fg_context *ctx_mat, *ctx_fused;
@@ -562,6 +564,7 @@ int main(void) {
                 for (int set = 0; set < NSETS; set++) run_case(0, lt, lvl, set, dt, case_idx++);
                 run_case(1, lt, lvl, (lt + lvl) % NSETS, dt, case_idx++);
                 run_case(2, lt, lvl, (2 * lt + lvl + 3) % NSETS, dt, case_idx++);
+                run_case(3, lt, lvl, (lt + 2 * lvl + 1) % NSETS, dt, case_idx++);
             }
     }
 

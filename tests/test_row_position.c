@@ -15,6 +15,8 @@
  *     (chunks of some odd size, their rows padded to whole groups where the
  *     budget holds it, else each with its own padded group) and
  *     materialized: all three agree bitwise;
+ *   - fused with a plan whose first chunk holds the rows past whole groups
+ *     (check_lead), against materialized;
  *   - the GEMM layer alone (check_gemm_layer): rows reversed, a padded group
  *     against whole groups, and the rows one group later, with what is and
  *     is not bitwise there;
@@ -176,6 +178,62 @@ static void check_case(fg_context *ctx, fg_dtype dt, int64_t M, int64_t H, uint6
     tu_problem_free(&p);
 }
 
+/* A plan whose first chunk holds the rows past whole row groups
+ * (linear_grpo.c, lead_rows): M = 482 rows at the budgets that give chunks
+ * of 98..119 rows make five chunks, 98 + 4 x 96, where equal ones (97, each
+ * with a partial group) do not fit padded to 120. Found by scanning budgets
+ * (counted: chunk rows above an equal split); each row's logp and entropy
+ * then bitwise equal to the materialized call's (H = 301, where every
+ * product stays in one kind of oneDNN block, see check_case). */
+static void check_lead(fg_context *ctx, fg_dtype dt, uint64_t seed)
+{
+    const int64_t M = 482, H = 301;
+    const char *dn = dt == FG_DTYPE_BF16 ? "bf16" : "f32";
+    tu_problem p;
+    tu_problem_make(&p, 1, M, H, V, dt, 1, seed);
+    const fg_linear_inputs in = tu_problem_inputs(&p);
+    int64_t *tok = tu_xmalloc((size_t)M * sizeof *tok);
+    uint8_t *mask = tu_xmalloc((size_t)M);
+    for (int64_t i = 0; i < M; i++) {
+        tok[i] = tu_randint(&p.rng, V);
+        mask[i] = 1;
+    }
+    run_out base, other;
+    base.logp = tu_xmalloc((size_t)M * sizeof(float));
+    base.ent = tu_xmalloc((size_t)M * sizeof(float));
+    other.logp = tu_xmalloc((size_t)M * sizeof(float));
+    other.ent = tu_xmalloc((size_t)M * sizeof(float));
+    CHECK(run(ctx, FG_IMPL_MATERIALIZED, 0, &in, tok, mask, M, &base) == FG_OK, "%s: %s", dn,
+          fg_last_error(ctx));
+    fg_memory_stats ms = {0};
+    size_t found = 0;
+    for (size_t b = (size_t)256 << 10; b <= (size_t)4 << 20 && !found; b += (size_t)8 << 10) {
+        if (run(ctx, FG_IMPL_FUSED, b, &in, tok, mask, M, &other) != FG_OK)
+            continue;
+        fg_get_memory_stats(ctx, &ms);
+        if (ms.chunks >= 2 && ms.chunk_rows > (M + ms.chunks - 1) / ms.chunks &&
+            ms.chunk_rows % FG_LOGITS_ROW_GRANULE != 0)
+            found = b;
+    }
+    CHECK(found, "%s: no budget gave a plan with a longer first chunk", dn);
+    if (found) {
+        double md;
+        const int64_t d = differing(&other, &base, NULL, M, &md);
+        CHECK(rows_agree(d, md), "%s M=%lld fused (%lld chunks, the first %lld rows, budget %zu) "
+              "vs materialized: %lld rows differ, by up to %.2g", dn, (long long)M,
+              (long long)ms.chunks, (long long)ms.chunk_rows, found, (long long)d, md);
+        printf("%s M=%lld: budget %zu gives %lld chunks, the first of %lld rows\n", dn,
+               (long long)M, found, (long long)ms.chunks, (long long)ms.chunk_rows);
+    }
+    free(tok);
+    free(mask);
+    free(base.logp);
+    free(base.ent);
+    free(other.logp);
+    free(other.ent);
+    tu_problem_free(&p);
+}
+
 /* The GEMM layer itself, on M rows of A (K = H) times Wᵀ (N = V):
  *   (a) M in whole row groups, rows reversed: each row of C bitwise equal
  *       where K <= 301 (asserted; measured there on AVX2), else within
@@ -318,6 +376,7 @@ int main(void)
          * product, which sums in another order (docs/LOSS_SPEC.md) */
         check_case(ctx, dt, 25, 1031, seed++);
         check_case(ctx, dt, 333, 1031, seed++);
+        check_lead(ctx, dt, seed++);
     }
     fg_context_destroy(ctx);
     fg_gemm_cache *gc = NULL;
