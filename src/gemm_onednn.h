@@ -144,8 +144,10 @@ int fg_gemm_native_bf16(const fg_gemm_cache *cache);
 /* 1 when the product runs on converted weight tiles stored at a stride that
  * no cache set aliases (the tile path): bf16 weights without native kernels,
  * and, where oneDNN runs AVX2 kernels, f32 grad_hidden products too short
- * for its packed kernels whose weight rows lie a multiple of 4 KiB apart
- * (gemm_onednn.c, restride_f32). Such a product runs at full speed at any M. */
+ * for its packed kernels whose weight rows lie a multiple of 4 KiB apart and
+ * whose tile_bytes hold two K pieces (gemm_onednn.c, restride_f32; at H =
+ * 1024 and V = 151936 a chunk of 56 rows or more, H = 2048 of 111 or more).
+ * Such a product runs at full speed at any M. */
 int fg_gemm_tiled(const fg_gemm_cache *cache, const fg_gemm_shape *shape);
 
 /* Time and work issued to GEMMs, accumulated by fg_gemm_run. */

@@ -111,13 +111,18 @@ typedef struct linear_plan {
 #define PLAN_GEMM_WORKERS 8
 
 /* Converted weight tiles (bf16 on CPUs without native bf16 GEMMs; f32 for
- * short grad_hidden products at H a multiple of 1024, gemm_onednn.c,
+ * short grad_hidden products whose weight rows lie 4 KiB multiples apart,
+ * where half a chunk's logits hold two K pieces: gemm_onednn.c,
  * restride_f32) scale with the chunk: half its logits, at most
  * FG_TILE_CAP_BYTES. Everything the call
  * holds is then a function of the chunk rows alone, so the smallest budget is
  * the need of a one-row chunk. */
 static size_t tile_cap(const linear_plan *p, int64_t m)
 {
+    if (p->hook && p->in_t == FG_DTYPE_F32) /* no restrided f32 tiles where shards merge per
+        chunk: they replan at the agreed, smaller Nc without refitting (plan_chunks), and a
+        chunk short enough for the tiles would need more memory than its own plan */
+        return 0;
     const size_t half_logits = (size_t)m * (size_t)p->V * sizeof(float) / 2;
     return half_logits < FG_TILE_CAP_BYTES ? half_logits : FG_TILE_CAP_BYTES;
 }
@@ -386,8 +391,8 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
         nc = chunk_rows(call, p, n, nc);
     size_t need;
     if (p->fused && forced <= 0 && !p->hook) { /* whole row groups where they fit padded;
-        not where shards merge per chunk: they agree on the smallest Nc and replan with
-        it through chunk_rows, which must give every shard the same chunks */
+        not where shards merge per chunk: they agree on the smallest Nc, and a shard
+        replanned with it walks chunks of exactly that many rows */
         const int64_t rows = group_rows(call, p, n, nc);
         linear_plan q = *p;
         fg_gemm_scratch gs;

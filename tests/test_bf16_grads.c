@@ -119,7 +119,7 @@ static void run_case(const bf16_case *c, const char *name, const fg_linear_optio
     memset(&plan32, 0, sizeof plan32);
     CHECK(fg_linear_grpo_plan(c->ctx, opts, c->cfg, c->in, c->batch, &o32.out, &exec, &plan32) ==
               FG_OK, "%s", "plan");
-    if (plan32.chunk_rows == plan.chunk_rows)
+    if (plan32.chunk_rows == plan.chunk_rows && plan32.chunks == plan.chunks)
         CHECK(o.loss == o32.out.loss, "%s: loss %g vs f32-gradient call %g", name, o.loss,
               o32.out.loss);
     else

@@ -123,8 +123,10 @@ static const popt SETS[] = {
 typedef struct shape {
     int64_t B, T, H, V;
 } shape;
-/* H = 1024: weight rows 4 KiB apart, whose short grad_hidden products run on
- * restrided tiles (gemm_onednn.c, restride_f32) */
+/* H = 1024: weight rows 4 KiB apart (the bf16 tile path's tiles restrided,
+ * gemm_onednn.c, tile_ld; f32 at these sizes reads W in place: its
+ * restrided tiles need half a chunk's logits to hold two K pieces, which
+ * test_gemm_stride checks) */
 static const shape SHAPES[] = {{3, 7, 37, 1009}, {1, 1, 37, 503}, {4, 5, 61, 503}, {2, 9, 1024, 503}};
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 

@@ -26,6 +26,7 @@ typedef struct job {
     fg_linear_inputs in;
     fg_linear_outputs out;
     int rows_over_min; /* the budget: the planner's smallest plus this many rows */
+    int64_t chunks, chunk_rows; /* what the call walked (fg_memory_stats) */
     fg_status status;
     char error[256];
 } job;
@@ -50,6 +51,10 @@ static void *run_shard(void *arg)
         ex.memory_budget = pi.min_budget_bytes + (size_t)(j->rows_over_min * j->in.weight.rows * 8);
         if (j->status == FG_OK)
             j->status = fg_linear_grpo(ctx, NULL, j->cfg, &j->in, j->batch, &j->out, &ex);
+        fg_memory_stats ms;
+        fg_get_memory_stats(ctx, &ms);
+        j->chunks = ms.chunks;
+        j->chunk_rows = ms.chunk_rows;
         snprintf(j->error, sizeof j->error, "%s", fg_last_error(ctx));
         fg_context_destroy(ctx);
     }
@@ -176,6 +181,11 @@ static void check_case(int shards, fg_is_level level, uint64_t seed, int64_t T, 
                   "%s shards=%d rank %d", lv, shards, r);
         CHECK(memcmp(lps[r], lps[0], (size_t)N * 4) == 0, "%s shards=%d: ranks disagree on logp", lv,
               shards);
+        CHECK(jobs[r].chunks == jobs[0].chunks && jobs[r].chunk_rows == jobs[0].chunk_rows &&
+                  jobs[r].chunks > 1,
+              "%s shards=%d rank %d walked %lld chunks of %lld rows, rank 0 %lld of %lld", lv, shards,
+              r, (long long)jobs[r].chunks, (long long)jobs[r].chunk_rows, (long long)jobs[0].chunks,
+              (long long)jobs[0].chunk_rows);
     }
     for (int r = 0; r < shards; r++) {
         free(lps[r]);
@@ -184,8 +194,9 @@ static void check_case(int shards, fg_is_level level, uint64_t seed, int64_t T, 
     const double ew = rel_err(gw, gw1, (size_t)(V * H)), eb = rel_err(gb, gb1, (size_t)V);
     TOL_CHECK("sharding grad_weight", ew, TOL_GRAD_WEIGHT, "%s shards=%d", lv, shards);
     TOL_CHECK("sharding grad_bias", eb, TOL_GRAD_BIAS, "%s shards=%d", lv, shards);
-    printf("%-8s shards=%d: loss %.9f (unsharded %.9f), grad_weight rel %.1e, grad_bias rel %.1e\n",
-           lv, shards, jobs[0].out.loss, o1.loss, ew, eb);
+    printf("%-8s shards=%d T=%lld: %lld chunks of %lld rows; loss %.9f (unsharded %.9f), "
+           "grad_weight rel %.1e, grad_bias rel %.1e\n", lv, shards, (long long)T,
+           (long long)jobs[0].chunks, (long long)jobs[0].chunk_rows, jobs[0].out.loss, o1.loss, ew, eb);
     free(gw);
     free(gb);
     free(lp1);
@@ -206,7 +217,7 @@ int main(void)
            whole groups (linear_grpo.c, group_rows) where another's does not;
            the planner keeps them off where shards merge per chunk, so that
            the agreed Nc gives every shard the same chunks */
-        check_case(shards, FG_LEVEL_TOKEN, seed + 100, 33, 47, 8);
+        check_case(shards, FG_LEVEL_TOKEN, seed + 200, 100, 47, 8);
     }
     /* A sharded weight without a communicator is refused. */
     fg_context *ctx;
