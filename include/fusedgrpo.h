@@ -429,6 +429,9 @@ typedef struct fg_linear_plan_info {
                                   where this CPU has bf16 kernels (dlogits are then
                                   rounded to bf16), else FG_DTYPE_F32 (the weight is
                                   widened in tiles); FG_DTYPE_F32 for f32 inputs       */
+    int64_t later_chunk_rows;  /* rows of each chunk after the first (the last may hold
+                                  fewer): chunk_rows, or fewer where the first chunk
+                                  holds the rows past whole row groups             */
     size_t grad_weight_sum_bytes; /* a bf16 grad_weight's float32 sums over the chunks
                                   ([V, H] floats, part of fixed_bytes); 0 when it is
                                   summed chunk by chunk in bf16, or is float32     */

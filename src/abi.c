@@ -41,7 +41,8 @@
 #define FIELDS_fg_linear_options(X, T) X(T, impl) X(T, round_logits_to_input_dtype) X(T, filter_eps)
 #define FIELDS_fg_linear_plan_info(X, T)                                                           \
     X(T, chunk_rows) X(T, chunks) X(T, working_bytes) X(T, fixed_bytes) X(T, chunk_bytes)         \
-    X(T, gemm_scratch_bytes) X(T, min_budget_bytes) X(T, gemm_dtype) X(T, grad_weight_sum_bytes)
+    X(T, gemm_scratch_bytes) X(T, min_budget_bytes) X(T, gemm_dtype) X(T, later_chunk_rows)     \
+    X(T, grad_weight_sum_bytes)
 
 #define FIELDS_fg_tokens(X, T) X(T, batch) X(T, seq_len) X(T, token_ids) X(T, mask)
 #define FIELDS_fg_linear_grads(X, T)                                                               \

@@ -1105,6 +1105,7 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
     r.grad_weight_sum_bytes = p.gw_sum_bytes;
     if (plan_st == FG_OK) {
         r.chunk_rows = p.Nc;
+        r.later_chunk_rows = p.Nc - p.lead;
         r.chunks = p.chunks;
         r.chunk_bytes = p.n_active > 0 ? chunk_bytes(&p, p.Nc) : 0;
         r.gemm_scratch_bytes = p.scratch_bytes;

@@ -17,7 +17,8 @@
  *     scale of f32 summation's error).
  * Shapes: M = 5, 37, 188 (no-copy) and 400 (packed), N = 1024, f32 and bf16 W.
  * And the library itself (check_library): the restrided grad_hidden inside
- * fg_linear_grpo, against the same call with W read in place.
+ * fg_linear_grpo, against the same call with W read in place; and the chunk
+ * planner's rules for slow grad_hidden chunks (check_planner).
  */
 #include <math.h>
 #include <stdio.h>
@@ -203,6 +204,78 @@ static void check_library(int avx2)
     tu_batch_free(&tb);
 }
 
+/* The planner (fg_linear_grpo_plan, fused, f32) at H = 1031, whose weight
+ * rows are not 4 KiB apart, so a grad_hidden product below
+ * fg_gemm_fast_rows(1031) reads W in place at half speed: over budgets from
+ * one row to one chunk, in steps of a row's logits and dlogits, the chunks
+ * (the first chunk_rows, the others later_chunk_rows, the last fewer) cover
+ * the tokens, and no plan whose first chunk is fast has a slow one after it
+ * but the last (counted). The planner's rules: equal chunks too short give
+ * way to full ones and a shorter last (chunk_rows), and neither whole-group
+ * chunks (group_rows) nor a longer first chunk (lead_rows) may turn a fast
+ * chunk slow; a first version of lead_rows did, [376, 312, 312] where
+ * [376, 376, 248] keeps the middle chunk fast (n = 1000: 43 of the scan's
+ * plans failed with it). */
+static void check_planner(int64_t T)
+{
+    const int64_t H = 1031, V = 2003;
+    tu_rng rng;
+    tu_rng_seed(&rng, 5);
+    tu_batch tb;
+    CHECK(tu_batch_make(&tb, 1, T, V, 0, &rng) == 0, "%s", "batch");
+    const int64_t n = tu_batch_unmasked(&tb), fast = fg_gemm_fast_rows(H);
+    float *hidden = tu_xmalloc_aligned((size_t)(T * H) * sizeof(float));
+    float *w = tu_xmalloc_aligned((size_t)(V * H) * sizeof(float));
+    memset(hidden, 0, (size_t)(T * H) * sizeof(float));
+    memset(w, 0, (size_t)(V * H) * sizeof(float));
+    fg_linear_inputs in;
+    memset(&in, 0, sizeof in);
+    in.hidden = fg_matrix_make(hidden, FG_DTYPE_F32, T, H);
+    in.weight = fg_matrix_make(w, FG_DTYPE_F32, V, H);
+    tu_linear_outs o;
+    tu_linear_outs_make(&o, T, H, V, 0);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    fg_context *ctx = NULL;
+    CHECK(fg_context_create(NULL, &ctx) == FG_OK, "%s", "context");
+    const fg_linear_options fused = {FG_IMPL_FUSED, 0, 0.0};
+    fg_linear_plan_info pi;
+    fg_exec ex;
+    fg_exec_init(&ex);
+    int64_t plans = 0, fast_first = 0, longer_first = 0;
+    if (ctx && fg_linear_grpo_plan(ctx, &fused, &cfg, &in, tu_batch_view(&tb), &o.out, &ex, &pi) ==
+                   FG_OK) {
+        const size_t lo = pi.min_budget_bytes, row = (size_t)V * 8;
+        for (size_t b = lo; b < lo + (size_t)n * row; b += row) {
+            ex.memory_budget = b;
+            if (fg_linear_grpo_plan(ctx, &fused, &cfg, &in, tu_batch_view(&tb), &o.out, &ex, &pi) !=
+                FG_OK)
+                continue;
+            plans++;
+            const int64_t F = pi.chunk_rows, g = pi.later_chunk_rows, k = pi.chunks;
+            CHECK(g >= 1 && g <= F && F + (k - 1) * g >= n && (k == 1 || F + (k - 2) * g < n),
+                  "budget %zu: %lld chunks of %lld then %lld rows do not cover %lld tokens", b,
+                  (long long)k, (long long)F, (long long)g, (long long)n);
+            longer_first += g < F;
+            if (k >= 3 && F >= fast) {
+                fast_first++;
+                CHECK(g >= fast, "budget %zu: %lld chunks, the first %lld rows (fast), the next "
+                      "%lld (slow, < %lld)", b, (long long)k, (long long)F, (long long)g,
+                      (long long)fast);
+            }
+        }
+    }
+    printf("planner H=%lld n=%lld: %lld plans, %lld of 3 chunks or more with a fast first chunk, "
+           "%lld with a longer first chunk\n", (long long)H, (long long)n, (long long)plans,
+           (long long)fast_first, (long long)longer_first);
+    CHECK(fast_first > 0, "%s", "no plan with a fast first chunk was seen");
+    fg_context_destroy(ctx);
+    tu_linear_outs_free(&o);
+    free(hidden);
+    free(w);
+    tu_batch_free(&tb);
+}
+
 int main(void)
 {
     const int avx2 = (dnnl_get_effective_cpu_isa() & ~dnnl_cpu_isa_avx2) == 0;
@@ -220,6 +293,7 @@ int main(void)
         fg_gemm_cache_destroy(gc);
     }
     check_library(avx2);
+    check_planner(1000);
     printf("worst error %.3g (TOL %.3g)\n", worst, TOL);
     return tu_finish();
 }

@@ -281,8 +281,9 @@ def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp
                            dtype="float32", memory_budget=None, threads=None, impl="fused",
                            compute_grad=True, grad_dtype="float32", filter_eps=0.0) -> dict:
     """What ``fused_linear_grpo`` with the same arguments would hold, without
-    running it (the C planner, fg_linear_grpo_plan): a dict with chunk_rows,
-    chunks, working_bytes (the workspace the call holds, which memory_stats()
+    running it (the C planner, fg_linear_grpo_plan): a dict with chunk_rows
+    (the first chunk's rows, the largest), later_chunk_rows (each later
+    chunk's, the last maybe fewer), chunks, working_bytes (the workspace the call holds, which memory_stats()
     then reports as peak_bytes), fixed_bytes, chunk_bytes, gemm_scratch_bytes,
     min_budget_bytes (the smallest memory_budget the call runs with), gemm_dtype
     and grad_weight_sum_bytes (a bf16 grad_weight's float32 sums). A budget

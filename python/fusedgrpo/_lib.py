@@ -135,7 +135,8 @@ class fg_linear_plan_info(Structure):
     _fields_ = [("chunk_rows", c_int64), ("chunks", c_int64), ("working_bytes", c_size_t),
                 ("fixed_bytes", c_size_t), ("chunk_bytes", c_size_t),
                 ("gemm_scratch_bytes", c_size_t), ("min_budget_bytes", c_size_t),
-                ("gemm_dtype", c_int), ("grad_weight_sum_bytes", c_size_t)]
+                ("gemm_dtype", c_int), ("later_chunk_rows", c_int64),
+                ("grad_weight_sum_bytes", c_size_t)]
 
 
 # Every struct the library reads or writes through a pointer from here. A
