@@ -12,10 +12,10 @@
  *     1024 floats, M below fg_gemm_fast_rows and tiles of two K pieces or
  *     more, where oneDNN runs AVX2 kernels; never at a stride of 1040, with
  *     smaller tiles, or M past the packed kernels' rule; bf16 always;
- *   - each product, accumulating into C (bf16: over five tiles of 512 rows),
+ *   - each product, accumulating into C (bf16: over three tiles of 512 rows),
  *     against float64: |C - ref| within TOL of sum_k |A[m,k]| |W[k,n]| (the
  *     scale of f32 summation's error).
- * Shapes: M = 5, 37, 188 (no-copy) and 400 (packed), N = 1024, f32 and bf16 W.
+ * Shapes: M = 5, 37, 120 (no-copy) and 360 (packed), N = 1024, f32 and bf16 W.
  * And the library itself (check_library): the restrided grad_hidden inside
  * fg_linear_grpo, against the same call with W read in place; and the chunk
  * planner's rules for slow grad_hidden chunks (check_planner).
@@ -30,14 +30,14 @@
 #include "gemm_onednn.h"
 #include "test_util.h"
 
-enum { N = 1024, K = 2101 };
+enum { N = 1024, K = 1201 };
 /* Tile caps: two K pieces of N floats (the f32 route's least, one tile here)
- * and 512 rows (five tiles: the bf16 path's sums over tiles; too few rows for
+ * and 512 rows (three tiles: the bf16 path's sums over tiles; too few rows for
  * the f32 route, which then reads W in place) */
 #define TWO_PIECES ((size_t)2 * FG_GEMM_MIN_PIECE_K * N * sizeof(float))
 #define SMALL_TILE ((size_t)512 * N * sizeof(float))
-/* Worst measured (AVX2, 2026-11-26): 6.6e-8, f32 and bf16 alike. */
-#define TOL 2e-7
+/* Worst measured (AVX2, 2026-11-26): 9.4e-8, f32 and bf16 alike. */
+#define TOL 3e-7
 
 static double worst;
 
@@ -282,7 +282,7 @@ int main(void)
     fg_gemm_cache *gc = NULL;
     CHECK(fg_gemm_cache_create(&gc) == FG_OK, "%s", "GEMM cache");
     if (gc) {
-        static const int64_t Ms[] = {5, 37, 188, 400};
+        static const int64_t Ms[] = {5, 37, 120, 360};
         uint64_t seed = 3;
         for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++) {
             check(gc, Ms[m], 1024, FG_DTYPE_F32, TWO_PIECES, avx2, seed++);
