@@ -65,8 +65,10 @@ typedef struct fg_gemm_shape {
  *   grad_weight [V, H]      += dlogitsᵀ · h    K = tokens: 1024 x whole H
  * grad_hidden's blocks are wide and tall because oneDNN 2.6's sgemm runs a
  * block whose rows m and columns n have 1/m + 1/n >= 0.0038 with its no-copy
- * kernels (AVX2, measured: 38-40 GFLOP/s a core against 72-80 packed, at
- * m = 410-512 and n = 256-576). A chunk of a few hundred rows is then one
+ * kernels, which read W in place: with W's rows a multiple of 4 KiB apart
+ * (H = 1024, 2048, 4096) at half speed (AVX2, measured: 38-40 GFLOP/s a core
+ * against 72-80 packed; 70 at a stride of 1040 floats, see
+ * fg_gemm_tiled). A chunk of a few hundred rows is then one
  * block, so K (the vocabulary) is cut to share it among threads. On the
  * bf16 tile path K is a weight tile's rows (32 MiB of f32 at most): at
  * H = 4096 that is 2048 rows, too few to cut, but N then gives two blocks. */
@@ -125,8 +127,9 @@ typedef struct fg_gemm_shape {
 
 /* The fewest rows m of a block n columns wide that oneDNN 2.6's sgemm runs
  * with its packed kernels: it takes its no-copy kernels when 1/m + 1/n >=
- * 0.0038 (nocopy_checker_avx2; measured on AVX2 at half the speed, see the
- * blocks above); INT64_MAX when no m is fast (n <= 263). Used on every ISA:
+ * 0.0038 (nocopy_checker_avx2; on AVX2 at half the speed where B's rows lie
+ * a multiple of 4 KiB apart, see the blocks above); INT64_MAX when no m is
+ * packed (n <= 263). Used on every ISA:
  * a longer chunk is never slower where the rule differs. */
 int64_t fg_gemm_fast_rows(int64_t n);
 

@@ -400,14 +400,16 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
         if (rows > 0 && (st = need_bytes(call, &q, rows, n - (n - 1) / rows * rows, fit_workers,
                                          &need, &gs)) != FG_OK)
             return st;
-        if (rows > 0 && need <= call->budget)
+        if (rows > 0 && need <= call->budget) { /* padded: whole groups, as just fitted */
             nc = rows;
+            p->row_pad = q.row_pad;
+        }
     }
     int64_t chunks = (n + nc - 1) / nc, other = n - (chunks - 1) * nc; /* the other size */
     p->lead = 0;
-    if (p->fused && forced <= 0) { /* padded rows where these chunks fit padded with the
-                                      scratchpads they were fitted with (never the thread
-                                      count, like the chunks) */
+    if (p->fused && forced <= 0 && p->row_pad == 1) { /* padded rows where these chunks
+        fit padded with the scratchpads they were fitted with (never the thread count,
+        like the chunks) */
         linear_plan q = *p;
         fg_gemm_scratch gs;
         q.row_pad = FG_LOGITS_ROW_GRANULE;

@@ -129,16 +129,6 @@ static void check(fg_gemm_cache *gc, int64_t M, int64_t ld, fg_dtype wt, size_t 
  * L2: grad_hidden sums its K pieces in another order). */
 #define TOL_LIB 1e-6 /* worst measured (AVX2, grad_hidden): 3.1e-7 */
 
-static double rel_l2(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static void check_library(int avx2)
 {
     const int64_t T = 300, H = 1024, V = 60013;
@@ -186,8 +176,8 @@ static void check_library(int avx2)
               "(1040): the restrided tiles (>= %zu) not counted", peak[0], peak[1], tiles);
         const int same_logp = memcmp(o[0].logp, o[1].logp, (size_t)T * sizeof(float)) == 0;
         CHECK(!avx2 || same_logp, "%s", "logp differs between the weight's strides");
-        const double eh = rel_l2(o[0].grad_hidden, o[1].grad_hidden, T * H);
-        const double ew = rel_l2(o[0].grad_weight, o[1].grad_weight, V * H);
+        const double eh = tu_rel_l2f(o[0].grad_hidden, o[1].grad_hidden, T * H);
+        const double ew = tu_rel_l2f(o[0].grad_weight, o[1].grad_weight, V * H);
         const double el = fabs(o[0].out.loss - o[1].out.loss) / fmax(fabs(o[1].out.loss), 1e-3);
         CHECK(eh <= TOL_LIB && ew <= TOL_LIB && el <= TOL_LIB,
               "library: grad_hidden %.3g, grad_weight %.3g, loss %.3g > %.3g", eh, ew, el, TOL_LIB);

@@ -215,7 +215,12 @@ static void check_lead(fg_context *ctx, fg_dtype dt, uint64_t seed)
             ms.chunk_rows % FG_LOGITS_ROW_GRANULE != 0)
             found = b;
     }
-    CHECK(found, "%s: no budget gave a plan with a longer first chunk", dn);
+    /* found at 598016 (f32) and 884736 (bf16) bytes on AVX2; whether such a plan
+     * exists depends on the GEMM scratch (other kernels, other sizes), so where
+     * oneDNN runs other kernels it is printed, not asserted, like the bits */
+    CHECK(found || !bitwise, "%s: no budget gave a plan with a longer first chunk", dn);
+    if (!found)
+        printf("%s M=%lld: no budget gave a plan with a longer first chunk\n", dn, (long long)M);
     if (found) {
         double md;
         const int64_t d = differing(&other, &base, NULL, M, &md);
