@@ -4,7 +4,9 @@
 # bench/results/ (JSON lines, text tables, the PNG plot). Run on an idle
 # machine: every figure is a ratio of runs made back to back.
 #   bash bench/run_benchmarks.sh [ab|budgets|sweep|peaked|blocks|scaled|headline|budget|gemms|peers]...
-# ab and budgets take FG_AB="H:dtype ..." to run a subset (default: all four).
+# ab and budgets take FG_AB="H:dtype ..." to run a subset (default: all four);
+# budgets takes FG_BUDGETS="256MiB,384MiB,..." (default: the five of docs/BENCHMARKS.md's
+# session 15, 5 to 1 chunks at T=2048, H=1024, f32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
@@ -14,25 +16,27 @@ mkdir -p "$out"
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(ab budgets sweep peaked blocks scaled headline budget gemms peers)
 ab="$out/issue14_interleaved"
-s14="$out/session14"
-mkdir -p "$ab" "$s14"
+s15="$out/session15"
+mkdir -p "$ab" "$s15"
 shapes=(${FG_AB:-1024:float32 1024:bfloat16 2048:float32 2048:bfloat16})
 for part in "${parts[@]}"; do
   case "$part" in
     scaled)   # T=2048, H=2048, V=151936: all three impls, f32, one run
       $FG bench --config configs/scaled_t2048.yaml --set steps=2 --set roofline_reps=1 \
           --json "$out/scaled_f32.jsonl" | tee "$out/scaled_f32.txt" ;;
-    ab)       # fused vs materialized in one process, steps taking turns: T=2048, H=1024/2048, f32/bf16
+    ab)       # fused vs materialized in one process, steps taking turns: T=2048, H=1024/2048, f32/bf16,
+              # then the roofline (the products alone, full shape and chunked; FG_ROOFLINE_REPS=0: none)
       for hd in "${shapes[@]}"; do
         $FG bench --config configs/scaled_t2048.yaml --set hidden=${hd%:*} --set dtype=${hd#*:} \
-            --set steps=5 --set warmup=1 --set roofline_reps=0 --impls fused,baseline --interleave \
-            --json "$s14/h${hd%:*}_${hd#*:}.jsonl"
+            --set steps=5 --set warmup=1 --set "roofline_reps=${FG_ROOFLINE_REPS:-3}" --impls fused,baseline \
+            --interleave --json "$s15/h${hd%:*}_${hd#*:}_roofline.jsonl" | tee "$s15/h${hd%:*}_${hd#*:}_roofline.txt"
       done ;;
-    budgets)  # the same with a 512 MiB budget: where fused overtakes
+    budgets)  # the same over budgets: 256 MiB (the default) to one chunk
       for hd in "${shapes[@]}"; do
         $FG bench --config configs/scaled_t2048.yaml --set hidden=${hd%:*} --set dtype=${hd#*:} \
-            --set memory_budget=512MiB --set steps=5 --set warmup=1 --set roofline_reps=0 \
-            --impls fused,baseline --interleave --json "$s14/h${hd%:*}_${hd#*:}_budget_512MiB.jsonl"
+            --sweep "memory_budget=${FG_BUDGETS:-256MiB,384MiB,512MiB,768MiB,3GiB}" --set steps=5 \
+            --set warmup=1 --set roofline_reps=0 --impls fused,baseline --interleave \
+            --json "$s15/h${hd%:*}_${hd#*:}_budgets.jsonl" | tee "$s15/h${hd%:*}_${hd#*:}_budgets.txt"
       done ;;
     sweep)    # fused vs baseline over seq_len, steps taking turns, with the plot
       $FG bench --config configs/scaled_t2048.yaml --impls fused,baseline --interleave --set steps=5 \

@@ -155,6 +155,17 @@ static const char *kept_note(double frac)
     return buf;
 }
 
+/* The fused plan's later chunks where they are shorter than its first. */
+static const char *later_note(const cJSON *j)
+{
+    static char buf[64];
+    const double first = get(j, "fused_chunk_rows"), later = get(j, "fused_later_chunk_rows");
+    buf[0] = 0;
+    if (later > 0 && later != first)
+        snprintf(buf, sizeof buf, " (%.0f after the first)", later);
+    return buf;
+}
+
 static void print_row(const cJSON *j, const char *val)
 {
     const char *impl = cJSON_GetStringValue(cJSON_GetObjectItem(j, "impl"));
@@ -172,14 +183,15 @@ static void print_row(const cJSON *j, const char *val)
         printf("%10s(fg_logits_grpo alone %.4g s of the step; the rest is the tool's GEMMs)\n", "",
                get(j, "kernel_s_mean"));
     else
-        printf("%10s(the library's GEMMs %.4g s of its %.4g s call, %.0f-row chunks x %.0f%s)\n", "",
+        printf("%10s(the library's GEMMs %.4g s of its %.4g s call, %.0f-row chunks x %.0f%s%s)\n", "",
                get(j, "gemm_s_mean"), get(j, "call_s_mean"), get(j, "chunk_rows"), get(j, "chunks"),
+               strcmp(impl, "fused") == 0 ? later_note(j) : "",
                get(j, "dlogits_kept_frac") < 1 ? kept_note(get(j, "dlogits_kept_frac")) : "");
     if (get(j, "roofline_s") != 0) /* roofline_reps 0: not measured */
-        printf("%10s(bare GEMMs: %.4g s at full shape, %.4g s in the fused path's %.0f-row chunks;\n"
+        printf("%10s(bare GEMMs: %.4g s at full shape, %.4g s in the fused path's %.0f-row chunks%s;\n"
                "%10s full shape %.1f GFLOP/s, a 2048-cube product %.1f GFLOP/s on this machine)\n", "",
-               get(j, "roofline_s"), get(j, "chunked_gemm_s"), get(j, "fused_chunk_rows"), "",
-               get(j, "roofline_gflops"), get(j, "peak_gemm_gflops"));
+               get(j, "roofline_s"), get(j, "chunked_gemm_s"), get(j, "fused_chunk_rows"), later_note(j),
+               "", get(j, "roofline_gflops"), get(j, "peak_gemm_gflops"));
     if (cJSON_GetObjectItem(j, "paired_with"))
         printf("%10s(interleaved with %s: this step's time / its, per pair: median %.4f [%.4f, %.4f])\n", "",
                cJSON_GetStringValue(cJSON_GetObjectItem(j, "paired_with")), get(j, "pair_ratio_p50"),

@@ -57,11 +57,13 @@ static double percentile(double *x, int64_t n, double q)
     return x[lo] + (x[hi] - x[lo]) * (pos - (double)lo);
 }
 
-/* The three products of a step over `total` token rows, `rows` at a time,
- * on buffers for `rows` rows: the median wall time over roofline_reps, after
- * a dry pass that makes the primitives and scratch; NaN with a note on failure. */
-static double time_gemms(const ft_config *cfg, const ft_problem *p, int64_t rows, int64_t total,
-                         double *bytes_max, char *note, size_t notelen)
+/* The three products of a step over `total` token rows, `rows` in the first
+ * product and `later` in each after it (the library's chunk layout, whose
+ * first chunk is the longest), on buffers for `rows` rows: the median wall
+ * time over roofline_reps, after a dry pass that makes the primitives and
+ * scratch; NaN with a note on failure. */
+static double time_gemms(const ft_config *cfg, const ft_problem *p, int64_t rows, int64_t later,
+                         int64_t total, double *bytes_max, char *note, size_t notelen)
 {
     const int64_t H = p->s.hidden, V = p->s.vocab, reps = cfg->roofline_reps;
     const int dt = p->s.dtype;
@@ -85,8 +87,8 @@ static double time_gemms(const ft_config *cfg, const ft_problem *p, int64_t rows
     for (int64_t k = -1; k < reps && rc == 0; k++) {
         const double t0 = omp_get_wtime();
         g.dry = k < 0;
-        for (int64_t r0 = 0; r0 < total && rc == 0; r0 += rows) {
-            const int64_t m = total - r0 < rows ? total - r0 : rows;
+        for (int64_t r0 = 0, step = rows; r0 < total && rc == 0; r0 += step, step = later) {
+            const int64_t m = total - r0 < step ? total - r0 : step;
             rc = ft_gemm_logits(&g, cmp, h, m, dt, p->weight, p->bias, V, H, FG_DTYPE_F32, z) ||
                  ft_gemm_backward(&g, cmp, dl, h, m, dt, p->weight, V, H, gh, gw, r0 > 0);
         }
@@ -234,21 +236,25 @@ static double begin(cJSON *j, ft_problem *p)
 }
 
 /* The roofline figures (bench_measure.c's head) into each of js[0..nj), after
- * every step's buffer is gone; chunk: the fused path's rows (<= 0: none). */
-static void roofline(const ft_config *cfg, const ft_problem *p, int64_t chunk, double flops, cJSON **js,
-                     int nj, char *note, size_t notelen)
+ * every step's buffer is gone; chunk, later: the fused path's first and later
+ * chunk rows (chunk <= 0: none). */
+static void roofline(const ft_config *cfg, const ft_problem *p, int64_t chunk, int64_t later,
+                     double flops, cJSON **js, int nj, char *note, size_t notelen)
 {
     const int64_t n = ft_problem_unmasked(p);
     double full = 0, chunked = 0, bytes = 0, peak = 0;
+    if (later < 1 || later > chunk) /* the buffers hold `chunk` rows */
+        later = chunk;
     if (cfg->roofline_reps > 0 && n > 0) { /* a failure leaves a note */
-        full = time_gemms(cfg, p, n, n, &bytes, note, notelen);
-        chunked = chunk > 0 ? time_gemms(cfg, p, chunk, n, &bytes, note, notelen) : NAN;
+        full = time_gemms(cfg, p, n, n, n, &bytes, note, notelen);
+        chunked = chunk > 0 ? time_gemms(cfg, p, chunk, later, n, &bytes, note, notelen) : NAN;
         peak = peak_gemm_rate(cfg, p, &bytes, note, notelen);
     }
     for (int i = 0; i < nj; i++) {
         cJSON *j = js[i];
         const cJSON *median = cJSON_GetObjectItem(j, "step_s_p50");
         num(j, "fused_chunk_rows", (double)chunk);
+        num(j, "fused_later_chunk_rows", (double)later);
         num(j, "roofline_s", full);
         num(j, "chunked_gemm_s", chunked);
         num(j, "roofline_ratio", median && full > 0 ? full / median->valuedouble : full);
@@ -293,14 +299,15 @@ int ft_bench_measure(void *arg, void *out)
     else
         snprintf(note, sizeof note, "%s", r.err);
     free(s.t);
-    const int64_t chunk = ok ? ft_runner_fused_chunk_rows(&r) : 0;
+    int64_t later = 0;
+    const int64_t chunk = ok ? ft_runner_fused_chunk_rows(&r, &later) : 0;
     if (ok && chunk <= 0)
         snprintf(note, sizeof note, "no chunked roofline: %.900s", r.err);
     /* Every buffer goes first: the child never holds a step's memory and the
      * roofline's at once (at the headline shape both would not fit). */
     ft_runner_free(&r);
     if (ok)
-        roofline(cfg, p, chunk, flops, &j, 1, note, sizeof note);
+        roofline(cfg, p, chunk, later, flops, &j, 1, note, sizeof note);
     emit(j, ok, note, out);
     return ok ? 0 : 1;
 }
@@ -357,7 +364,8 @@ int ft_bench_measure_interleaved(void *arg, void *out)
         num(js[k], "output_bytes", (double)r[k].output_bytes);
         step_log_report(&s[k], (double)p->bytes + (double)r[k].output_bytes, flops, 0);
     }
-    const int64_t chunk = ok ? ft_runner_fused_chunk_rows(&r[0]) : 0;
+    int64_t later = 0;
+    const int64_t chunk = ok ? ft_runner_fused_chunk_rows(&r[0], &later) : 0;
     if (ok && chunk <= 0)
         snprintf(note, sizeof note, "no chunked roofline: %.900s", r[0].err);
     for (int k = 0; k < made; k++) {
@@ -365,7 +373,7 @@ int ft_bench_measure_interleaved(void *arg, void *out)
         ft_runner_free(&r[k]);
     }
     if (ok)
-        roofline(cfg, p, chunk, flops, js, 2, note, sizeof note);
+        roofline(cfg, p, chunk, later, flops, js, 2, note, sizeof note);
     for (int k = 0; k < 2; k++)
         emit(js[k], ok, note, out);
     return ok ? 0 : 1;

@@ -190,12 +190,14 @@ int ft_runner_step(ft_runner *r)
 
 size_t ft_runner_tool_bytes(const ft_runner *r) { return r->logits_bytes + ft_gemm_bytes(&r->gemm); }
 
-int64_t ft_runner_fused_chunk_rows(ft_runner *r)
+int64_t ft_runner_fused_chunk_rows(ft_runner *r, int64_t *later)
 {
     const fg_linear_options fused = {FG_IMPL_FUSED, 0, 0.0};
     fg_exec exec = {0};
     fg_linear_plan_info info;
-    return plan(r, &fused, &exec, &info) == 0 ? info.chunk_rows : 0;
+    const int ok = plan(r, &fused, &exec, &info) == 0;
+    *later = ok ? info.later_chunk_rows : 0;
+    return ok ? info.chunk_rows : 0;
 }
 
 void ft_runner_free(ft_runner *r)

@@ -54,8 +54,10 @@ int ft_runner_logits_kernel(ft_runner *r);
 /* Bytes the tool itself holds as working memory (logits impl: logits + GEMM scratch). */
 size_t ft_runner_tool_bytes(const ft_runner *r);
 /* The fused path's chunk rows for this problem and budget, from the library's
- * planner (whatever r's impl): bench's chunked roofline. <= 0: failed. */
-int64_t ft_runner_fused_chunk_rows(ft_runner *r);
+ * planner (whatever r's impl): the first (largest) chunk's, and in *later
+ * those of each chunk after it (the last may hold fewer): bench's chunked
+ * roofline. <= 0 (and *later 0): failed. */
+int64_t ft_runner_fused_chunk_rows(ft_runner *r, int64_t *later);
 void ft_runner_free(ft_runner *r);
 /* The outputs of the last step as .npy files in DIR (problem_io.c). */
 int ft_dump_outputs(const char *dir, const ft_runner *r, char *err, size_t errlen);

@@ -43,10 +43,19 @@ for d in lines:
     assert d["ok"] and d["config"]["impl"] == d["impl"], d
     for key in ("cold_s", "step_s_mean", "step_s_p50", "step_s_p90", "peak_work_bytes",
                 "rss_work_bytes", "gflops", "roofline_s", "chunked_gemm_s", "roofline_ratio",
-                "flops_per_step", "fused_chunk_rows", "peak_gemm_gflops", "roofline_gflops"):
+                "flops_per_step", "fused_chunk_rows", "fused_later_chunk_rows",
+                "peak_gemm_gflops", "roofline_gflops"):
         assert isinstance(d[key], (int, float)), key
     assert d["step_s_p50"] > 0 and d["peak_work_bytes"] > 0
     assert d["roofline_s"] > 0 and d["chunked_gemm_s"] > 0 and d["fused_chunk_rows"] >= 1
+    # the chunked roofline cuts chunks as the planner does: the first the longest,
+    # and for the fused line's own chunks, a first and later ones that just cover
+    # its unmasked tokens
+    first, later = d["fused_chunk_rows"], d["fused_later_chunk_rows"]
+    assert 1 <= later <= first, d
+    if d["impl"] == "fused":
+        k, n = d["chunks"], d["unmasked_tokens"]
+        assert first + (k - 1) * later >= n and (k == 1 or first + (k - 2) * later < n), d
     assert d["peak_gemm_gflops"] > 0 and d["roofline_gflops"] > 0
     assert abs(d["roofline_ratio"] - d["roofline_s"] / d["step_s_p50"]) <= 1e-9 * d["roofline_ratio"]
     assert d["flops_per_step"] == 6 * d["unmasked_tokens"] * d["hidden"] * d["vocab"]
