@@ -5,8 +5,9 @@
 # machine: every figure is a ratio of runs made back to back.
 #   bash bench/run_benchmarks.sh [ab|budgets|sweep|peaked|blocks|scaled|headline|budget|gemms|peers]...
 # ab and budgets take FG_AB="H:dtype ..." to run a subset (default: all four);
-# budgets takes FG_BUDGETS="256MiB,384MiB,..." (default: the five of docs/BENCHMARKS.md's
-# session 15, 5 to 1 chunks at T=2048, H=1024, f32).
+# budgets takes FG_BUDGETS="256MiB,384MiB,..." (default: the five budgets of
+# docs/BENCHMARKS.md's session 15, which gave 5 to 1 chunks at H=1024, f32). Session 15's
+# other runs (the 384 MiB shapes, one chunk twice) are single commands shown there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null

@@ -185,7 +185,8 @@ static void print_row(const cJSON *j, const char *val)
     else
         printf("%10s(the library's GEMMs %.4g s of its %.4g s call, %.0f-row chunks x %.0f%s%s)\n", "",
                get(j, "gemm_s_mean"), get(j, "call_s_mean"), get(j, "chunk_rows"), get(j, "chunks"),
-               strcmp(impl, "fused") == 0 ? later_note(j) : "",
+               strcmp(impl, "fused") == 0 && get(j, "chunk_rows") == get(j, "fused_chunk_rows")
+                   ? later_note(j) : "", /* the plan query has no filtering: its chunks may differ */
                get(j, "dlogits_kept_frac") < 1 ? kept_note(get(j, "dlogits_kept_frac")) : "");
     if (get(j, "roofline_s") != 0) /* roofline_reps 0: not measured */
         printf("%10s(bare GEMMs: %.4g s at full shape, %.4g s in the fused path's %.0f-row chunks%s;\n"

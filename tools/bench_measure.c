@@ -243,11 +243,10 @@ static void roofline(const ft_config *cfg, const ft_problem *p, int64_t chunk, i
 {
     const int64_t n = ft_problem_unmasked(p);
     double full = 0, chunked = 0, bytes = 0, peak = 0;
-    if (later < 1 || later > chunk) /* the buffers hold `chunk` rows */
-        later = chunk;
+    const int64_t cut = later >= 1 && later <= chunk ? later : chunk; /* buffers hold `chunk` rows */
     if (cfg->roofline_reps > 0 && n > 0) { /* a failure leaves a note */
         full = time_gemms(cfg, p, n, n, n, &bytes, note, notelen);
-        chunked = chunk > 0 ? time_gemms(cfg, p, chunk, later, n, &bytes, note, notelen) : NAN;
+        chunked = chunk > 0 ? time_gemms(cfg, p, chunk, cut, n, &bytes, note, notelen) : NAN;
         peak = peak_gemm_rate(cfg, p, &bytes, note, notelen);
     }
     for (int i = 0; i < nj; i++) {
