@@ -13,10 +13,11 @@
  *   OMP_NUM_THREADS=1 build/block_probe 342 1008 2048 2048 t
  */
 #define _GNU_SOURCE
+#include "probe_buffer.h"
+
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <time.h>
 
 static double now(void)
@@ -24,19 +25,6 @@ static double now(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* Pre-faulted, filled with small nonzero values. */
-static float *buffer(size_t n)
-{
-    float *p = mmap(NULL, n * 4, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    for (size_t i = 0; i < n; i++)
-        p[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
-    return p;
 }
 
 int main(int argc, char **argv)
@@ -54,7 +42,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "block_probe: bad sizes or no oneDNN engine\n");
         return 2;
     }
-    float *A = buffer((size_t)(M * K)), *B = buffer((size_t)((tb ? N : K) * ldb)), *C = buffer((size_t)(M * N));
+    float *A = probe_buffer((size_t)(M * K), 1e-3f), *B = probe_buffer((size_t)((tb ? N : K) * ldb), 1e-3f),
+          *C = probe_buffer((size_t)(M * N), 1e-3f);
     dnnl_memory_desc_t a, b, c;
     dnnl_dims_t ad = {M, K}, as = {K, 1}, bd = {K, N}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cd = {M, N}, cs = {N, 1};
     dnnl_matmul_desc_t md;

@@ -20,27 +20,15 @@
  */
 #define _GNU_SOURCE
 #include "gemm_onednn.h"
+#include "probe_buffer.h"
 
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 enum { CHUNKS = 5, MAX_PAIRS = 64 };
 static const int64_t V = 151936;
-
-static float *buffer(size_t n)
-{
-    float *p = mmap(NULL, n * 4, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    for (size_t i = 0; i < n; i++)
-        p[i] = (float)((i * 7919) % 1000) * 1e-4f - 0.05f;
-    return p;
-}
 
 static fg_gemm_cache *cache;
 static void *scratch;
@@ -101,8 +89,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "pipeline_probe: bad arguments or no oneDNN\n");
         return 2;
     }
-    float *L = buffer((size_t)(m * V)), *W = buffer((size_t)(V * H)), *gw = buffer((size_t)(V * H));
-    float *h = buffer((size_t)(CHUNKS * m * H)), *gh = buffer((size_t)(CHUNKS * m * H));
+    float *L = probe_buffer((size_t)(m * V), 1e-4f), *W = probe_buffer((size_t)(V * H), 1e-4f),
+          *gw = probe_buffer((size_t)(V * H), 1e-4f);
+    float *h = probe_buffer((size_t)(CHUNKS * m * H), 1e-4f), *gh = probe_buffer((size_t)(CHUNKS * m * H), 1e-4f);
     double t[2][MAX_PAIRS], r[MAX_PAIRS];
     for (int p = 0; p <= pairs; p++) /* pair 0 (A B) warms up; then B A, A B, ... */
         for (int q = 0; q < 2; q++) {
