@@ -3,8 +3,9 @@
 # Long: about an hour on the 2-core reference machine. Results go to
 # bench/results/ (JSON lines, text tables, the PNG plot). Run on an idle
 # machine: every figure is a ratio of runs made back to back.
-#   bash bench/run_benchmarks.sh [ab|budgets|sweep|peaked|blocks|scaled|headline|budget|gemms|peers]...
-# ab and budgets take FG_AB="H:dtype ..." to run a subset (default: all four);
+#   bash bench/run_benchmarks.sh [ab|aa|budgets|sweep|peaked|blocks|scaled|headline|budget|gemms|peers]...
+# ab, aa and budgets take FG_AB="H:dtype ..." to run a subset (default: all four); aa takes
+# FG_PAIRS (default 8: as many pairs with A first as with B first);
 # budgets takes FG_BUDGETS="256MiB,384MiB,..." (default: the five budgets of
 # docs/BENCHMARKS.md's session 15, which gave 5 to 1 chunks at H=1024, f32). Session 15's
 # other runs (the 384 MiB shapes, one chunk twice) are single commands shown there.
@@ -15,10 +16,11 @@ FG=./build/tools/fusedgrpo
 out=bench/results
 mkdir -p "$out"
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(ab budgets sweep peaked blocks scaled headline budget gemms peers)
+[ ${#parts[@]} -eq 0 ] && parts=(ab aa budgets sweep peaked blocks scaled headline budget gemms peers)
 ab="$out/issue14_interleaved"
 s15="$out/session15"
-mkdir -p "$ab" "$s15"
+s16="$out/session16"
+mkdir -p "$ab" "$s15" "$s16"
 shapes=(${FG_AB:-1024:float32 1024:bfloat16 2048:float32 2048:bfloat16})
 for part in "${parts[@]}"; do
   case "$part" in
@@ -31,6 +33,15 @@ for part in "${parts[@]}"; do
         $FG bench --config configs/scaled_t2048.yaml --set hidden=${hd%:*} --set dtype=${hd#*:} \
             --set steps=5 --set warmup=1 --set "roofline_reps=${FG_ROOFLINE_REPS:-3}" --impls fused,baseline \
             --interleave --json "$s15/h${hd%:*}_${hd#*:}_roofline.jsonl" | tee "$s15/h${hd%:*}_${hd#*:}_roofline.txt"
+      done ;;
+    aa)       # the A/A control, then A/B, each shape at the default budget: the materialized step
+              # against itself (the pair ratios' spread when nothing differs), then fused against it
+      for hd in "${shapes[@]}"; do
+        for pair in baseline,baseline fused,baseline; do
+          $FG bench --config configs/scaled_t2048.yaml --set hidden=${hd%:*} --set dtype=${hd#*:} \
+              --set "steps=${FG_PAIRS:-8}" --set warmup=1 --set roofline_reps=0 --impls $pair --interleave \
+              --json "$s16/h${hd%:*}_${hd#*:}_${pair/,/_vs_}.jsonl" | tee "$s16/h${hd%:*}_${hd#*:}_${pair/,/_vs_}.txt"
+        done
       done ;;
     budgets)  # the same over budgets: 256 MiB (the default) to one chunk
       for hd in "${shapes[@]}"; do

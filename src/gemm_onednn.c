@@ -379,6 +379,23 @@ static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int t
     b->tm = (s->M - b->tail + b->bm - 1) / b->bm;
     b->tn = (s->N + b->bn - 1) / b->bn;
     b->kp = 1;
+    /* Too few blocks to share: on AVX2, halve the columns first, while a
+     * block's rows still take oneDNN's packed kernels (fg_gemm_fast_rows),
+     * then cut K. Fewer K pieces hold fewer partials: a 410-row chunk's
+     * grad_hidden at H = 2048 held 3 of [410, 2048] (10 MB), as 2 x 2 blocks
+     * of 1024 columns it holds 2 of [410, 1024] (3.4 MB), and the budget's
+     * chunks at T = 2048, 256 MiB become whole row groups (416 + 4 x 408
+     * rows: one padded logits group, as the materialized path has, not four;
+     * at H = 4096, 5 chunks rather than 6). One thread's block rates
+     * (bench/block_probe.c) were the same within that probe's spread (73-77
+     * GFLOP/s either way, two rounds). At H = 1024 the halved block (512
+     * columns) would need 541 rows: unchanged. AVX-512's kernel choice
+     * follows other rules, unmeasured: unchanged there. */
+    if (split && c->avx2_kernels)
+        while (b->tm * b->tn < s->split_k && b->bn > 1 && b->bm >= fg_gemm_fast_rows((b->bn + 1) / 2)) {
+            b->bn = (b->bn + 1) / 2;
+            b->tn = (s->N + b->bn - 1) / b->bn;
+        }
     if (split && b->tm * b->tn > 0 && b->tm * b->tn < s->split_k) {
         const int64_t want = (s->split_k + b->tm * b->tn - 1) / (b->tm * b->tn);
         const int64_t most = s->K / FG_GEMM_MIN_PIECE_K;

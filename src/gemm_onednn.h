@@ -61,7 +61,9 @@ typedef struct fg_gemm_shape {
  * a full-speed single-thread GEMM and there are enough blocks to share:
  *   logits      [tokens, V]  = hidden · Wᵀ     K = H: 504 x 1008
  *   grad_hidden [tokens, H]  = dlogits · W     K = V: >= 512 x up to 2048,
- *                                               K in pieces until 4 blocks
+ *                                               then (AVX2) columns halved
+ *                                               while packed, K in pieces,
+ *                                               until 4 blocks
  *   grad_weight [V, H]      += dlogitsᵀ · h    K = tokens: 1024 x whole H
  * grad_hidden's blocks are wide and tall because oneDNN 2.6's sgemm runs a
  * block whose rows m and columns n have 1/m + 1/n >= 0.0038 with its no-copy

@@ -42,7 +42,9 @@ static const char USAGE[] =
     "  --inputs DIR       a captured batch instead of the synthetic one (its shape wins)\n"
     "  --interleave       exactly two impls (A,B) in one process, their steps taking turns\n"
     "                     (A B, B A, ...): each pair's time ratio A/B (median, min, max), which a\n"
-    "                     machine whose speed drifts cannot skew; peak RSS is then not per impl\n"
+    "                     machine whose speed drifts cannot skew; peak RSS is then not per impl;\n"
+    "                     one impl twice (baseline,baseline) is the A/A control: the ratios'\n"
+    "                     spread when both sides do the same work\n"
     "  Under mpirun with --set vocab_shards=V,data_shards=D (V x D ranks): fused and baseline\n"
     "  sharded over the ranks: step time (the slowest rank's), payload bytes per rank.\n";
 
@@ -90,8 +92,10 @@ typedef struct sweep {
     int n;
 } sweep;
 
-/* A comma-separated subset of the impls, each through the config's own parser. */
-static int parse_impls(const char *list, const ft_config *cfg, int *impls, int *n)
+/* A comma-separated subset of the impls, each through the config's own parser.
+ * With twice_ok (--interleave) an impl may be given twice: "baseline,baseline"
+ * is the A/A control, the pair ratios' spread when nothing differs. */
+static int parse_impls(const char *list, const ft_config *cfg, int twice_ok, int *impls, int *n)
 {
     char buf[256], err[512];
     unsigned seen = 0;
@@ -100,8 +104,12 @@ static int parse_impls(const char *list, const ft_config *cfg, int *impls, int *
     *n = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         const int bad = ft_config_set(&c, "impl", tok, "--impls", 0, err, sizeof err) != 0;
-        if (bad || (seen & 1u << c.impl)) {
-            fprintf(stderr, "fusedgrpo bench: %s\n", bad ? err : "--impls: an impl given twice");
+        const char *why = bad                                 ? err
+                          : *n == FT_IMPL_COUNT                 ? "--impls: too many impls"
+                          : !twice_ok && (seen & 1u << c.impl) ? "--impls: an impl given twice (only with --interleave)"
+                                                                : NULL;
+        if (why) {
+            fprintf(stderr, "fusedgrpo bench: %s\n", why);
             return -1;
         }
         seen |= 1u << c.impl;
@@ -237,7 +245,8 @@ int ft_cmd_bench(int argc, char **argv)
         return rc > 0 ? FT_EXIT_OK : FT_EXIT_USAGE;
     int impls[FT_IMPL_COUNT], nimpl;
     sweep sw;
-    if (parse_impls(cli.impls, &cli.cfg, impls, &nimpl) != 0 || parse_sweep(cli.sweep, &cli.cfg, &sw) != 0)
+    if (parse_impls(cli.impls, &cli.cfg, cli.interleave, impls, &nimpl) != 0 ||
+        parse_sweep(cli.sweep, &cli.cfg, &sw) != 0)
         return FT_EXIT_USAGE;
     if (cli.interleave && nimpl != 2) {
         fprintf(stderr, "fusedgrpo bench: --interleave takes exactly two impls (--impls A,B)\n");

@@ -193,6 +193,9 @@ static void step_log_report(step_log *s, double fixed_bytes, double flops, int r
     const ft_runner *r = s->r;
     const int logits = r->impl == FT_IMPL_LOGITS;
     const int64_t n = s->n;
+    /* The timed steps in the order they ran, before the percentiles sort them:
+     * with --interleave, step i of each impl is pair i (drift and order checks). */
+    cJSON_AddItemToObject(j, "step_s", cJSON_CreateDoubleArray(s->t, (int)n));
     /* Memory before the roofline, whose own buffers would count. */
     const double hwm = rss ? proc_status_bytes("VmHWM") : NAN, p50 = percentile(s->t, n, 0.5);
     fg_memory_stats ms = {0};

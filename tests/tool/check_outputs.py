@@ -91,6 +91,14 @@ for d in (a, b):
     assert d["pair_ratio_min"] <= d["pair_ratio_p50"] <= d["pair_ratio_max"], d
     assert d["roofline_s"] > 0 and d["fused_chunk_rows"] == b["chunk_rows"], d
 assert abs(a["pair_ratio_p50"] * b["pair_ratio_p50"] - 1) < 1e-12, (a, b)
+# step_s: the timed steps in the order they ran, so step i of each is pair i
+# (cJSON writes 15 significant digits where they read back within its epsilon).
+q = sorted(x / y for x, y in zip(a["step_s"], b["step_s"]))
+near = lambda x, y: abs(x - y) <= 1e-12 * abs(y)
+assert len(q) == 5 and near(q[2], a["pair_ratio_p50"]) and near(q[0], a["pair_ratio_min"]) and near(
+    q[4], a["pair_ratio_max"]), (q, a)
+for d in (a, b):
+    assert near(min(d["step_s"]), d["step_s_min"]) and near(max(d["step_s"]), d["step_s_max"]), d
 assert a["chunks"] == 1 and b["chunks"] > 1, (a, b)
 
 if importlib.util.find_spec("matplotlib") is None:
