@@ -8,7 +8,9 @@ grad_weight only (+ grad_weight's), and both (the step). Every request runs
 for both impls in one process, in turns (fused, materialized, then the other
 order next round), so drift falls on both alike. Per request and impl: the
 median GEMM and call seconds over the rounds; then each backward product's
-GEMM seconds as the difference from the forward-only call's.
+GEMM seconds as the difference from the forward-only call's. That difference
+holds where every request runs the logits product in the same chunks: the
+table prints the fused chunks per request.
 
     PYTHONPATH=python FUSEDGRPO_LIBRARY=build/libfusedgrpo.so.0 \\
         python3 bench/product_split.py --hidden 2048 --dtype float32 --rounds 3

@@ -389,13 +389,19 @@ static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int t
      * at H = 4096, 5 chunks rather than 6). One thread's block rates
      * (bench/block_probe.c) were the same within that probe's spread (73-77
      * GFLOP/s either way, two rounds). At H = 1024 the halved block (512
-     * columns) would need 541 rows: unchanged. AVX-512's kernel choice
+     * columns) would need 542 rows in every block row: unchanged. AVX-512's kernel choice
      * follows other rules, unmeasured: unchanged there. */
-    if (split && c->avx2_kernels)
-        while (b->tm * b->tn < s->split_k && b->bn > 1 && b->bm >= fg_gemm_fast_rows((b->bn + 1) / 2)) {
-            b->bn = (b->bn + 1) / 2;
-            b->tn = (s->N + b->bn - 1) / b->bn;
+    if (split && c->avx2_kernels) {
+        const int64_t last_rows = s->M - (b->tm - 1) * b->bm; /* no tail under split */
+        const int64_t rows = last_rows < b->bm ? last_rows : b->bm;
+        while (b->tm * b->tn < s->split_k && b->bn > 1) {
+            const int64_t bn = (b->bn + 1) / 2, tn = (s->N + bn - 1) / bn, last = s->N - (tn - 1) * bn;
+            if (rows < fg_gemm_fast_rows(last < bn ? last : bn)) /* every block still packed */
+                break;
+            b->bn = bn;
+            b->tn = tn;
         }
+    }
     if (split && b->tm * b->tn > 0 && b->tm * b->tn < s->split_k) {
         const int64_t want = (s->split_k + b->tm * b->tn - 1) / (b->tm * b->tn);
         const int64_t most = s->K / FG_GEMM_MIN_PIECE_K;

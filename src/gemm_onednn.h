@@ -50,7 +50,9 @@ typedef struct fg_gemm_shape {
     int64_t split_k;    /* > 0 (f32 C, no row granule): rows are cut into
                            max(1, M / block_m) blocks of about equal rows (so
                            about block_m or more), and when C then has fewer than
-                           split_k blocks K is
+                           split_k blocks, the columns are halved (where oneDNN
+                           runs AVX2 kernels) while every block's rows still take
+                           the packed kernels (fg_gemm_fast_rows), then K is
                            cut into fixed pieces (>= FG_GEMM_MIN_PIECE_K long) until
                            it has, computed side by side and summed in order */
 } fg_gemm_shape;
@@ -71,9 +73,11 @@ typedef struct fg_gemm_shape {
  * (H = 1024, 2048, 4096) at half speed (AVX2, measured: 38-40 GFLOP/s a core
  * against 72-80 packed; 70 at a stride of 1040 floats, see
  * fg_gemm_tiled). A chunk of a few hundred rows is then one
- * block, so K (the vocabulary) is cut to share it among threads. On the
- * bf16 tile path K is a weight tile's rows (32 MiB of f32 at most): at
- * H = 4096 that is 2048 rows, too few to cut, but N then gives two blocks. */
+ * block, so its columns are halved while still packed (AVX2), then K (the
+ * vocabulary) is cut, to share it among threads. On the bf16 tile path K is
+ * a weight tile's rows (32 MiB of f32 at most): at H = 4096 that is 2048
+ * rows, too few to cut, but N then gives two blocks (four on AVX2 from 355
+ * rows, columns halved). */
 #define FG_BLOCK_LOGITS_M 504  /* a multiple of FG_LOGITS_ROW_GRANULE */
 #define FG_BLOCK_LOGITS_N 1008 /* a multiple of FG_LOGITS_COL_GRANULE */
 #define FG_BLOCK_DHIDDEN_M 512

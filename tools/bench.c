@@ -252,8 +252,13 @@ int ft_cmd_bench(int argc, char **argv)
         fprintf(stderr, "fusedgrpo bench: --interleave takes exactly two impls (--impls A,B)\n");
         return FT_EXIT_USAGE;
     }
-    if (ft_sharded_wanted(&cli.cfg)) /* under mpirun: no fork, no sweep */
+    if (ft_sharded_wanted(&cli.cfg)) { /* under mpirun: no fork, no sweep, no turns */
+        if (cli.interleave) {
+            fprintf(stderr, "fusedgrpo bench: --interleave does not run sharded\n");
+            return FT_EXIT_USAGE;
+        }
         return ft_bench_sharded(&cli.cfg, cli.inputs, impls, nimpl, cli.json);
+    }
     FILE *jf = NULL;
     if (cli.json && (jf = fopen(cli.json, "w")) == NULL) {
         fprintf(stderr, "fusedgrpo bench: cannot write %s: %s\n", cli.json, strerror(errno));
