@@ -36,15 +36,11 @@ def call(ops, impl, request, dtype, budget):
     gw = np.empty((V, H), np.float32) if request in ("grad_weight", "both") else None
     f32 = _lib.DTYPE_F32
     _lib.linear_call(_lib.make_config(), impl,
-                     _lib.make_exec(None, budget), **req, logp=_ptr(logp), entropy=_ptr(ent),
-                     grad_hidden=_ptr(gh), grad_weight=_ptr(gw), grad_bias=0,
+                     _lib.make_exec(None, budget), **req, logp=fusedgrpo._ptr(logp), entropy=fusedgrpo._ptr(ent),
+                     grad_hidden=fusedgrpo._ptr(gh), grad_weight=fusedgrpo._ptr(gw), grad_bias=0,
                      grad_dtypes=(f32, f32, f32), filter_eps=0.0)
     s = fusedgrpo.memory_stats()
     return s["gemm_seconds"], s["call_seconds"], s["chunks"]
-
-
-def _ptr(a):
-    return 0 if a is None else a.ctypes.data
 
 
 def main():

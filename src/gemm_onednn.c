@@ -389,8 +389,8 @@ static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int t
      * at H = 4096, 5 chunks rather than 6). One thread's block rates
      * (bench/block_probe.c) were the same within that probe's spread (73-77
      * GFLOP/s either way, two rounds). At H = 1024 the halved block (512
-     * columns) would need 542 rows in every block row: unchanged. AVX-512's kernel choice
-     * follows other rules, unmeasured: unchanged there. */
+     * columns) would need 542 rows in every block row: unchanged. AVX-512's
+     * kernel choice follows other rules, unmeasured: unchanged there. */
     if (split && c->avx2_kernels) {
         const int64_t last_rows = s->M - (b->tm - 1) * b->bm; /* no tail under split */
         const int64_t rows = last_rows < b->bm ? last_rows : b->bm;
