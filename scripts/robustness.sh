@@ -190,10 +190,10 @@ if has_step tsan; then
   t0=$SECONDS
   dir=$OUT/tsan
   configure "$dir" clang thread
-  build "$dir" test_threads test_determinism test_sharding test_shard_faults test_api test_gemm_pipeline
+  build "$dir" test_threads test_determinism test_sharding test_shard_faults test_api
   res=ok
   runs=()
-  for t in test_threads test_determinism test_sharding test_shard_faults test_api test_gemm_pipeline; do
+  for t in test_threads test_determinism test_sharding test_shard_faults test_api; do
     set +e
     TSAN_OPTIONS="halt_on_error=1 exitcode=66 ignore_noninstrumented_modules=1 second_deadlock_stack=1" \
       OMP_TOOL_LIBRARIES="$ARCHER" "$dir/tests/$t" >"$dir/$t.log" 2>&1

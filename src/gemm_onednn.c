@@ -607,20 +607,9 @@ typedef struct tiling {
  * tile, then running it, in turn left a worker idle at every tile's end
  * (measured on AVX2, T = 2048, H = 1024, bf16, 6 chunks x 19 tiles: 0.34 s
  * of thread time a step waiting in the logits products, and 0.44 s of
- * conversion that no block ran beside). Half tiles cut N at whole body and
- * tail blocks of the one-buffer path's widths: where a tile is two halves
- * (H = 1024 and 2048 at the 32 MiB cap) the blocks are the same, so are C's
- * bits; otherwise, as between any two tile widths, every block starts at a
- * whole column group (FG_LOGITS_COL_GRANULE). A tile is converted in
- * TILE_PARTS parts, taken like blocks. The region's time, conversions
- * included, is the product's (fg_gemm_stats).
- *
- * Along K (grad_hidden) the same was tried and measured slower, so it is not
- * done: tiles of 4096 weight rows at H = 1024, one [360, 1024] block each
- * into one of four accumulators, two tiles at a time, took 13.72 s a step
- * against 13.37 s for the one-buffer path's four K pieces a tile (6 pairs in
- * one process, T = 2048, bf16, AVX2): its conversions left the step (0.21 s)
- * but its GEMMs took 0.56 s more. */
+ * conversion that no block ran beside). The blocks are the same as the
+ * one-buffer path's (tiles cut N at whole blocks either way), so are C's bits.
+ * A tile is converted in TILE_PARTS parts, taken like blocks. */
 #define TILE_PARTS 4
 
 /* A converted tile's row stride for rows of n floats: whole 64-byte lines,
@@ -703,19 +692,16 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
                                depend on the stride (and 8192 weight rows at n = 1024 stay
                                4 K pieces of 2048) */
     const int64_t rows = tile_rows(s, t, (int64_t)(s->tile_bytes / ((size_t)other * sizeof(float))));
-    const int64_t half = tile_rows(s, t, rows / 2);
     t->buffers = 1;
-    /* Pipelined where half a tile cuts N at whole body and tail blocks (see
-     * TILE_PARTS) and still holds two blocks or more; not with K pieces,
-     * whose partials the tiles would share. */
-    if (t->along_n && s->c_type == FG_DTYPE_F32 && s->split_k <= 0 && rows < t->len &&
-        s->block_n > 0 && 2 * half <= rows && half % s->block_n == 0 && half % TAIL_BLOCK_N == 0) {
+    if (t->along_n && s->c_type == FG_DTYPE_F32 && rows < t->len) { /* pipelined where half
+        a tile is still two blocks or more (of the full tile's shape) */
+        const int64_t half = tile_rows(s, t, rows / 2);
         blocking b;
         fg_gemm_shape u = tile_shape(s, t, half, 1);
         fg_status st = blocked_prepare(c, &u, threads, &b, err);
         if (st != FG_OK)
             return st;
-        if (b.tm * b.tn + b.ttn >= 2) {
+        if (half < rows && (s->block_n <= 0 || half >= s->block_n) && b.tm * b.tn + b.ttn >= 2) {
             t->buffers = 2;
             t->rows = half;
         }
@@ -819,13 +805,6 @@ static fg_status tile_pipeline(fg_gemm_cache *c, const fg_gemm_shape *s, const t
     /* One worker's scratch at the same place whichever tile it runs. */
     b[0].per_worker = b[1].per_worker = b[0].per_worker > b[1].per_worker ? b[0].per_worker
                                                                           : b[1].per_worker;
-    for (int i = 0; i < 2; i++) /* made in turn: none evicted since (a tiny cache) */
-        for (int q = 0; q < 3; q++)
-            for (int j = 0; j < 2; j++) {
-                fg_gemm_shape v;
-                if (block_shape(&u[i], &b[i], q, j, 0, &v) && find_slot(c, &v) != b[i].slot[q][j][0])
-                    return fg_fail(err, FG_ERR_BACKEND, "internal: GEMM cache too small");
-            }
     float *buf[2], *bbuf[2];
     for (int i = 0; i < 2; i++) {
         buf[i] = (float *)(sp + (size_t)i * t->btile_bytes);
@@ -888,8 +867,6 @@ static fg_status tile_pipeline(fg_gemm_cache *c, const fg_gemm_shape *s, const t
                 __atomic_fetch_add(&converted[k], 1, __ATOMIC_RELEASE);
             } else {
                 await_count(&converted[k], TILE_PARTS, &failed);
-                if (fg_fault_exec_hit()) /* test builds only: a block that fails mid-product */
-                    __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
                 if (!__atomic_load_n(&failed, __ATOMIC_RELAXED) &&
                     run_block(c, &u[last_tile], &b[last_tile], r, w, A, buf[k % 2],
                               (float *)C + r0, bbuf[k % 2], native_scratch))

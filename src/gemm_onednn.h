@@ -15,10 +15,8 @@
  * bf16: where oneDNN has bf16 kernels for this CPU (AVX-512 BF16 / AMX) the
  * product runs natively. Elsewhere (oneDNN 2.x needs AVX-512 for bf16) a bf16
  * B operand (the weight) is converted to f32 one cache-sized tile of weight
- * rows at a time (where the tiles allow, into two half-size buffers, the
- * next tile converted while the current one runs: fg_gemm_tile_buffers),
- * and a bf16 C is written through an f32 tile: the weight is never copied
- * whole, and the extra traffic is one read of it per product.
+ * rows at a time, and a bf16 C is written through an f32 tile: the weight is
+ * never copied whole, and the extra traffic is one read of it per product.
  * A must then be f32: fg_gemm_native_bf16() tells the caller which to pass.
  * Tiles are stored at a stride no cache set aliases, and short f32
  * grad_hidden products whose weight rows lie 4 KiB multiples apart take the
@@ -162,14 +160,11 @@ int fg_gemm_native_bf16(const fg_gemm_cache *cache);
 int fg_gemm_tiled(const fg_gemm_cache *cache, const fg_gemm_shape *shape);
 
 /* The weight tile buffers a tiled product converts into: 2 where it is
- * pipelined (each tile's blocks and the next tile's conversion run side by
- * side with no barrier between tiles, gemm_onednn.c, tile_pipeline: an f32
- * C tiled along N, the logits product, whose half tiles still hold two
- * blocks and cut N at whole body and tail blocks), 1 where tiles are
- * converted, then run, in turn (grad_hidden, tiled along K, always); 0 for
- * a product that is not tiled, -1 on a backend failure. For tests: the
- * choice depends on the shape alone. A pipelined product's time
- * (fg_gemm_stats) includes its conversions. */
+ * pipelined (an f32 C tiled along N whose half tiles still hold two blocks
+ * or more: each tile's blocks and the next tile's conversion run side by
+ * side, gemm_onednn.c, tile_pipeline), 1 where tiles are converted, then
+ * run, in turn; 0 for a product that is not tiled, -1 on a backend failure.
+ * For tests: the choice depends on the shape alone. */
 int fg_gemm_tile_buffers(fg_gemm_cache *cache, const fg_gemm_shape *shape, int threads);
 
 /* Time and work issued to GEMMs, accumulated by fg_gemm_run. */
