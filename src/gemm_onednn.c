@@ -1,7 +1,6 @@
 /* oneDNN matmul wrapper: primitive cache, fixed blocks and the bf16 tile path
  * (see gemm_onednn.h). */
 #include <omp.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -590,27 +589,11 @@ static fg_status native_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void
  * runs along N; when B's rows are (B = W, the grad_hidden GEMM) along K. */
 typedef struct tiling {
     int along_n;
-    int buffers;              /* 1: convert a tile, run it, in turn; 2: pipelined */
     int64_t len, rows, tiles; /* tiled dimension, rows per tile, tile count */
     int64_t ld;               /* floats between a tile's rows (tile_ld) */
-    size_t btile_bytes, bias_bytes; /* one buffer's, shared by the workers */
-    size_t ctile_bytes, sync_bytes; /* shared by the workers */
+    size_t btile_bytes, ctile_bytes, bias_bytes; /* shared by the workers */
     size_t native_shared, native_per_worker; /* the tiles' blocked products */
 } tiling;
-
-/* The pipelined tile path: where a product's C is f32 and the tiles run
- * along N (the logits product), the weight tile is held in two buffers of
- * half the rows (the same bytes), and one parallel region runs every tile's
- * blocks and the conversion of the next tile into the other buffer, with no
- * barrier between tiles: a worker that finishes its blocks of tile k
- * converts part of tile k + 1, then takes tile k + 1's blocks. Converting a
- * tile, then running it, in turn left a worker idle at every tile's end
- * (measured on AVX2, T = 2048, H = 1024, bf16, 6 chunks x 19 tiles: 0.34 s
- * of thread time a step waiting in the logits products, and 0.44 s of
- * conversion that no block ran beside). The blocks are the same as the
- * one-buffer path's (tiles cut N at whole blocks either way), so are C's bits.
- * A tile is converted in TILE_PARTS parts, taken like blocks. */
-#define TILE_PARTS 4
 
 /* A converted tile's row stride for rows of n floats: whole 64-byte lines,
  * an odd number of them. A stride of a power of two (n = 1024, 2048, 4096)
@@ -647,36 +630,6 @@ static fg_gemm_shape tile_shape(const fg_gemm_shape *s, const tiling *t, int64_t
     return u;
 }
 
-/* A tile's weight rows for a cap of `rows`: at least TILE_MIN_ROWS, and
- * along N whole column groups and whole column blocks. */
-static int64_t tile_rows(const fg_gemm_shape *s, const tiling *t, int64_t rows)
-{
-    rows = rows < TILE_MIN_ROWS ? TILE_MIN_ROWS : rows;
-    if (t->along_n && s->col_granule > 1) /* tiles cut N at whole column groups */
-        rows = rows < s->col_granule ? s->col_granule : rows / s->col_granule * s->col_granule;
-    if (t->along_n && s->block_n > 0 && rows > s->block_n) /* and at whole column blocks: a
-        tile's last block narrower than 264 columns would run oneDNN's no-copy kernels */
-        rows = rows / s->block_n * s->block_n;
-    return rows;
-}
-
-/* Makes every primitive of b ready for `workers` workers (a pipelined
- * product runs any tile's blocks on any of them), however few b's own
- * blocks. */
-static fg_status blocking_widen(fg_gemm_cache *c, blocking *b, int workers, fg_error *err)
-{
-    if (workers <= b->workers)
-        return FG_OK;
-    for (int k = 0; k < 3; k++)
-        for (int j = 0; j < 2; j++)
-            for (int q = 0; q < 2; q++)
-                if (b->slot[k][j][q] && ensure_workers(c, b->slot[k][j][q], workers))
-                    return fg_fail(err, FG_ERR_OUT_OF_MEMORY,
-                                   "cannot make oneDNN memory objects and streams");
-    b->workers = workers;
-    return FG_OK;
-}
-
 static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads, tiling *t,
                            fg_error *err)
 {
@@ -691,31 +644,20 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
     t->ld = tile_ld(other); /* rows are counted unpadded: the rows, so the blocks, do not
                                depend on the stride (and 8192 weight rows at n = 1024 stay
                                4 K pieces of 2048) */
-    const int64_t rows = tile_rows(s, t, (int64_t)(s->tile_bytes / ((size_t)other * sizeof(float))));
-    t->buffers = 1;
-    if (t->along_n && s->c_type == FG_DTYPE_F32 && rows < t->len) { /* pipelined where half
-        a tile is still two blocks or more (of the full tile's shape) */
-        const int64_t half = tile_rows(s, t, rows / 2);
-        blocking b;
-        fg_gemm_shape u = tile_shape(s, t, half, 1);
-        fg_status st = blocked_prepare(c, &u, threads, &b, err);
-        if (st != FG_OK)
-            return st;
-        if (half < rows && (s->block_n <= 0 || half >= s->block_n) && b.tm * b.tn + b.ttn >= 2) {
-            t->buffers = 2;
-            t->rows = half;
-        }
-    }
-    if (t->buffers == 1)
-        t->rows = rows < t->len ? rows : t->len;
+    int64_t rows = (int64_t)(s->tile_bytes / ((size_t)other * sizeof(float)));
+    rows = rows < TILE_MIN_ROWS ? TILE_MIN_ROWS : rows;
+    if (t->along_n && s->col_granule > 1) /* tiles cut N at whole column groups */
+        rows = rows < s->col_granule ? s->col_granule : rows / s->col_granule * s->col_granule;
+    if (t->along_n && s->block_n > 0 && rows > s->block_n) /* and at whole column blocks: a
+        tile's last block narrower than 264 columns would run oneDNN's no-copy kernels */
+        rows = rows / s->block_n * s->block_n;
+    t->rows = rows < t->len ? rows : t->len;
     t->tiles = (t->len + t->rows - 1) / t->rows;
     t->btile_bytes = fg_ws_round((size_t)t->rows * (size_t)t->ld * sizeof(float));
     if (t->along_n && s->c_type == FG_DTYPE_BF16)
         t->ctile_bytes = fg_ws_round((size_t)s->M * (size_t)t->rows * sizeof(float));
     if (s->has_bias)
         t->bias_bytes = fg_ws_round((size_t)(t->along_n ? t->rows : s->N) * sizeof(float));
-    if (t->buffers == 2) /* each tile's finished conversion parts and blocks */
-        t->sync_bytes = fg_ws_round((size_t)t->tiles * 2 * sizeof(int));
     const int64_t last = t->len - (t->tiles - 1) * t->rows;
     for (int k = 0; k < 4; k++) { /* full and last tile, first and later */
         int64_t r = (k & 1) ? last : t->rows;
@@ -723,8 +665,6 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
         fg_gemm_shape u = tile_shape(s, t, r, k < 2);
         fg_status st = blocked_prepare(c, &u, threads, &b, err);
         if (st != FG_OK)
-            return st;
-        if (t->buffers == 2 && (st = blocking_widen(c, &b, threads, err)) != FG_OK)
             return st;
         if (b.per_worker > t->native_per_worker)
             t->native_per_worker = b.per_worker;
@@ -734,21 +674,14 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
     return FG_OK;
 }
 
-/* The scratch of a tiled product, laid out as [tile buffers][C tile][bias
- * buffers][sync][the tiles' blocked products]. */
-static size_t tile_shared_bytes(const tiling *t)
-{
-    return (size_t)t->buffers * (t->btile_bytes + t->bias_bytes) + t->ctile_bytes + t->sync_bytes +
-           t->native_shared;
-}
-
 /* dst[j * ld + i] = src row r0 + j, element i, for `rows` rows of `len`
  * elements: weight row (r0 + j) is element (i * elem_stride + (r0 + j) *
  * row_stride). */
-static void convert_some(float *dst, int64_t ld, const void *src, fg_dtype t, int64_t r0,
-                         int64_t j0, int64_t j1, int64_t len, int64_t row_stride, int64_t elem_stride)
+static void convert_rows(float *dst, int64_t ld, const void *src, fg_dtype t, int64_t r0,
+                         int64_t rows, int64_t len, int64_t row_stride, int64_t elem_stride, int nt)
 {
-    for (int64_t j = j0; j < j1; j++) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t j = 0; j < rows; j++) {
         const size_t base = (size_t)(r0 + j) * (size_t)row_stride;
         float *d = dst + (size_t)j * (size_t)ld;
         if (t == FG_DTYPE_BF16) {
@@ -764,127 +697,6 @@ static void convert_some(float *dst, int64_t ld, const void *src, fg_dtype t, in
     }
 }
 
-static void convert_rows(float *dst, int64_t ld, const void *src, fg_dtype t, int64_t r0,
-                         int64_t rows, int64_t len, int64_t row_stride, int64_t elem_stride, int nt)
-{
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t j = 0; j < rows; j++)
-        convert_some(dst, ld, src, t, r0, j, j + 1, len, row_stride, elem_stride);
-}
-
-/* Waits until *counter reaches `want` or the product has failed. */
-static void await_count(const int *counter, int want, const int *failed)
-{
-    while (__atomic_load_n(counter, __ATOMIC_ACQUIRE) < want &&
-           !__atomic_load_n(failed, __ATOMIC_RELAXED))
-        sched_yield();
-}
-
-/* The pipelined tile path (t->buffers == 2, along N, f32 C; see TILE_PARTS).
- * Work items, taken in this order by whichever worker is free:
- *   conversion parts of tile 0, then for each tile k: its blocks, then the
- *   conversion parts of tile k + 1 (into the buffer tile k - 1 used).
- * A block of tile k waits for tile k's conversion; a conversion part of tile
- * k waits for tile k - 2's blocks. Every item waits only for items before
- * it, each finished by the worker that took it, so the workers never wait
- * on each other in a cycle. */
-static fg_status tile_pipeline(fg_gemm_cache *c, const fg_gemm_shape *s, const tiling *t,
-                               const void *A, const void *B, void *C, const void *bias,
-                               unsigned char *sp, int workers, fg_gemm_stats *stats, fg_error *err)
-{
-    const int64_t last = t->len - (t->tiles - 1) * t->rows;
-    fg_gemm_shape u[2] = {tile_shape(s, t, t->rows, 1), tile_shape(s, t, last, 1)};
-    blocking b[2];
-    for (int i = 0; i < 2; i++) {
-        fg_status st = blocked_prepare(c, &u[i], workers, &b[i], err);
-        if (st == FG_OK)
-            st = blocking_widen(c, &b[i], b[0].workers, err);
-        if (st != FG_OK)
-            return st;
-    }
-    /* One worker's scratch at the same place whichever tile it runs. */
-    b[0].per_worker = b[1].per_worker = b[0].per_worker > b[1].per_worker ? b[0].per_worker
-                                                                          : b[1].per_worker;
-    float *buf[2], *bbuf[2];
-    for (int i = 0; i < 2; i++) {
-        buf[i] = (float *)(sp + (size_t)i * t->btile_bytes);
-        bbuf[i] = s->has_bias ? (float *)(sp + 2 * t->btile_bytes + t->ctile_bytes +
-                                          (size_t)i * t->bias_bytes)
-                              : NULL;
-    }
-    int *sync = (int *)(sp + 2 * (t->btile_bytes + t->bias_bytes) + t->ctile_bytes);
-    int *converted = sync, *ran = sync + t->tiles; /* per tile: parts, blocks done */
-    unsigned char *native_scratch = (unsigned char *)sync + t->sync_bytes;
-    memset(sync, 0, (size_t)t->tiles * 2 * sizeof(int));
-    if (b[0].tail) /* A's tail rows, zero-padded to a whole group, once for every tile */
-        copy_block(native_scratch, s->K,
-                   (const unsigned char *)A + (size_t)((s->M - b[0].tail) * s->a_rs) * sizeof(float),
-                   s->a_rs, s->a_cs, b[0].tail, s->K, sizeof(float));
-    if (b[0].tail)
-        memset(native_scratch + (size_t)(b[0].tail * s->K) * sizeof(float), 0,
-               (size_t)((b[0].g - b[0].tail) * s->K) * sizeof(float));
-    const int64_t full = b[0].tm * b[0].tn + b[0].ttn, lastn = b[1].tm * b[1].tn + b[1].ttn;
-    const int64_t stage = full + TILE_PARTS; /* tile k's blocks, tile k + 1's parts */
-    const int64_t items = TILE_PARTS + (t->tiles - 1) * stage + lastn;
-    const size_t eb = fg_dtype_size(s->b_type);
-    const int nw = workers < b[0].workers ? workers : b[0].workers;
-    int64_t next = 0;
-    int failed = 0;
-    const double t0 = omp_get_wtime();
-#pragma omp parallel num_threads(nw < 1 ? 1 : nw)
-    {
-        omp_set_num_threads(1); /* each block is one thread's work, as in native_run */
-        const int w = omp_get_thread_num();
-        for (;;) {
-            const int64_t i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-            if (i >= items)
-                break;
-            int64_t k, r; /* tile, and the block or part within it */
-            int part;
-            if (i < TILE_PARTS) {
-                k = 0, r = i, part = 1;
-            } else if (i - TILE_PARTS < (t->tiles - 1) * stage) {
-                const int64_t j = i - TILE_PARTS;
-                k = j / stage, r = j % stage, part = r >= full;
-                if (part)
-                    k++, r -= full;
-            } else {
-                k = t->tiles - 1, r = i - TILE_PARTS - (t->tiles - 1) * stage, part = 0;
-            }
-            const int last_tile = k == t->tiles - 1;
-            const int64_t r0 = k * t->rows, rows = last_tile ? last : t->rows;
-            if (part) {
-                if (k >= 2)
-                    await_count(&ran[k - 2], (int)full, &failed);
-                const int64_t j0 = rows * r / TILE_PARTS, j1 = rows * (r + 1) / TILE_PARTS;
-                if (!__atomic_load_n(&failed, __ATOMIC_RELAXED)) {
-                    /* B column n = weight row n: element (kk, n) at kk*b_rs + n*b_cs. */
-                    convert_some(buf[k % 2], t->ld, B, s->b_type, r0, j0, j1, s->K, s->b_cs, s->b_rs);
-                    if (bbuf[k % 2])
-                        convert_some(bbuf[k % 2], 1, (const unsigned char *)bias + (size_t)r0 * eb,
-                                     s->b_type, 0, j0, j1, 1, 1, 1);
-                }
-                __atomic_fetch_add(&converted[k], 1, __ATOMIC_RELEASE);
-            } else {
-                await_count(&converted[k], TILE_PARTS, &failed);
-                if (!__atomic_load_n(&failed, __ATOMIC_RELAXED) &&
-                    run_block(c, &u[last_tile], &b[last_tile], r, w, A, buf[k % 2],
-                              (float *)C + r0, bbuf[k % 2], native_scratch))
-                    __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-                __atomic_fetch_add(&ran[k], 1, __ATOMIC_RELEASE);
-            }
-        }
-    }
-    if (failed)
-        return fg_fail(err, FG_ERR_BACKEND, "oneDNN matmul failed (M=%lld N=%lld K=%lld)",
-                       (long long)s->M, (long long)s->N, (long long)s->K);
-    if (stats) { /* the conversions ran among the blocks: their time is the product's */
-        stats->seconds += omp_get_wtime() - t0;
-        stats->flops += 2 * s->M * s->N * s->K;
-    }
-    return FG_OK;
-}
-
 static fg_status tile_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *A, const void *B,
                           void *C, const void *bias, void *scratch, int workers,
                           fg_gemm_stats *stats, fg_error *err)
@@ -898,8 +710,6 @@ static fg_status tile_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *
     float *ctile = (float *)(sp + t.btile_bytes);
     float *btmp = (float *)(sp + t.btile_bytes + t.ctile_bytes);
     void *native_scratch = sp + t.btile_bytes + t.ctile_bytes + t.bias_bytes;
-    if (t.buffers == 2)
-        return tile_pipeline(c, s, &t, A, B, C, bias, sp, workers, stats, err);
     const int nt = workers < 1 ? 1 : workers;
     const size_t a_es = fg_dtype_size(s->a_type), c_es = fg_dtype_size(s->c_type);
     if (!t.along_n && s->has_bias)
@@ -938,15 +748,6 @@ static fg_status tile_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void *
 
 int fg_gemm_tiled(const fg_gemm_cache *c, const fg_gemm_shape *s) { return !is_native(c, s); }
 
-int fg_gemm_tile_buffers(fg_gemm_cache *c, const fg_gemm_shape *s, int threads)
-{
-    if (is_native(c, s))
-        return 0;
-    tiling t;
-    fg_error err;
-    return tile_plan(c, s, threads, &t, &err) == FG_OK ? t.buffers : -1;
-}
-
 int64_t fg_gemm_fast_rows(int64_t n)
 {
     const double room = 0.0038 - 1.0 / (double)(n > 0 ? n : 1);
@@ -974,7 +775,7 @@ fg_status fg_gemm_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int threads,
         fg_status st = tile_plan(c, s, threads, &t, err);
         if (st != FG_OK)
             return st;
-        n.shared = tile_shared_bytes(&t);
+        n.shared = t.btile_bytes + t.ctile_bytes + t.bias_bytes + t.native_shared;
         n.per_worker = t.native_per_worker;
     }
     if (need) {

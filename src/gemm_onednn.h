@@ -159,14 +159,6 @@ int fg_gemm_native_bf16(const fg_gemm_cache *cache);
  * Such a product runs at full speed at any M. */
 int fg_gemm_tiled(const fg_gemm_cache *cache, const fg_gemm_shape *shape);
 
-/* The weight tile buffers a tiled product converts into: 2 where it is
- * pipelined (an f32 C tiled along N whose half tiles still hold two blocks
- * or more: each tile's blocks and the next tile's conversion run side by
- * side, gemm_onednn.c, tile_pipeline), 1 where tiles are converted, then
- * run, in turn; 0 for a product that is not tiled, -1 on a backend failure.
- * For tests: the choice depends on the shape alone. */
-int fg_gemm_tile_buffers(fg_gemm_cache *cache, const fg_gemm_shape *shape, int threads);
-
 /* Time and work issued to GEMMs, accumulated by fg_gemm_run. */
 typedef struct fg_gemm_stats {
     double seconds;
