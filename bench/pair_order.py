@@ -28,6 +28,11 @@ def rows(path):
     return a, b, q, a_first, b_first
 
 
+def med(x):
+    """The median, NaN for an empty half (a run of one pair)."""
+    return statistics.median(x) if x else float("nan")
+
+
 def main(paths):
     print("| file | A / B | pairs | A/B median [min, max] | p50 ratio | A first: median (n) | B first: median (n) |")
     print("| --- | --- | ---: | --- | ---: | --- | --- |")
@@ -37,7 +42,6 @@ def main(paths):
             print(f"| {path.rsplit('/', 1)[-1]} | (not one interleaved pair with step_s) | | | | | |")
             continue
         a, b, q, af, bf = got
-        med = lambda x: statistics.median(x) if x else float("nan")  # noqa: E731
         print(f"| {path.rsplit('/', 1)[-1]} | {a['impl']} / {b['impl']} | {len(q)} "
               f"| {med(q):.3f} [{min(q):.3f}, {max(q):.3f}] | {a['step_s_p50'] / b['step_s_p50']:.3f} "
               f"| {med(af):.3f} ({len(af)}) | {med(bf):.3f} ({len(bf)}) |")
