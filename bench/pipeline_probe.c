@@ -15,12 +15,13 @@
  * Prints each pair's B/A time and the median. With the library's
  * FG_GEMM_MIN_PIECE_K of 2048, a tile's grad_hidden (K = R) under 4096 rows
  * is one block on one thread; session 15 measured B on a build with 1008:
- *   git archive HEAD | tar -x -C /tmp/p && cd /tmp/p &&
+ *   mkdir -p /tmp/p && git archive HEAD | tar -x -C /tmp/p && cd /tmp/p &&
  *   sed -i 's/MIN_PIECE_K 2048/MIN_PIECE_K 1008/' src/gemm_onednn.h &&
  *   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build fusedgrpo_static &&
  *   cc -O2 -std=c11 -fopenmp -Isrc -Iinclude -o pipeline_probe bench/pipeline_probe.c \
  *      build/libfusedgrpo.a -ldnnl -lgomp -lm && ./pipeline_probe 1024 408 4032 5
- * Session 18 measured bf16 at the 256 MiB plan's 6 chunks of 360 rows, built
+ * Session 18 measured bf16 at 6 chunks of 360 rows (the 256 MiB plan's last is
+ * 248, so the probe runs about 5% more rows than the driver, on both sides), built
  * the same way with MIN_PIECE_K 2016, so that a tile of 8064 rows (8 logits
  * column blocks) gives grad_hidden 4 K pieces as A's 8192-row tiles do:
  *   ./pipeline_probe 1024 360 8064 5 6 bf16
@@ -67,14 +68,15 @@ static void product(fg_gemm_shape s, const float *A, const float *B, float *C)
     }
 }
 
-/* A bf16 product's converted weight tiles: the most the driver's plan holds. */
-static const size_t TILE_BYTES = FG_TILE_CAP_BYTES;
+/* A bf16 product's converted weight tiles: the most the driver's plan holds.
+ * f32 products get none (as in session 15), so they never take the restrided copy. */
+static size_t tile_bytes(fg_dtype bt) { return bt == FG_DTYPE_BF16 ? FG_TILE_CAP_BYTES : 0; }
 
 /* C[m, n] = h[m, H] · W[n rows, H]ᵀ, C's rows V apart (the library's logits
  * blocks); W's rows ld apart, in dtype bt (bf16: the library's tile path). */
 static fg_gemm_shape logits(int64_t m, int64_t n, int64_t H, fg_dtype bt, int64_t ld)
 {
-    return (fg_gemm_shape){m, n, H, FG_DTYPE_F32, bt, FG_DTYPE_F32, H, 1, 1, ld, V, 0, 0, TILE_BYTES,
+    return (fg_gemm_shape){m, n, H, FG_DTYPE_F32, bt, FG_DTYPE_F32, H, 1, 1, ld, V, 0, 0, tile_bytes(bt),
                            FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N, FG_LOGITS_ROW_GRANULE,
                            FG_LOGITS_COL_GRANULE, 0};
 }
@@ -83,7 +85,7 @@ static fg_gemm_shape logits(int64_t m, int64_t n, int64_t H, fg_dtype bt, int64_
 static fg_gemm_shape dhidden(int64_t m, int64_t k, int64_t H, int accumulate, fg_dtype bt, int64_t ld)
 {
     return (fg_gemm_shape){m, H, k, FG_DTYPE_F32, bt, FG_DTYPE_F32, V, 1, ld, 1, H, accumulate,
-                           0, TILE_BYTES, FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0, 0,
+                           0, tile_bytes(bt), FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0, 0,
                            FG_BLOCK_DHIDDEN_SPLIT_K};
 }
 
