@@ -1,8 +1,7 @@
 """One library build through the NumPy front end: the scaled shape (B=1,
 T=2048, H=2048, V=151936), 1 warm-up + 5 timed fused steps, as a JSON line
 (p50, min, max, loss). Two builds are compared by running this alternately
-with each build's package and library, e.g. (A/B of docs/BENCHMARKS.md,
-"Per-call options and the one-way layers"):
+with each build's package and library, e.g.:
 
   for dt in bfloat16 bfloat16 float32; do for side in /tmp/before /work/main; do
     PYTHONPATH=$side/python FUSEDGRPO_LIBRARY=$side/build/libfusedgrpo.so.0 \\

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Real LM-head inputs for `fusedgrpo bench --inputs`: SmolLM2-135M-Instruct on
-completions it samples itself (issue 14, "real activations").
+completions it samples itself, for measuring on real activations rather than
+synthetic logits.
 
     python bench/capture_smollm2.py --out /tmp/smollm2_capture          # 16 x 128 tokens
     build/tools/fusedgrpo bench --inputs /tmp/smollm2_capture --set dtype=bfloat16 \
@@ -26,8 +27,8 @@ Writes the replay format of tools/problem_io.c into --out:
                              of this untrained model (all advantages 0 would
                              leave a zero gradient)
   old_logp [B, T] float32    the model's own log-probs of the tokens (on-policy)
-and prints the tokens and the distribution's entropy, the figure the issue's
-tile counts were measured at (mean 2.9 nats there).
+and prints the tokens and the distribution's entropy, the figure that sets
+how many vocabulary tiles gradient filtering could skip (src/grad_filter.h).
 """
 from __future__ import annotations
 

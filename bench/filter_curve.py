@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Gradient filtering's speed against its error, on real LM-head inputs
-(issue 14: "the speed-vs-error curve is the finding to report").
+(what a threshold buys in speed and costs in gradient error).
 
     python bench/capture_smollm2.py --out /tmp/smollm2_capture
     python bench/filter_curve.py --inputs /tmp/smollm2_capture --dtype bfloat16 \
-        --json bench/results/filter_curve/avx2_bf16.jsonl
+        --json bench/results/gradient_filtering/avx2/filter_curve_bf16.jsonl
 
 For each threshold (0 = off, then --eps), one NumPy-front-end call per step
 (fusedgrpo.fused_linear_grpo: one C call, forward and backward), a warm-up

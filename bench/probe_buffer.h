@@ -1,5 +1,5 @@
 /*
- * The bench probes' operand buffers (block_probe.c, pipeline_probe.c):
+ * The bench probes' operand buffers (block_probe.c):
  * mapped and pre-faulted, so that no first-touch fault lands in a timing,
  * and filled with small nonzero values, ((i * 7919) % 1000 - 500) * scale.
  */

@@ -1,97 +1,130 @@
 #!/usr/bin/env bash
-# The measurements behind docs/BENCHMARKS.md, in the order they appear there.
-# Long: about an hour on the 2-core reference machine. Results go to
-# bench/results/ (JSON lines, text tables, the PNG plot). Run on an idle
-# machine: every figure is a ratio of runs made back to back.
-#   bash bench/run_benchmarks.sh [ab|aa|budgets|sweep|peaked|blocks|scaled|headline|budget|gemms|peers]...
-# ab, aa and budgets take FG_AB="H:dtype ..." to run a subset (default: all four); aa takes
-# FG_PAIRS (default 8: as many pairs with A first as with B first);
-# budgets takes FG_BUDGETS="256MiB,384MiB,..." (default: the five budgets of
-# docs/BENCHMARKS.md's session 15, which gave 5 to 1 chunks at H=1024, f32). Session 15's
-# other runs (the 384 MiB shapes, one chunk twice) are single commands shown there.
+# The measurements behind docs/BENCHMARKS.md, one part per table. Results go to
+# bench/results/<question>/<isa>/, where <isa> is avx512_bf16 on a CPU with
+# AVX-512 BF16 and avx2 otherwise, so runs on the two CPU families never mix.
+# Run on an idle machine: every figure is a ratio of runs made back to back.
+#   bash bench/run_benchmarks.sh [scaled|aa|separate|sweep|budgets|headline|replay|filter|peaked|peers|mpi|portable|blocks|train]...
+# Without a part it runs scaled aa sweep budgets replay filter peaked peers (hours on
+# two AVX2 cores); separate, headline, mpi, portable, blocks and train run only when named.
+# scaled, aa and budgets take FG_SHAPES="H:dtype ..." to run a subset (default: all
+# four); aa takes FG_PAIRS (default 8: as many pairs with A first as with B first);
+# budgets takes FG_BUDGETS (default: the five budgets that give 5 to 1 chunks at
+# H=1024, f32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
 FG=./build/tools/fusedgrpo
-out=bench/results
-mkdir -p "$out"
+isa=avx2
+grep -qw avx512_bf16 /proc/cpuinfo && isa=avx512_bf16
+res=bench/results
+capture=/tmp/smollm2_capture
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(ab aa budgets sweep peaked blocks scaled headline budget gemms peers)
-ab="$out/issue14_interleaved"
-s15="$out/session15"
-s16="$out/session16"
-mkdir -p "$ab" "$s15" "$s16"
-shapes=(${FG_AB:-1024:float32 1024:bfloat16 2048:float32 2048:bfloat16})
+[ ${#parts[@]} -eq 0 ] && parts=(scaled aa sweep budgets replay filter peaked peers)
+read -r -a shapes <<<"${FG_SHAPES:-1024:float32 1024:bfloat16 2048:float32 2048:bfloat16}"
+bench_shape() {  # bench_shape H:dtype OUTFILE_STEM ARGS...: one interleaved run at T=2048
+  local hd=$1 stem=$2; shift 2
+  $FG bench --config configs/scaled_t2048.yaml --set hidden=${hd%:*} --set dtype=${hd#*:} \
+      --set warmup=1 --interleave "$@" --json "$stem.jsonl" | tee "$stem.txt"
+}
+capture_smollm2() {  # SmolLM2-135M-Instruct's own LM-head inputs, once
+  [ -f "$capture/hidden.npy" ] || python3 bench/capture_smollm2.py --out "$capture"
+}
 for part in "${parts[@]}"; do
   case "$part" in
-    scaled)   # T=2048, H=2048, V=151936: all three impls, f32, one run
-      $FG bench --config configs/scaled_t2048.yaml --set steps=2 --set roofline_reps=1 \
-          --json "$out/scaled_f32.jsonl" | tee "$out/scaled_f32.txt" ;;
-    ab)       # fused vs materialized in one process, steps taking turns: T=2048, H=1024/2048, f32/bf16,
-              # then the roofline (the products alone, full shape and chunked; FG_ROOFLINE_REPS=0: none)
+    scaled)   # fused vs materialized in one process, steps taking turns, with the roofline:
+              # T=2048, V=151936, H=1024/2048, f32/bf16, the default budget
+      out=$res/fused_vs_materialized/$isa; mkdir -p "$out"
       for hd in "${shapes[@]}"; do
-        $FG bench --config configs/scaled_t2048.yaml --set hidden=${hd%:*} --set dtype=${hd#*:} \
-            --set steps=5 --set warmup=1 --set "roofline_reps=${FG_ROOFLINE_REPS:-3}" --impls fused,baseline \
-            --interleave --json "$s15/h${hd%:*}_${hd#*:}_roofline.jsonl" | tee "$s15/h${hd%:*}_${hd#*:}_roofline.txt"
+        bench_shape "$hd" "$out/h${hd%:*}_${hd#*:}_roofline" --set steps=7 --set roofline_reps=3 \
+            --impls fused,baseline
       done ;;
-    aa)       # the A/A control, then A/B, each shape at the default budget: the materialized step
-              # against itself (the pair ratios' spread when nothing differs), then fused against it
+    aa)       # the A/A control: the materialized step against itself, each side with its own
+              # context, so the pair ratios' spread when nothing differs
+      out=$res/fused_vs_materialized/$isa; mkdir -p "$out"
       for hd in "${shapes[@]}"; do
-        for pair in baseline,baseline fused,baseline; do
-          $FG bench --config configs/scaled_t2048.yaml --set hidden=${hd%:*} --set dtype=${hd#*:} \
-              --set "steps=${FG_PAIRS:-8}" --set warmup=1 --set roofline_reps=0 --impls $pair --interleave \
-              --json "$s16/h${hd%:*}_${hd#*:}_${pair/,/_vs_}.jsonl" | tee "$s16/h${hd%:*}_${hd#*:}_${pair/,/_vs_}.txt"
-        done
+        bench_shape "$hd" "$out/h${hd%:*}_${hd#*:}_baseline_vs_baseline" --set "steps=${FG_PAIRS:-8}" \
+            --set roofline_reps=0 --impls baseline,baseline
       done ;;
-    budgets)  # the same over budgets: 256 MiB (the default) to one chunk
-      for hd in "${shapes[@]}"; do
-        $FG bench --config configs/scaled_t2048.yaml --set hidden=${hd%:*} --set dtype=${hd#*:} \
-            --sweep "memory_budget=${FG_BUDGETS:-256MiB,384MiB,512MiB,768MiB,3GiB}" --set steps=5 \
-            --set warmup=1 --set roofline_reps=0 --impls fused,baseline --interleave \
-            --json "$s15/h${hd%:*}_${hd#*:}_budgets.jsonl" | tee "$s15/h${hd%:*}_${hd#*:}_budgets.txt"
+    separate) # the scaled shape (H=2048) in f32 and bf16, each impl in its own process
+      out=$res/fused_vs_materialized/$isa; mkdir -p "$out"
+      for dt in float32 bfloat16; do
+        $FG bench --config configs/scaled_t2048.yaml --set dtype=$dt --set steps=5 --set warmup=1 \
+            --set roofline_reps=0 --impls fused,baseline --json "$out/scaled_$dt.jsonl"
       done ;;
-    sweep)    # fused vs baseline over seq_len, steps taking turns, with the plot
+    sweep)    # fused vs materialized over seq_len, H=2048, f32, steps taking turns, with the plot
+      out=$res/fused_vs_materialized/$isa; mkdir -p "$out"
       $FG bench --config configs/scaled_t2048.yaml --impls fused,baseline --interleave --set steps=5 \
           --set warmup=1 --set roofline_reps=0 --sweep seq_len=512,1024,2048 \
-          --json "$ab/sweep_h2048_float32.jsonl" | tee "$ab/sweep_h2048_float32.txt"
-      python3 bench/plot_bench.py "$ab/sweep_h2048_float32.jsonl" -o "$ab/sweep_h2048_float32.png" ;;
-    peaked)   # the seeds' headline shape on peaked synthetic logits, gradient filtering on (~30 min)
+          --json "$out/sweep_h2048_float32.jsonl" | tee "$out/sweep_h2048_float32.txt"
+      python3 bench/plot_bench.py "$out/sweep_h2048_float32.jsonl" -o "$out/sweep_h2048_float32.png" ;;
+    budgets)  # what the memory budget buys: 256 MiB (the default) to one chunk
+      out=$res/memory_budget/$isa; mkdir -p "$out"
+      for hd in "${shapes[@]}"; do
+        bench_shape "$hd" "$out/h${hd%:*}_${hd#*:}_budgets" --set steps=5 --set roofline_reps=0 \
+            --impls fused,baseline --sweep "memory_budget=${FG_BUDGETS:-256MiB,384MiB,512MiB,768MiB,3GiB}"
+      done ;;
+    headline) # the seeds' shape: B=1, T=8192, H=4096, V=151936, bf16 weights, each impl in its own process
+      out=$res/fused_vs_materialized/$isa; mkdir -p "$out"
+      $FG bench --config configs/seeds_t8192_bf16.yaml --impls fused,baseline --set warmup=1 \
+          --set steps=5 --set roofline_reps=0 \
+          --json "$out/headline_bf16.jsonl" | tee "$out/headline_bf16.txt" ;;
+    replay)   # SmolLM2's real LM-head inputs, unfiltered, each impl in its own process
+      out=$res/gradient_filtering/$isa; mkdir -p "$out"; capture_smollm2
+      $FG bench --inputs "$capture" --set dtype=bfloat16 --impls fused,baseline --set steps=7 \
+          --set warmup=1 --set roofline_reps=3 --json "$out/replay_unfiltered_bf16.jsonl" ;;
+    filter)   # gradient filtering's speed and error over its threshold, on the same capture
+      out=$res/gradient_filtering/$isa; mkdir -p "$out"; capture_smollm2
+      python3 bench/filter_curve.py --inputs "$capture" --dtype bfloat16 \
+          --json "$out/filter_curve_bf16.jsonl" | tee "$out/filter_curve_bf16.md" ;;
+    peaked)   # filtering at the real vocabulary on peaked synthetic logits: the scaled shape,
+              # then the seeds' headline shape (about 45 minutes on two AVX2 cores)
+      out=$res/gradient_filtering/$isa; mkdir -p "$out"
+      $FG bench --config configs/peaked_t2048.yaml --set filter_eps=auto --impls fused,baseline \
+          --json "$out/peaked_h2048_bf16.jsonl" | tee "$out/peaked_h2048_bf16.txt"
       $FG bench --config configs/peaked_t2048.yaml --set seq_len=8192 --set hidden=4096 \
           --set filter_eps=auto --set steps=5 --set warmup=1 --set roofline_reps=0 \
-          --impls fused,baseline --json "$ab/headline_peaked_bf16.jsonl" ;;
-    blocks)   # one grad_hidden block on one thread: oneDNN's packed vs no-copy kernels
+          --impls fused,baseline --json "$out/headline_peaked_bf16.jsonl" ;;
+    peers)    # PyTorch eager, Liger, TRL's fused head, pure JAX and fusedgrpo's front ends at the scaled shape
+      out=$res/peers/$isa; mkdir -p "$out"
+      peers=(python3 bench/peers/run_peers.py --batch 1 --seq-len 2048 --hidden 2048 --vocab 151936
+             --warmup 1 --threads 2 --timeout 1500)
+      "${peers[@]}" --dtype float32 --reps 2 \
+          --json "$out/peers_t2048_f32.json" | tee "$out/peers_t2048_f32.md"
+      "${peers[@]}" --dtype float32 --reps 2 --peers liger --liger-compiled \
+          --json "$out/peers_t2048_f32_liger_compiled.json" | tee "$out/peers_t2048_f32_liger_compiled.md"
+      # torch eager and TRL's head in bf16 take hours a step without bf16 GEMM kernels (AVX2)
+      "${peers[@]}" --dtype bfloat16 --reps 1 \
+          --peers liger,jax_pure,fusedgrpo_numpy,fusedgrpo_torch,fusedgrpo_jax \
+          --json "$out/peers_t2048_bf16.json" | tee "$out/peers_t2048_bf16.md" ;;
+    mpi)      # vocab x data grids at SmolLM2's head, one OpenMP thread a rank; 1x1: one process, 2 threads
+      out=$res/mpi_grids/$isa; mkdir -p "$out"
+      head=(bench --set batch=8 --set seq_len=128 --set hidden=576 --set vocab=49152 --set steps=5
+            --set warmup=1 --impls "fused,baseline")
+      $FG "${head[@]}" --set threads=2 --set roofline_reps=0 --json "$out/smollm2_head_1x1.jsonl"
+      for grid in 2x1 4x1 1x2 2x2; do
+        v=${grid%x*} d=${grid#*x}
+        mpirun --oversubscribe -np $((v * d)) $FG "${head[@]}" --set threads=1 \
+            --set vocab_shards=$v --set data_shards=$d --json "$out/smollm2_head_$grid.jsonl"
+      done ;;
+    portable) # the portable build (run-time dispatch) against -march=native of the same tree
+      OUT=$res/portable_vs_native/$isa bash bench/portable_vs_native.sh ;;
+    blocks)   # one GEMM block on one thread: oneDNN's packed against its no-copy kernels
+      out=$res/gemm_blocks/$isa; mkdir -p "$out"
       cc -O2 -o build/block_probe bench/block_probe.c -ldnnl
       for mn in "410 256" "410 512" "410 576" "410 1024" "512 576" "512 1024" "205 1024"; do
         OMP_NUM_THREADS=1 ./build/block_probe $mn 37984 1024
-      done | tee "$ab/block_probe.txt"
+      done | tee "$out/grad_hidden_blocks.txt"
       # logits blocks (B = Wᵀ): 1008 columns at the chunk rows of T=2048, and the padded groups
       for a in "342 1008 2048 2048" "342 2016 2048 2048" "372 1008 1024 1024" "408 1008 1024 1024" \
                "504 1008 1024 1024" "316 1008 4096 4096" "316 2016 4096 4096" "6 384 1024 1024" "24 96 1024 1024"; do
         OMP_NUM_THREADS=1 ./build/block_probe $a t
-      done | tee "$out/session13/block_probe_logits.txt" ;;
-    headline) # the seeds' shape: B=1, T=8192, H=4096, V=151936, bf16 weights
-      $FG bench --config configs/seeds_t8192_bf16.yaml --impls fused,baseline --set warmup=1 \
-          --set steps=1 --set roofline_reps=0 \
-          --json "$out/headline_bf16.jsonl" | tee "$out/headline_bf16.txt" ;;
-    budget)   # what the budget buys: fused at 128 and 256 MiB vs the baseline, scaled shape
-      $FG bench --config configs/scaled_t2048.yaml --impls fused,baseline --set steps=1 \
-          --set roofline_reps=1 --sweep memory_budget=128MiB,256MiB \
-          --json "$out/budget_f32.jsonl" | tee "$out/budget_f32.txt" ;;
-    gemms)    # each chunk GEMM alone at the 128 and 256 MiB chunk sizes (205, 410 rows)
-      cc -O2 -o build/gemm_probe bench/gemm_probe.c -ldnnl
-      OMP_NUM_THREADS=2 ./build/gemm_probe 2048 151936 205 410 | tee "$out/gemm_probe_f32.txt" ;;
-    peers)    # PyTorch eager, Liger, pure JAX and fusedgrpo's front ends at the scaled shape
-      python3 bench/peers/run_peers.py --batch 1 --seq-len 2048 --hidden 2048 --vocab 151936 \
-          --dtype float32 --reps 2 --warmup 1 --threads 2 --timeout 1500 \
-          --json "$ab/peers_t2048_f32.json" | tee "$ab/peers_t2048_f32.md"
-      python3 bench/peers/run_peers.py --batch 1 --seq-len 2048 --hidden 2048 --vocab 151936 \
-          --dtype float32 --reps 2 --warmup 1 --threads 2 --timeout 1500 --peers liger --liger-compiled \
-          --json "$ab/peers_t2048_f32_liger_compiled.json" | tee "$ab/peers_t2048_f32_liger_compiled.md"
-      # torch eager in bf16 takes hours here (no bf16 GEMM on AVX2: see BENCHMARKS.md)
-      python3 bench/peers/run_peers.py --batch 1 --seq-len 2048 --hidden 2048 --vocab 151936 \
-          --dtype bfloat16 --reps 1 --warmup 1 --threads 2 --timeout 1500 \
-          --peers liger,jax_pure,fusedgrpo_numpy,fusedgrpo_torch,fusedgrpo_jax \
-          --json "$ab/peers_t2048_bf16.json" | tee "$ab/peers_t2048_bf16.md" ;;
+      done | tee "$out/logits_blocks.txt" ;;
+    train)    # the 100-step GRPO training A/B of docs/TRAINING.md, one arm after the other
+      for arm in trl fusedgrpo fusedgrpo_unfiltered materialized; do
+        python3 examples/grpo_smollm2/train.py --config examples/grpo_smollm2/configs/$arm.yaml
+      done
+      python3 examples/grpo_smollm2/summarize.py
+      python3 examples/grpo_smollm2/plot.py ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

@@ -3,7 +3,7 @@
  * products of a chunk on the entries of dlogits that matter.
  *
  * On a sampled distribution most of a row's dlogits = g·(onehot − p) −
- * e·p·(log p + H) are tiny: their p is. Tiles of them are not (issue 14
+ * e·p·(log p + H) are tiny: their p is. Tiles of them are not (a probe
  * measured 95-99% of 16 x 256 tiles holding some p > 1e-5 on SmolLM2's own
  * completions), so the filter works per entry:
  *

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The A/B table of docs/TRAINING.md from bench/results/train_ab/<arm>.jsonl,
-and issue 12's acceptance checks, as markdown.
+and the A/B's acceptance checks, as markdown.
 
     python examples/grpo_smollm2/summarize.py [--dir bench/results/train_ab]
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""GRPO on SmolLM2-135M-Instruct through TRL, one arm per config (issue 12's A/B).
+"""GRPO on SmolLM2-135M-Instruct through TRL, one arm per config (the A/B
+of docs/TRAINING.md).
 
     python examples/grpo_smollm2/train.py --config examples/grpo_smollm2/configs/fusedgrpo.yaml
     python examples/grpo_smollm2/train.py --config .../trl.yaml --steps 3      # a short probe

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two "hosts" on one machine: two Linux network namespaces joined by a veth
 # pair, made here, and test_mpi run across them by mpirun over TCP on the
-# veth addresses (issue 13). OpenMPI starts the remote rank's daemon through
+# veth addresses, as between two machines. OpenMPI starts the remote rank's daemon through
 # its rsh launcher; the launcher here is `ip netns exec` instead of ssh.
 #
 # On two real machines the same run is:

@@ -6,7 +6,7 @@
  * sequences) through the library's MPI hook and fg_mpi_data_parallel_end,
  * and the assembled results must be the single-process ones
  * (fg_linear_grpo on the whole problem, no communicator): loss and log-probs
- * within 1e-5 relative, gradients within 1e-4 (issue 13's bounds), with the
+ * within 1e-5 relative, gradients within 1e-4 (the sharded paths' bounds), with the
  * data rows averaged as DDP does (num_items_in_batch = global count / rows).
  * Also checked, on every grid:
  *   - every rank of a row returns bitwise-identical logp and entropy, and the
