@@ -82,7 +82,7 @@ configure() { # dir compiler sanitize extra-cmake-args...
   local dir=$1 cc=$2 san=$3
   shift 3
   cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DFG_SANITIZE="$san" -DFG_BUILD_TOOLS=OFF -DCMAKE_C_FLAGS="$FAULT_FLAGS" -DFG_MPI=OFF "$@" >/dev/null
+    -DFG_SANITIZE="$san" -DFG_BUILD_TOOLS=OFF -DCMAKE_C_FLAGS="$FAULT_FLAGS" -DFG_MPI=OFF -DFG_CUDA=OFF "$@" >/dev/null
 }
 build() { # dir targets... (output only on failure)
   local dir=$1

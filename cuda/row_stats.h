@@ -1,0 +1,100 @@
+/*
+ * The row work of a chunk on an NVIDIA GPU: the definitions of
+ * src/row_kernels.c (see row_kernels.h there), computed on device memory.
+ *
+ * A chunk is M rows of logits x [M, V], float32 or bfloat16, row stride ld
+ * (elements); z = x · inv_temp. Row r's target is tokens[r], an index into
+ * [0, V). Per row, with zmax = max_v z_v:
+ *
+ *   sum     = Σ exp(z_v − zmax)                 dot = Σ exp(z_v − zmax)·(z_v − zmax)
+ *   lsum    = log(sum)                          lse = zmax + lsum
+ *   entropy = lsum − dot / sum                  logp = (z_tok − zmax) − lsum
+ *
+ * and d loss / d x_v with g = dL/dlogp, e = dL/dentropy of the row:
+ *
+ *   lp_v = (z_v − zmax) − lsum,  p_v = exp(lp_v)
+ *   dx_v = inv_temp · [ g·(δ_v,tok − p_v) − e·p_v·(lp_v + entropy) ]
+ *
+ * Each fast kernel reads x once: the forward for the statistics, the backward
+ * for dx. A plain reference kernel (one thread per row, or per column for the
+ * column sums) sits beside each; the tests check one against the other.
+ *
+ * Every function runs asynchronously on the caller's stream and returns an
+ * fg_status: argument errors and launch failures, with a message in msg.
+ * Token ids outside [0, V) and non-finite statistics are found on the device;
+ * they are recorded in an fg_cuda_row_check that the caller reads when it
+ * chooses to synchronize (fg_cuda_row_check_status), never a device fault.
+ */
+#ifndef FG_CUDA_ROW_STATS_H
+#define FG_CUDA_ROW_STATS_H
+
+#include <cuda_runtime_api.h>
+
+#include "fusedgrpo.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Lowest chunk row with each kind of bad input; FG_CUDA_ROW_NONE when none. */
+typedef struct fg_cuda_row_check {
+    int bad_token_row; /* tokens[r] outside [0, V): its logp is NaN           */
+    int nonfinite_row; /* zmax, lsum, entropy or logp not finite (NaN/Inf in x) */
+} fg_cuda_row_check;
+
+/* The byte pattern 0x7f in every byte: the largest value a memset can give. */
+#define FG_CUDA_ROW_NONE 0x7f7f7f7f
+
+/* The per-row statistics of a chunk, device arrays of M floats each. */
+typedef struct fg_cuda_row_stats {
+    float *zmax, *lsum, *entropy, *logp;
+} fg_cuda_row_stats;
+
+/* Sets *check (device memory) to "no bad row" on the stream. */
+fg_status fg_cuda_row_check_reset(fg_cuda_row_check *check, cudaStream_t stream, char *msg,
+                                  size_t msg_size);
+
+/* Synchronizes the stream and reads *check: FG_OK, FG_ERR_TOKEN_OUT_OF_RANGE
+ * (checked first, as the CPU path validates token ids before any value) or
+ * FG_ERR_NONFINITE_INPUT, naming the chunk row. row0 is the chunk's first
+ * row in the caller's numbering, added to the row in the message. */
+fg_status fg_cuda_row_check_status(const fg_cuda_row_check *check, int64_t row0,
+                                   cudaStream_t stream, char *msg, size_t msg_size);
+
+/* Forward: stats of rows [0, M). check (device) collects bad rows. */
+fg_status fg_cuda_row_stats_forward(const void *x, fg_dtype xtype, int64_t M, int64_t V,
+                                    int64_t ld, float inv_temp, const int64_t *tokens,
+                                    fg_cuda_row_stats stats, fg_cuda_row_check *check,
+                                    cudaStream_t stream, char *msg, size_t msg_size);
+
+/* Backward: dx [M, V] (row stride ld_dx, float32 or bfloat16) from x, the
+ * forward's stats and per-row g, e (device arrays of M floats). With
+ * bias_sum (device, V floats) non-NULL, bias_sum[v] += Σ_r dx[r, v] of the
+ * stored (rounded) dx, rows summed in a fixed order: deterministic. That
+ * needs scratch (device) of fg_cuda_row_backward_scratch_bytes(M, V) bytes.
+ * dx may be x itself (in place) when the dtypes and row strides are equal. */
+fg_status fg_cuda_row_backward(const void *x, fg_dtype xtype, int64_t ld_x, void *dx,
+                               fg_dtype dxtype, int64_t ld_dx, int64_t M, int64_t V,
+                               float inv_temp, const int64_t *tokens, fg_cuda_row_stats stats,
+                               const float *g, const float *e, float *bias_sum, void *scratch,
+                               cudaStream_t stream, char *msg, size_t msg_size);
+
+size_t fg_cuda_row_backward_scratch_bytes(int64_t M, int64_t V);
+
+/* The plain references: the same contracts, one thread per row (and per
+ * column for bias_sum, which then needs no scratch). */
+fg_status fg_cuda_row_stats_forward_ref(const void *x, fg_dtype xtype, int64_t M, int64_t V,
+                                        int64_t ld, float inv_temp, const int64_t *tokens,
+                                        fg_cuda_row_stats stats, fg_cuda_row_check *check,
+                                        cudaStream_t stream, char *msg, size_t msg_size);
+fg_status fg_cuda_row_backward_ref(const void *x, fg_dtype xtype, int64_t ld_x, void *dx,
+                                   fg_dtype dxtype, int64_t ld_dx, int64_t M, int64_t V,
+                                   float inv_temp, const int64_t *tokens, fg_cuda_row_stats stats,
+                                   const float *g, const float *e, float *bias_sum,
+                                   cudaStream_t stream, char *msg, size_t msg_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
