@@ -367,7 +367,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.delta = u8(r) & 1 ? 0.0 : 1.0 + 2.0 * (u8(r) / 255.0);
     cfg.beta = u8(r) & 1 ? 0.0 : u8(r) / 255.0;
     cfg.max_completion_length = u8(r) % 12;
-    cfg.num_items_in_batch = u8(r) & 1 ? -1.0 : (double)(u8(r) % 9) * 0.75;
+    cfg.num_items_in_batch = u8(r) & 1 ? -1.0 : (double)(1 + u8(r) % 8) * 0.75; /* > 0 */
     cfg.sapo_temperature_pos = 0.5 + 1.5 * (u8(r) / 255.0);
     cfg.sapo_temperature_neg = 0.5 + 1.5 * (u8(r) / 255.0);
     cfg.use_bias_correction_kl = u8(r) & 1;
@@ -753,8 +753,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                      all_bytes(&out.metrics, sizeof out.metrics, SENT) &&
                      all_bytes(o_logp, (size_t)A * sizeof(float) + SLACK, SENT) &&
                      all_bytes(o_ent, (size_t)A * sizeof(float) + SLACK, SENT);
+            /* The one documented exception (fusedgrpo.h "Conventions"): a
+             * fused loss call that overwrites its gradients and finds an
+             * overflow in a later chunk may leave grad_hidden and grad_weight
+             * partly written. Everything else stays untouched. */
+            const int partial_ok = st == FG_ERR_OVERFLOW && path == 0;
             for (int k = V_GH; k < V_MATS; k++)
-                if (bufs[k].p) ok = ok && all_bytes(bufs[k].p, bufs[k].alloc, SENT);
+                if (bufs[k].p && !(partial_ok && (k == V_GH || k == V_GW)))
+                    ok = ok && all_bytes(bufs[k].p, bufs[k].alloc, SENT);
             if (gb_b.p) ok = ok && all_bytes(gb_b.p, gb_b.alloc, SENT);
             if (log_copy) ok = ok && memcmp(log_copy, bufs[V_LOG].p, bufs[V_LOG].bytes) == 0;
             if (!ok)

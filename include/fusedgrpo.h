@@ -28,6 +28,25 @@
  *   - Every call validates all of its arguments first and writes nothing to any
  *     output unless the checks pass. It returns an fg_status; on failure
  *     fg_last_error(ctx) holds a readable message. Nothing here exits or aborts.
+ *   - No non-finite result is returned as success. Finite inputs whose logits,
+ *     loss or gradients would leave the float range are refused with
+ *     FG_ERR_OVERFLOW, naming the row or token (b, t) and the quantity: the
+ *     logits' bound (H * max|hidden| * max|weight| + max|bias|) / temperature,
+ *     and the gradients' bound from the caller's grad_logp/grad_entropy, are
+ *     checked with the arguments; a token's loss term, d loss/d logp and
+ *     d loss/d entropy once its log-prob is known, before its chunk's
+ *     gradient products run (docs/LOSS_SPEC.md "Option ranges and overflow").
+ *     A refused call changes no output (loss, metrics, logp, entropy,
+ *     grad_bias and a bf16 grad_weight's float32 sums are committed at the
+ *     end; an accumulating loss call that walks several chunks and sums into
+ *     the caller's grad_weight computes every token's log-prob first where a
+ *     token could still be refused: see fg_linear_outputs.accumulate), with
+ *     one exception: on FG_ERR_OVERFLOW found in a later chunk of an
+ *     fg_linear_grpo call that walks several chunks, grad_hidden, and
+ *     grad_weight unless the call accumulates, may hold partial results. With
+ *     the finite check off (fg_context_set_check_finite) the pass over the
+ *     inputs, bounds included, is skipped: non-finite statistics found during
+ *     the call are then FG_ERR_NONFINITE_INPUT ("the finite check was off").
  *   - A context is used by one thread at a time. Same inputs and same
  *     budget => bitwise identical results, for any thread count (the GEMMs
  *     run in fixed blocks, one thread each; on one CPU kind: oneDNN's
@@ -73,6 +92,9 @@ typedef enum fg_status {
     FG_ERR_BACKEND,            /* the GEMM backend (oneDNN) reported a failure      */
     FG_ERR_COMMUNICATOR,       /* the communicator's allreduce failed, or the shards
                                   of a collective call disagree on it               */
+    FG_ERR_OVERFLOW,           /* finite inputs whose logits, loss or gradients would
+                                  leave the float range (docs/LOSS_SPEC.md "Option
+                                  ranges and overflow")                             */
     FG_STATUS_COUNT
 } fg_status;
 
@@ -132,25 +154,33 @@ typedef enum fg_is_level {
 
 /* Hyper-parameters, docs/LOSS_SPEC.md names (TRL 1.16's GRPOConfig names).
  * fg_loss_config_init() sets the spec's defaults; the sentinels below stand
- * for the spec's "defaults to ...". */
+ * for the spec's "defaults to ...", each exactly that value: any other value
+ * outside an option's range (docs/LOSS_SPEC.md "Option ranges and overflow")
+ * is refused with FG_ERR_BAD_HYPERPARAMETER (FG_ERR_BAD_TEMPERATURE for the
+ * temperature), never reinterpreted. */
+#define FG_EPSILON_HIGH_SAME_AS_LOW (-1.0)  /* epsilon_high: epsilon_low's value   */
+#define FG_DELTA_OFF 0.0                     /* delta: no two-sided clip            */
+#define FG_MAX_COMPLETION_LENGTH_T 0         /* max_completion_length: T            */
+#define FG_NUM_ITEMS_UNMASKED (-1.0)         /* num_items_in_batch: unmasked tokens */
 typedef struct fg_loss_config {
     fg_loss_type loss_type;                /* default FG_LOSS_DAPO                       */
     fg_is_level importance_sampling_level; /* default FG_LEVEL_TOKEN                     */
     double temperature;                    /* default 1.0; must be > 0                   */
-    double epsilon_low;                    /* default 0.2                                */
-    double epsilon_high;                   /* < 0: same as epsilon_low (default)         */
-    double delta;                          /* <= 0: off (default); else two-sided clip   */
-    double beta;                           /* default 0; != 0 needs ref_logp             */
-    int64_t max_completion_length;         /* <= 0: T (default); dr_grpo's normalizer    */
-    double num_items_in_batch;             /* < 0: number of unmasked tokens (default)   */
-    double sapo_temperature_pos;           /* default 1.0                                */
-    double sapo_temperature_neg;           /* default 1.05                               */
+    double epsilon_low;                    /* >= 0; default 0.2                          */
+    double epsilon_high;                   /* >= 0, or FG_EPSILON_HIGH_SAME_AS_LOW (default) */
+    double delta;                          /* > 0: two-sided clip; FG_DELTA_OFF (default) */
+    double beta;                           /* >= 0; default 0; != 0 needs ref_logp      */
+    int64_t max_completion_length;         /* >= 1: dr_grpo's normalizer, or
+                                              FG_MAX_COMPLETION_LENGTH_T (default)      */
+    double num_items_in_batch;             /* > 0, or FG_NUM_ITEMS_UNMASKED (default)    */
+    double sapo_temperature_pos;           /* > 0; default 1.0                           */
+    double sapo_temperature_neg;           /* > 0; default 1.05                          */
     int use_bias_correction_kl;            /* default 0                                  */
-    double entropy_coef;                   /* default 0                                  */
-    double vespo_k_pos;                    /* default 2.0  (vespo's gamma weight, A >= 0) */
-    double vespo_lambda_pos;               /* default 3.0                                */
-    double vespo_k_neg;                    /* default 3.0  (A < 0)                       */
-    double vespo_lambda_neg;               /* default 2.0                                */
+    double entropy_coef;                   /* finite; default 0                          */
+    double vespo_k_pos;                    /* > 0; default 2.0 (vespo's gamma weight, A >= 0) */
+    double vespo_lambda_pos;               /* > 0; default 3.0                           */
+    double vespo_k_neg;                    /* > 0; default 3.0  (A < 0)                  */
+    double vespo_lambda_neg;               /* > 0; default 2.0                           */
     double off_policy_mask_threshold;      /* +INFINITY: off (default); else drop the
                                               policy term of sequences with A < 0 whose
                                               mean (sampling_logp - logp) exceeds it    */
@@ -222,8 +252,15 @@ typedef struct fg_linear_outputs {
                               call adds its gradient to them (micro-batches,
                               gradient accumulation): the first chunk's GEMM sums
                               into the caller's buffer, so no extra V x H buffer
-                              or pass (a bf16 grad_weight with float32 sums: they
-                              are added to it in their one rounding pass).
+                              (a bf16 grad_weight with float32 sums: they are
+                              added to it in their one rounding pass). A call
+                              refused mid-way leaves both as they were: with
+                              several chunks summing into the caller's
+                              grad_weight, every token's log-prob is computed
+                              first, one more logits product per token, unless
+                              the inputs alone rule a refusal out (token-level
+                              losses with beta = 0; docs/LOSS_SPEC.md "Option
+                              ranges and overflow").
                               grad_hidden is always overwritten.                */
 } fg_linear_outputs;
 
@@ -280,11 +317,17 @@ typedef struct fg_communicator {
  * trades speed for memory. */
 #define FG_DEFAULT_MEMORY_BUDGET ((size_t)256 << 20)
 
+/* The most threads a context or a call may ask for (fg_context_options.threads,
+ * fg_exec.threads): more is refused with FG_ERR_BAD_HYPERPARAMETER before
+ * anything runs (OpenMP would try to start them all). */
+#define FG_MAX_THREADS 4096
+
 typedef struct fg_context_options {
     fg_backend backend;   /* FG_BACKEND_CPU                                          */
-    int threads;          /* <= 0: the OpenMP default                                */
+    int threads;          /* <= 0: the OpenMP default; at most FG_MAX_THREADS        */
     size_t memory_budget; /* working-memory cap of the fused path; 0: the default    */
-    int check_finite;     /* 1 (default): scan read inputs for NaN/Inf up front      */
+    int check_finite;     /* 1 (default): scan read inputs for NaN/Inf up front, and
+                             bound the logits and gradients (FG_ERR_OVERFLOW)        */
     void *stream;         /* backend stream (CUDA); NULL on the CPU                  */
     fg_communicator comm; /* vocab-sharding hook; zeroed = single shard              */
 } fg_context_options;
@@ -315,7 +358,8 @@ fg_status fg_context_set_check_finite(fg_context *ctx, int on);
  *   written.
  */
 typedef struct fg_exec {
-    int threads;            /* <= 0: the context's (fg_context_options.threads)     */
+    int threads;            /* <= 0: the context's (fg_context_options.threads);
+                               at most FG_MAX_THREADS                                */
     size_t memory_budget;   /* 0: the context's (fg_context_options.memory_budget) */
     void *workspace;        /* NULL: the context's arena, kept for reuse            */
     size_t workspace_bytes;
@@ -431,7 +475,7 @@ typedef struct fg_linear_plan_info {
                                   widened in tiles); FG_DTYPE_F32 for f32 inputs       */
     int64_t later_chunk_rows;  /* rows of each chunk after the first (the last may hold
                                   fewer): chunk_rows, or fewer where the first chunk
-                                  holds the rows past whole row groups             */
+                                  holds the rows past whole logits blocks          */
     size_t grad_weight_sum_bytes; /* a bf16 grad_weight's float32 sums over the chunks
                                   ([V, H] floats, part of fixed_bytes); 0 when it is
                                   summed chunk by chunk in bf16, or is float32     */

@@ -23,8 +23,8 @@ fi
 export PIP_ROOT_USER_ACTION=ignore
 pipq() { "$py" -m pip install -q --disable-pip-version-check "$@"; }
 
-echo "python_test: pip install pytest numpy scikit-build-core pyyaml"
-pipq pytest numpy "scikit-build-core>=0.10" pyyaml
+echo "python_test: pip install pytest numpy scikit-build-core pyyaml hypothesis"
+pipq pytest numpy "scikit-build-core>=0.10" pyyaml hypothesis
 
 if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ]; then
   limit="${FG_PY_OPTIONAL_TIMEOUT:-900}"

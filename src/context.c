@@ -53,6 +53,8 @@ fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
         fg_context_options_init(&o);
     if (o.backend != FG_BACKEND_CPU)
         return FG_ERR_UNSUPPORTED; /* the CUDA backend is not part of this build */
+    if (o.threads > FG_MAX_THREADS)
+        return FG_ERR_BAD_HYPERPARAMETER; /* no context yet to hold a message */
     if (!o.memory_budget)
         o.memory_budget = FG_DEFAULT_MEMORY_BUDGET;
     fg_context *ctx = fg_fault_hit() ? NULL : calloc(1, sizeof *ctx);
@@ -134,6 +136,10 @@ fg_status fg_call_begin(fg_context *ctx, const fg_exec *exec, fg_call *call)
     if (!e.workspace && e.workspace_bytes)
         return fg_fail(&ctx->error, FG_ERR_NULL_ARGUMENT,
                        "exec->workspace_bytes is set but exec->workspace is NULL");
+    if (e.threads > FG_MAX_THREADS)
+        return fg_fail(&ctx->error, FG_ERR_BAD_HYPERPARAMETER,
+                       "exec->threads = %d is above FG_MAX_THREADS = %d", e.threads,
+                       FG_MAX_THREADS);
     call->ctx = ctx;
     call->err = &ctx->error;
     call->threads = e.threads > 0 ? e.threads

@@ -7,6 +7,7 @@
 
 #include "loss_math.h"
 #include "sweep.h"
+#include "validate.h"
 #include "workspace.h"
 
 /* Workspace the shared per-call state needs: the loss plan's scratch, the
@@ -41,10 +42,26 @@ void fg_common_prepare(fg_common *c);
 void fg_zero_masked_rows(const fg_common *c, int64_t N, void *base, size_t stride_bytes,
                          size_t row_bytes);
 
-/* The outputs every entry point shares: loss and metrics (loss NULL: the
- * loss is the caller's, nothing is evaluated), the per-token logp and
- * entropy when wanted (NULL: not). */
-void fg_common_finish(fg_common *c, const fg_batch *batch, double *loss, fg_metrics *metrics,
-                      float *logp, float *entropy);
+/* The checks of tokens tok[0..count) once their logp and entropy are in
+ * c->ta, before anything they feed is written. Their statistics must be
+ * finite: when not, FG_ERR_OVERFLOW if the inputs were scanned (`scanned`:
+ * finite, and the logits bounded), else FG_ERR_NONFINITE_INPUT (the finite
+ * check was off). With `gb` (after fg_loss_prepare), each token's loss term,
+ * d loss/d logp and d loss/d entropy must be finite too
+ * (fg_loss_token_overflow), and the gradient they give within gb
+ * (fg_grad_bound_add; its scales 0 when the inputs were not scanned).
+ * Messages name the token (b, t) and the quantity. */
+fg_status fg_common_check_tokens(const fg_common *c, fg_error *err, const int64_t *tok,
+                                 int64_t count, int scanned, fg_grad_bound *gb);
+
+/* The loss and metrics (fg_loss_prepare first, a no-op if the sweep ran
+ * it): FG_ERR_OVERFLOW if the loss or a metric is not finite (the clip
+ * extremes' NaN of an all-masked batch excepted). Writes only *loss and
+ * *metrics, the caller's copies to commit on success. */
+fg_status fg_common_evaluate(fg_common *c, fg_error *err, double *loss, fg_metrics *metrics);
+
+/* The per-token outputs: logp and entropy when wanted (NULL: not), 0 at
+ * masked positions. */
+void fg_common_commit(const fg_common *c, const fg_batch *batch, float *logp, float *entropy);
 
 #endif

@@ -179,7 +179,7 @@ fg_status fg_gemm_cache_create(fg_gemm_cache **out)
     }
     /* Probe once: does this CPU have oneDNN bf16 matmul kernels? */
     fg_gemm_shape probe = {16, 16, 16, FG_DTYPE_BF16, FG_DTYPE_BF16, FG_DTYPE_F32,
-                           16, 1, 16, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0};
+                           16, 1, 16, 1, 16, 0, 0, 0, 0, 0, 0, 0};
     gemm_slot tmp;
     memset(&tmp, 0, sizeof tmp);
     const int probed = create_primitive(c, &probe, &tmp);
@@ -287,42 +287,35 @@ static fg_status slot_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int work
  * blocks do not depend on the thread count, and each runs on one thread with
  * its whole K, so C's bits do not either (oneDNN's own thread split may cut K
  * and sum partial products in an order set by the thread count). Every worker
- * has its own scratchpad.
+ * has its own scratchpad. Row blocks are of two kinds, full (bm rows) and
+ * last (the rest); each kind has a primitive per column kind (full, last).
  *
- * With a row granule g, bm is a multiple of g and the M % g rows past the
- * last whole group (the tail) run as one more block row of g rows: A's tail
- * rows copied once into a zero-padded [g, K] scratch shared by the workers,
- * C's into a [g, TAIL_BLOCK_N] scratch of the worker's own, so that every
- * row of C comes out of a full register tile. The tail's column blocks are
- * narrower than the body's, to keep that scratch (part of the smallest
- * budget) small; both start at multiples of the column granule, so a column
- * keeps its place in a kernel tile. The scratch is laid out as
- * [padded A][worker 0]...[worker n-1]. Row blocks are of three kinds: full
- * (bm rows), last (the rest of the whole groups) and tail; each kind has a
- * primitive per column kind.
+ * With fixed_blocks (gemm_onednn.h) every block is a whole bm-row one: A's
+ * rows past the last whole block are copied once into a zero-padded
+ * [bm, a_rs] scratch shared by the workers, and every block writes a
+ * [bm, bn] tile of C of its worker's own, at a stride of bn, whose real rows
+ * are then copied to C. Every primitive call then has the same M, N (the
+ * last column block's is fixed by N), K, strides and dtypes in every product
+ * of these N and K, whatever M.
  *
  * With split_k (gemm_onednn.h), K may be cut into kp pieces: the first (the
  * longest, K - (kp-1)·kb) writes C as the product asks, each later one (kb
- * long) a partial [bm, bn] of its own in the shared scratch, after the padded
- * A; the partials are then added to C in piece order, so each element's sum
- * runs in the same order for any thread count. Blocks are numbered piece by
- * piece, then the tail: t = q·tm·tn + i·tn + j. */
-enum { ROWS_FULL, ROWS_LAST, ROWS_TAIL };
-#define TAIL_BLOCK_N 96
-_Static_assert(TAIL_BLOCK_N % FG_LOGITS_COL_GRANULE == 0, "tail blocks start at column groups");
-_Static_assert(FG_BLOCK_LOGITS_N % FG_LOGITS_COL_GRANULE == 0, "blocks start at column groups");
-_Static_assert(FG_BLOCK_LOGITS_M % FG_LOGITS_ROW_GRANULE == 0, "blocks hold whole row groups");
+ * long) a partial [bm, bn] of its own in the shared scratch; the partials are
+ * then added to C in piece order, so each element's sum runs in the same
+ * order for any thread count. Blocks are numbered piece by piece:
+ * t = q·tm·tn + i·tn + j. The scratch is laid out as [padded A][partials]
+ * [worker 0]...[worker n-1]. */
+enum { ROWS_FULL, ROWS_LAST };
 
 typedef struct blocking {
-    int64_t bm, bn, tm, tn; /* body blocks: rows, columns, block rows and columns */
-    int64_t tbn, ttn;       /* tail blocks: columns, block columns (0: no tail)  */
-    int64_t g, tail;        /* row granule (1: none), rows in the tail   */
+    int64_t bm, bn, tm, tn; /* blocks: rows, columns, block rows and columns */
     int64_t kp, kb;         /* K pieces (1: whole K), a later piece's K  */
-    gemm_slot *slot[3][2][2]; /* [row kind][last block column][later piece]; NULL: none */
+    int fixed;              /* fixed_blocks: every block bm rows, C through a tile */
+    gemm_slot *slot[2][2][2]; /* [row kind][last block column][later piece]; NULL: none */
     size_t native_bytes;    /* one worker's oneDNN scratchpad, rounded   */
-    size_t apad_bytes;      /* the padded A tail, shared, rounded        */
+    size_t apad_bytes;      /* the padded A rows (fixed blocks), shared, rounded */
     size_t partial_bytes;   /* the later pieces' partials, shared, rounded */
-    size_t per_worker;      /* one worker's scratch: oneDNN's + C's tail */
+    size_t per_worker;      /* one worker's scratch: oneDNN's + C's tile (fixed blocks) */
     int workers;            /* memory-object sets prepared: min(threads, blocks) */
 } blocking;
 
@@ -330,7 +323,6 @@ typedef struct blocking {
 static int block_shape(const fg_gemm_shape *s, const blocking *b, int kind, int last_col, int later,
                        fg_gemm_shape *u)
 {
-    const int64_t body = s->M - b->tail;
     *u = *s;
     if (later && b->kp < 2)
         return 0;
@@ -342,57 +334,49 @@ static int block_shape(const fg_gemm_shape *s, const blocking *b, int kind, int 
             u->has_bias = 0;
         }
     }
-    if (kind == ROWS_TAIL)
-        u->N = last_col ? s->N - (b->ttn - 1) * b->tbn : b->tbn;
-    else
-        u->N = last_col ? s->N - (b->tn - 1) * b->bn : b->bn;
-    switch (kind) {
-    case ROWS_FULL:
+    u->N = last_col ? s->N - (b->tn - 1) * b->bn : b->bn;
+    if (b->fixed) { /* one row kind: whole blocks into a worker's tile */
+        u->M = b->bm;
+        u->c_ld = b->bn;
+        return kind == ROWS_FULL;
+    }
+    if (kind == ROWS_FULL) {
         u->M = b->bm;
         return b->tm > 1;
-    case ROWS_LAST:
-        u->M = body - (b->tm - 1) * b->bm;
-        return b->tm > 0;
-    default: /* the padded scratches: A row-major [g, K], C [g, tbn] */
-        u->M = b->g;
-        u->a_rs = s->K;
-        u->a_cs = 1;
-        u->c_ld = b->tbn;
-        return b->tail > 0;
     }
+    u->M = s->M - (b->tm - 1) * b->bm;
+    return b->tm > 0;
 }
 
 static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int threads, blocking *b,
                                  fg_error *err)
 {
     memset(b, 0, sizeof *b);
-    b->g = s->row_granule > 1 ? s->row_granule : 1;
-    const int split = s->split_k > 0 && b->g == 1 && s->c_type == FG_DTYPE_F32;
-    b->bm = s->block_m > 0 && s->block_m < s->M ? s->block_m : s->M;
+    b->fixed = s->fixed_blocks && s->block_m > 0;
+    if (b->fixed && (s->accumulate || s->split_k > 0 || s->a_cs != 1 || s->a_rs < s->K))
+        return fg_fail(err, FG_ERR_BACKEND, "internal: fixed blocks take a row-major A, the "
+                                            "whole K and no accumulation");
+    const int split = s->split_k > 0 && s->c_type == FG_DTYPE_F32;
+    b->bm = b->fixed || (s->block_m > 0 && s->block_m < s->M) ? s->block_m : s->M;
     if (split && b->bm < s->M) /* M / block_m blocks of about equal rows (>= block_m
                                   but the last, shorter by up to one row per block) */
         b->bm = (s->M + s->M / b->bm - 1) / (s->M / b->bm);
-    b->bm = b->bm / b->g * b->g; /* whole groups (0 when M < g: all tail) */
-    b->bm = b->bm > 0 ? b->bm : b->g;
     b->bn = s->block_n > 0 && s->block_n < s->N ? s->block_n : s->N;
-    b->tail = s->M % b->g;
-    b->tm = (s->M - b->tail + b->bm - 1) / b->bm;
+    b->tm = (s->M + b->bm - 1) / b->bm;
     b->tn = (s->N + b->bn - 1) / b->bn;
     b->kp = 1;
     /* Too few blocks to share: on AVX2, halve the columns first, while a
      * block's rows still take oneDNN's packed kernels (fg_gemm_fast_rows),
      * then cut K. Fewer K pieces hold fewer partials: a 410-row chunk's
      * grad_hidden at H = 2048 held 3 of [410, 2048] (10 MB), as 2 x 2 blocks
-     * of 1024 columns it holds 2 of [410, 1024] (3.4 MB), and the budget's
-     * chunks at T = 2048, 256 MiB become whole row groups (416 + 4 x 408
-     * rows: one padded logits group, as the materialized path has, not four;
-     * at H = 4096, 5 chunks rather than 6). One thread's block rates
+     * of 1024 columns it holds 2 of [410, 1024] (3.4 MB), room the budget's
+     * chunks take (at H = 4096, 5 chunks rather than 6). One thread's block rates
      * (bench/block_probe.c) were the same within that probe's spread (73-77
      * GFLOP/s either way, two rounds). At H = 1024 the halved block (512
      * columns) would need 542 rows in every block row: unchanged. AVX-512's
      * kernel choice follows other rules, unmeasured: unchanged there. */
     if (split && c->avx2_kernels) {
-        const int64_t last_rows = s->M - (b->tm - 1) * b->bm; /* no tail under split */
+        const int64_t last_rows = s->M - (b->tm - 1) * b->bm;
         const int64_t rows = last_rows < b->bm ? last_rows : b->bm;
         while (b->tm * b->tn < s->split_k && b->bn > 1) {
             const int64_t bn = (b->bn + 1) / 2, tn = (s->N + bn - 1) / bn, last = s->N - (tn - 1) * bn;
@@ -408,14 +392,10 @@ static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int t
         b->kp = want < most ? want : most > 1 ? most : 1;
         b->kb = s->K / b->kp;
     }
-    if (b->tail) {
-        b->tbn = b->bn < TAIL_BLOCK_N ? b->bn : TAIL_BLOCK_N;
-        b->ttn = (s->N + b->tbn - 1) / b->tbn;
-    }
     b->workers = threads < 1 ? 1 : threads;
-    if ((int64_t)b->workers > b->tm * b->tn * b->kp + b->ttn)
-        b->workers = (int)(b->tm * b->tn * b->kp + b->ttn);
-    for (int k = 0; k < 3; k++)
+    if ((int64_t)b->workers > b->tm * b->tn * b->kp)
+        b->workers = (int)(b->tm * b->tn * b->kp);
+    for (int k = 0; k < 2; k++)
         for (int j = 0; j < 2; j++)
             for (int q = 0; q < 2; q++) {
                 fg_gemm_shape u;
@@ -429,7 +409,7 @@ static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int t
             }
     /* The shapes were found or made in turn: look them up again in case a
      * later one evicted an earlier one (only with a tiny cache). */
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 2; k++)
         for (int j = 0; j < 2; j++)
             for (int q = 0; q < 2; q++) {
                 fg_gemm_shape u;
@@ -438,10 +418,11 @@ static fg_status blocked_prepare(fg_gemm_cache *c, const fg_gemm_shape *s, int t
             }
     b->partial_bytes =
         fg_ws_round((size_t)((b->kp - 1) * b->tm * b->tn * b->bm * b->bn) * sizeof(float));
-    if (b->tail) {
-        b->apad_bytes = fg_ws_round((size_t)(b->g * s->K) * fg_dtype_size(s->a_type));
+    if (b->fixed) {
+        if (s->M % b->bm)
+            b->apad_bytes = fg_ws_round((size_t)(b->bm * s->a_rs) * fg_dtype_size(s->a_type));
         b->per_worker =
-            b->native_bytes + fg_ws_round((size_t)(b->g * b->tbn) * fg_dtype_size(s->c_type));
+            b->native_bytes + fg_ws_round((size_t)(b->bm * b->bn) * fg_dtype_size(s->c_type));
     } else {
         b->per_worker = b->native_bytes;
     }
@@ -465,23 +446,22 @@ static void copy_block(unsigned char *dst, int64_t d_rs, const unsigned char *sr
 }
 
 /* Runs block t on worker w; `scratch` as blocked_prepare lays it out, the
- * padded A tail (if any) already filled. */
+ * padded A rows (if any) already filled. */
 static int run_block(fg_gemm_cache *c, const fg_gemm_shape *s, const blocking *b,
                      int64_t t, int w, const void *A, const void *B, void *C, const void *bias,
                      unsigned char *scratch)
 {
-    const int64_t body = b->tm * b->tn, q = t < body * b->kp ? t / body : 0;
+    const int64_t body = b->tm * b->tn, q = t / body;
     t -= q * body;
-    const int tail = t >= body;
-    const int64_t i = tail ? b->tm : t / b->tn, j = tail ? t - body : t % b->tn;
-    const int kind = tail ? ROWS_TAIL : i == b->tm - 1 ? ROWS_LAST : ROWS_FULL;
-    const gemm_slot *slot = b->slot[kind][j == (tail ? b->ttn : b->tn) - 1][q > 0];
+    /* fixed blocks run a column's blocks one after another: its weight block
+     * (1008 rows x K) is then read from memory once, not once a block row */
+    const int64_t i = b->fixed ? t % b->tm : t / b->tn, j = b->fixed ? t / b->tm : t % b->tn;
+    const int kind = b->fixed || i < b->tm - 1 ? ROWS_FULL : ROWS_LAST;
+    const gemm_slot *slot = b->slot[kind][j == b->tn - 1][q > 0];
     const size_t ea = fg_dtype_size(s->a_type), eb = fg_dtype_size(s->b_type),
                  ec = fg_dtype_size(s->c_type);
-    /* The tail's rows start after the whole groups, not at i * bm: the block
-     * row before it may be short. */
-    const int64_t r0 = tail ? s->M - b->tail : i * b->bm;
-    const int64_t c0 = j * (tail ? b->tbn : b->bn), nb = slot->shape.N;
+    const int64_t r0 = i * b->bm, c0 = j * b->bn, nb = slot->shape.N;
+    const int64_t rows = s->M - r0 < b->bm ? s->M - r0 : b->bm;
     unsigned char *const mine =
         scratch ? scratch + b->apad_bytes + b->partial_bytes + (size_t)w * b->per_worker : NULL;
     /* Piece q's K starts after the first piece and q - 1 later ones. */
@@ -490,15 +470,10 @@ static int run_block(fg_gemm_cache *c, const fg_gemm_shape *s, const blocking *b
     unsigned char *cc = (unsigned char *)C + (size_t)(r0 * s->c_ld + c0) * ec;
     if (q > 0)
         cc = scratch + b->apad_bytes + (size_t)(((q - 1) * body + t) * b->bm * b->bn) * sizeof(float);
-    if (tail) {
-        unsigned char *cpad = mine + b->native_bytes;
-        if (s->accumulate) { /* C's rows in; the padding rows zero, never stale */
-            copy_block(cpad, b->tbn, cc, s->c_ld, 1, b->tail, nb, ec);
-            memset(cpad + (size_t)(b->tail * b->tbn) * ec, 0,
-                   (size_t)((b->g - b->tail) * b->tbn) * ec);
-        }
-        a = scratch;
-        cc = cpad;
+    if (b->fixed) { /* a whole block: the padded copy of A's last rows, C in the tile */
+        if (rows < b->bm)
+            a = scratch;
+        cc = mine + b->native_bytes;
     }
     void *const handle[MEM_COUNT] = {a, (unsigned char *)B + (size_t)(c0 * s->b_cs + k0 * s->b_rs) * eb, cc,
                                      bias ? (unsigned char *)bias + (size_t)c0 * eb : NULL,
@@ -518,9 +493,9 @@ static int run_block(fg_gemm_cache *c, const fg_gemm_shape *s, const blocking *b
     if (dnnl_primitive_execute(slot->prim, c->streams[w], nargs, args) != dnnl_success ||
         dnnl_stream_wait(c->streams[w]) != dnnl_success)
         return 1;
-    if (tail) /* the real rows back to C */
-        copy_block((unsigned char *)C + (size_t)(r0 * s->c_ld + c0) * ec, s->c_ld, cc, b->tbn, 1,
-                   b->tail, nb, ec);
+    if (b->fixed) /* the real rows to C */
+        copy_block((unsigned char *)C + (size_t)(r0 * s->c_ld + c0) * ec, s->c_ld, cc, b->bn, 1,
+                   rows, nb, ec);
     return 0;
 }
 
@@ -534,15 +509,16 @@ static fg_status native_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void
         return st;
     const double t0 = omp_get_wtime();
     int failed = 0;
-    const int64_t blocks = b.tm * b.tn * b.kp + b.ttn;
+    const int64_t blocks = b.tm * b.tn * b.kp;
     workers = workers < b.workers ? workers : b.workers;
     workers = workers < 1 ? 1 : workers;
-    if (b.tail) { /* A's tail rows, zero-padded to a whole group */
+    if (b.apad_bytes) { /* A's rows past the last whole block, zero-padded to a whole one */
         const size_t ea = fg_dtype_size(s->a_type);
+        const int64_t r0 = (b.tm - 1) * b.bm;
         unsigned char *apad = scratch;
-        copy_block(apad, s->K, (const unsigned char *)A + (size_t)((s->M - b.tail) * s->a_rs) * ea,
-                   s->a_rs, s->a_cs, b.tail, s->K, ea);
-        memset(apad + (size_t)(b.tail * s->K) * ea, 0, (size_t)((b.g - b.tail) * s->K) * ea);
+        memset(apad, 0, (size_t)(b.bm * s->a_rs) * ea);
+        copy_block(apad, s->a_rs, (const unsigned char *)A + (size_t)(r0 * s->a_rs) * ea, s->a_rs,
+                   1, s->M - r0, s->K, ea);
     }
 #pragma omp parallel num_threads(workers) reduction(| : failed)
     {
@@ -577,7 +553,7 @@ static fg_status native_run(fg_gemm_cache *c, const fg_gemm_shape *s, const void
                        (long long)s->M, (long long)s->N, (long long)s->K);
     if (stats) {
         stats->seconds += omp_get_wtime() - t0;
-        stats->flops += 2 * s->M * s->N * s->K;
+        stats->flops += 2 * (b.fixed ? b.tm * b.bm : s->M) * s->N * s->K; /* padded rows too */
     }
     return FG_OK;
 }
@@ -646,11 +622,10 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
                                4 K pieces of 2048) */
     int64_t rows = (int64_t)(s->tile_bytes / ((size_t)other * sizeof(float)));
     rows = rows < TILE_MIN_ROWS ? TILE_MIN_ROWS : rows;
-    if (t->along_n && s->col_granule > 1) /* tiles cut N at whole column groups */
-        rows = rows < s->col_granule ? s->col_granule : rows / s->col_granule * s->col_granule;
-    if (t->along_n && s->block_n > 0 && rows > s->block_n) /* and at whole column blocks: a
-        tile's last block narrower than 264 columns would run oneDNN's no-copy kernels */
-        rows = rows / s->block_n * s->block_n;
+    if (t->along_n && s->block_n > 0) /* tiles of whole column blocks, at least one: a block
+        then lies at the same columns, and is the same product, in every call whatever the tile
+        size (the chunk's), and no tile ends in a block narrower than the product's last */
+        rows = rows < s->block_n ? s->block_n : rows / s->block_n * s->block_n;
     t->rows = rows < t->len ? rows : t->len;
     t->tiles = (t->len + t->rows - 1) / t->rows;
     t->btile_bytes = fg_ws_round((size_t)t->rows * (size_t)t->ld * sizeof(float));

@@ -42,12 +42,13 @@ typedef struct fg_gemm_shape {
                            products never take the tile path) */
     int64_t block_m, block_n; /* C is computed in fixed blocks of this size (<= 0:
                                  whole), each by one thread with its whole K */
-    int64_t row_granule; /* > 1: C's rows are computed in whole groups of this
-                            many, whatever M, so that a row's bits do not
-                            depend on where it lies (FG_LOGITS_ROW_GRANULE) */
-    int64_t col_granule; /* > 1: the tile path cuts N only at multiples of this
-                            (FG_LOGITS_COL_GRANULE); block_n must be one */
-    int64_t split_k;    /* > 0 (f32 C, no row granule): rows are cut into
+    int fixed_blocks;   /* 1 (block_m > 0; row-major A, whole K, no accumulation):
+                           every primitive call is one whole block_m x block_n
+                           block (the last column block N mod block_n wide), the
+                           rows past the last whole block run zero-padded and C
+                           goes through a tile, so that a row's bits depend on
+                           neither M nor where the row lies (FG_BLOCK_LOGITS_M) */
+    int64_t split_k;    /* > 0 (f32 C): rows are cut into
                            max(1, M / block_m) blocks of about equal rows (so
                            about block_m or more), and when C then has fewer than
                            split_k blocks, the columns are halved (where oneDNN
@@ -61,7 +62,7 @@ typedef struct fg_gemm_shape {
  * depend only on the shape, never on the thread count, which makes every
  * path bitwise identical for any thread count. Sized so that each block is
  * a full-speed single-thread GEMM and there are enough blocks to share:
- *   logits      [tokens, V]  = hidden · Wᵀ     K = H: 504 x 1008
+ *   logits      [tokens, V]  = hidden · Wᵀ     K = H: 144 x 1008, every call
  *   grad_hidden [tokens, H]  = dlogits · W     K = V: >= 512 x up to 2048,
  *                                               then (AVX2) columns halved
  *                                               while packed, K in pieces,
@@ -78,57 +79,61 @@ typedef struct fg_gemm_shape {
  * a weight tile's rows (32 MiB of f32 at most): at H = 4096 that is 2048
  * rows, too few to cut, but N then gives two blocks (four on AVX2 from 355
  * rows, columns halved). */
-#define FG_BLOCK_LOGITS_M 504  /* a multiple of FG_LOGITS_ROW_GRANULE */
-#define FG_BLOCK_LOGITS_N 1008 /* a multiple of FG_LOGITS_COL_GRANULE */
 #define FG_BLOCK_DHIDDEN_M 512
 #define FG_BLOCK_DHIDDEN_N 2048
 #define FG_BLOCK_DHIDDEN_SPLIT_K 4
 #define FG_GEMM_MIN_PIECE_K 2048 /* measured at full speed from K = 2048 (m = 410, n = 1024) */
 #define FG_BLOCK_DWEIGHT_M 1024
 
-/* The logits product's granules: a token's logits, so its log-prob, must not
- * depend on where its row lies in the call, nor on the chunk size. A training
- * loop scores the same tokens in passes that order and chunk them
- * differently (TRL shuffles the batch between the old/reference passes and
- * the loss), and a k3 KL of 1e-13 where it should be 0 is a gradient that
- * Adam turns into a full step. oneDNN's sgemm computes C in register tiles
- * and runs a last partial tile with other code whose rounding differs:
- *   rows: measured on AVX2, groups of 6 within a product (4, 8 and 16 do
- *     not; before this, 1-2 rows of 115-333 moved by up to 2e-6 when
- *     permuted); 8 assumed on AVX-512 (its 48x8 sgemm kernel, not measured);
- *     24 measured under DNNL_MAX_CPU_ISA=SSE41. 24 on every ISA: with 6 on
- *     AVX2 (tried, and 3% faster at T = 2048, H = 1024, f32), a row of a
- *     product's last group moved by up to 3e-6 when the same rows ran one
- *     group later (M = 336 against 342, K = 301, oneDNN's no-copy kernels;
- *     tests/test_row_position.c, the GEMM layer's check (c)), which 24 does
- *     not. The M % 24 rows past the last whole group run padded to a whole
- *     group (gemm_onednn.c, blocking): 24 x 96 blocks at 34.5 GFLOP/s a core
- *     (bench/block_probe.c), about 0.1 s a 410-row chunk at H = 1024, so the
- *     driver pads its chunks to whole groups where the budget holds it
- *     (linear_grpo.c).
- *   regimes: past one of oneDNN's K blocks (K = 1031, not 301), a block of
- *     C run with the packed kernels (1/m + 1/n < 0.0038, see below) sums in
- *     another order than one run with the no-copy kernels, so a row is
- *     guaranteed its bits only among products whose blocks holding it take the same
- *     kind: measured 333 of 333 rows apart between a 336- and a 360-row
- *     product at K = 1031 (docs/LOSS_SPEC.md states the guarantee).
- *   columns: the tile path (bf16 weights on CPUs without bf16 GEMMs) cuts N
- *     into tiles whose width followed the chunk size, and a column's bits
- *     moved with it (measured on AVX2: a third of the rows of a 1-row-chunk
- *     call differed from a one-chunk call); tiles and column blocks are
- *     whole multiples of 48 (16 on AVX2, 48 assumed on AVX-512), so a
- *     column sits at the same place of a kernel tile in every call.
- * tests/test_row_position.c checks both (bitwise where oneDNN runs at most
- * AVX2 and the rows stay in one kind of block; on AVX-512 it prints how many
- * rows were not, until measured). */
-#define FG_LOGITS_ROW_GRANULE 24
-#define FG_LOGITS_COL_GRANULE 48
+/* The logits product's blocks: a token's logits, so its log-prob, must not
+ * depend on where its row lies in the call, nor on the chunk size or the
+ * path. A training loop scores the same tokens in passes that order and
+ * chunk them differently (TRL shuffles the batch between the old/reference
+ * passes and the loss), and a k3 KL of 1e-13 where it should be 0 is a
+ * gradient that Adam turns into a full step.
+ *
+ * oneDNN picks a product's kernel and its K blocking, and so each element's
+ * summation order, from the shape it is given: M, N, K, the leading
+ * dimensions and transposes (oneDNN 2.6, src/cpu/x64/gemm/gemm_driver.cpp:
+ * nocopy_checker_avx2 / nocopy_checker_avx512 choose no-copy or packed
+ * kernels from m, n, k, lda, ldb, ldc; get_k_padd and set_thread_opts cut K
+ * from the sizes; on AVX-512, src/cpu/matmul/cpu_matmul_list.cpp tries
+ * brgemm_matmul_t<avx512_core> first, whose blocking
+ * (src/cpu/x64/matmul/brgemm_matmul_utils.cpp) follows M, N and K too). None
+ * of it reads the data. Measured: on AVX2, 333 of 333 rows
+ * apart between a 336- and a 360-row product at K = 1031; on AVX-512 (Zen 4),
+ * 19 of 115 rows apart between a product padded to whole 24-row groups and
+ * the same rows inside a longer one, at K = 1031.
+ *
+ * So every primitive call of the logits product has one shape: 144 rows x
+ * 1008 columns x the whole K (the last column block V mod 1008 wide: fixed
+ * by V), the same strides and dtypes, C written to a worker's own tile at a
+ * stride of 1008 (fg_gemm_shape.fixed_blocks). A product's rows past its last
+ * whole block run as a whole block of zero-padded rows; the bf16 tile path's
+ * tiles are whole column blocks. oneDNN then makes the same choices for
+ * every call, and a row's sums do not depend on M. Within the one shape a
+ * row must not depend on its place either: oneDNN's sgemm kernels run a
+ * partial register tile with other code (measured on AVX2: groups of 4, 8
+ * or 16 rows moved a row's bits, 6 did not). Its tiles hold 4 (AVX2 packed),
+ * 6 (AVX2 no-copy) or 8 (AVX-512) of the product's rows (the n of oneDNN's
+ * column-major gemm), and 144 is a whole number of each (and of 48, 24, 16,
+ * 9 and 3), so every row sits in a full tile at any place; brgemm (AVX-512
+ * matmul) blocks the one M the same way in every call. Checked bitwise on
+ * AVX2 and SSE4.1 kernels with rows moved by 1 and 149 places
+ * (tests/test_row_position.c, which asserts it on every ISA; AVX-512 not
+ * yet run). The cost: up to 143 padded rows a product (the planner cuts
+ * chunks in whole blocks, linear_grpo.c; a chunk of fewer rows pays for
+ * 144), and C copied once from the tile (bench/results/row_position_cost). */
+#define FG_BLOCK_LOGITS_M 144
+#define FG_BLOCK_LOGITS_N 1008
 
 /* The most a converted bf16 weight tile holds (tile path only): >= 1024
  * weight rows at H = 4096, enough for the per-tile GEMMs to run at full
  * speed. Drivers size tiles below it (fg_gemm_shape.tile_bytes). The cap
  * counts rows x H floats; a tile's rows are stored up to 32 floats apart
- * more (gemm_onednn.c, tile_ld), and the scratch need counts that. */
+ * more (gemm_onednn.c, tile_ld), and the scratch need counts that. A logits
+ * tile holds whole column blocks, at least one (FG_BLOCK_LOGITS_N rows,
+ * past the cap only for H > 8192). */
 #define FG_TILE_CAP_BYTES ((size_t)32 << 20)
 
 /* The fewest rows m of a block n columns wide that oneDNN 2.6's sgemm runs

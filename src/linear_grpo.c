@@ -6,8 +6,8 @@
  *
  *   for each chunk of rows R:                       shapes
  *     hbuf   = hidden[R]                            [Nc, H]   gather
- *     logits = hbuf · Wᵀ + bias                     [Nc, V]   GEMM 1 (rows padded
- *                                                   to the row granule: padded_rows)
+ *     logits = hbuf · Wᵀ + bias                     [Nc, V]   GEMM 1 (in whole
+ *                                                   144-row blocks: gemm_onednn.h)
  *     per row: lse, logp, entropy, then d loss/d logits (in place, or bf16)
  *     grad_bias   += Σ_rows dlogits                 [V]
  *     grad_hidden[R] = dlogits · W                  [Nc, H]   GEMM 2
@@ -27,6 +27,7 @@
  * Materialized (FG_IMPL_MATERIALIZED): the plain baseline, one chunk of all
  * rows with a separate [N, V] dlogits buffer, as a framework holds them.
  */
+#include <math.h>
 #include <omp.h>
 #include <string.h>
 
@@ -69,6 +70,15 @@ typedef struct linear_request {
 /* The kinds whose shards reduce through the context's communicator. */
 static int uses_hook(enum call_kind k) { return k != KIND_SHARD_STATS && k != KIND_SHARD_BACKWARD; }
 
+/* The up-front scan's findings: the inputs were scanned (the finite check
+ * on), and their largest |element|s, which bound every logit and, with the
+ * per-token derivatives, every gradient entry (fg_grad_bound). */
+typedef struct input_bounds {
+    int scanned;
+    double hidden_max, weight_max;
+    double logit_max; /* every |z| is at most this */
+} input_bounds;
+
 typedef struct linear_plan {
     int fused;
     fg_dtype in_t;    /* storage of hidden, weight, bias                          */
@@ -78,7 +88,7 @@ typedef struct linear_plan {
     int dl_alias; /* dlogits overwrite the f32 logits in place */
     int64_t H, V, Nc, chunks;
     int64_t lead; /* chunk 0 holds Nc rows, every later one Nc - lead (the last
-                     maybe fewer): the rows past whole row groups, in one chunk
+                     maybe fewer): the rows past whole logits blocks, in one chunk
                      (plan_chunks, lead_rows); 0: every chunk Nc rows */
     int want_gh, want_gw, want_gb, any_grad;
     fg_dtype gh_t, gw_t, gb_t; /* the gradient outputs' dtypes (bf16 for bf16 inputs) */
@@ -91,9 +101,6 @@ typedef struct linear_plan {
     int hook;    /* sharded, merged through the context's communicator per chunk */
     int64_t vocab_start;
     int64_t w_ld, gw_ld;
-    int64_t row_pad;      /* chunks' logits rows rounded up to this (padded_rows):
-                             FG_LOGITS_ROW_GRANULE, or 1 where the budget does
-                             not hold it                                          */
     int64_t n_active;     /* unmasked tokens: the rows the chunks cover            */
     size_t fixed_bytes;   /* per-call [B, T] arrays (fg_common_workspace_bytes)    */
     fg_gemm_scratch gemm; /* GEMM scratch of the chosen chunk sizes               */
@@ -101,6 +108,7 @@ typedef struct linear_plan {
     size_t scratch_bytes; /* fg_gemm_scratch_bytes(gemm, gemm_workers)             */
     double filter_eps;    /* gradient filtering's threshold; 0: off                */
     int64_t kept_cap;     /* kept entries a row may have (fg_kept_cap), filtering  */
+    input_bounds bounds;  /* what the up-front scan found (validate_linear)        */
 } linear_plan;
 
 /* The chunk size is planned with room for this many GEMM scratchpads (or one,
@@ -127,38 +135,21 @@ static size_t tile_cap(const linear_plan *p, int64_t m)
     return half_logits < FG_TILE_CAP_BYTES ? half_logits : FG_TILE_CAP_BYTES;
 }
 
-/* The logits product's rows for a chunk of m: m rounded up to the row granule.
- * hbuf and the logits buffer hold that many, the rows past m zero in hbuf,
- * so that the product has no partial row group to run padded (gemm_onednn.c:
- * a padded group streams the whole weight for a few rows: 24 x 96 blocks ran
- * at 34.5 GFLOP/s a core against 72-76 for the body's, bench/block_probe.c,
- * about 0.1 s a 410-row chunk at H = 1024 on AVX2). The row work reads m
- * rows.
- * The planner plans the chunks unpadded, then pads them where the budget
- * holds the padding with the GEMM scratchpads the chunks were fitted with
- * (plan_chunks): one more chunk would cost more than the padded group, and
- * the choice depends on the shape and budget only, never on the thread
- * count, like the chunks. A row's bits are the same either way within one
- * of oneDNN's K blocks; past one, padding can move the last rows from a
- * no-copy block into a packed one (docs/LOSS_SPEC.md states the limits). */
-static int64_t padded_rows(const linear_plan *p, int64_t m)
-{
-    return (m + p->row_pad - 1) / p->row_pad * p->row_pad;
-}
-
-/* m: the product's rows, padded_rows of the chunk's. */
+/* Every primitive call of the logits product is one whole block of
+ * FG_BLOCK_LOGITS_M rows (gemm_onednn.h): a chunk's rows past its last whole
+ * block run zero-padded inside the GEMM layer, which is why the planner cuts
+ * chunks in whole blocks where it can (group_rows, lead_rows, block_rows). */
 static fg_gemm_shape shape_logits(const linear_plan *p, int64_t m)
 {
     fg_gemm_shape s = {m, p->V, p->H, p->cmp_t, p->in_t, p->logit_t, p->H, 1, 1, p->w_ld, p->V, 0,
-                       p->has_bias, tile_cap(p, m), FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N,
-                       FG_LOGITS_ROW_GRANULE, FG_LOGITS_COL_GRANULE, 0};
+                       p->has_bias, tile_cap(p, m), FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N, 1, 0};
     return s;
 }
 
 static fg_gemm_shape shape_dhidden(const linear_plan *p, int64_t m)
 {
     fg_gemm_shape s = {m, p->H, p->V, p->cmp_t, p->in_t, FG_DTYPE_F32, p->V, 1, p->w_ld, 1, p->H,
-                       0, 0, tile_cap(p, m), FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0, 0,
+                       0, 0, tile_cap(p, m), FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0,
                        FG_BLOCK_DHIDDEN_SPLIT_K};
     return s;
 }
@@ -168,7 +159,7 @@ static fg_gemm_shape shape_dweight(const linear_plan *p, int64_t m, int accumula
 {
     fg_gemm_shape s = {p->V, p->H, m, p->cmp_t, p->cmp_t, p->gw_sum ? FG_DTYPE_F32 : p->gw_t,
                        1, p->V, p->H, 1, p->gw_sum ? p->H : p->gw_ld, accumulate, 0,
-                       tile_cap(p, m), FG_BLOCK_DWEIGHT_M, 0, 0, 0, 0};
+                       tile_cap(p, m), FG_BLOCK_DWEIGHT_M, 0, 0, 0};
     return s;
 }
 
@@ -178,7 +169,7 @@ static fg_status prepare_gemms(fg_call *call, const linear_plan *p, int64_t m,
 {
     fg_gemm_shape shapes[4];
     int k = 0;
-    shapes[k++] = shape_logits(p, padded_rows(p, m));
+    shapes[k++] = shape_logits(p, m);
     if (p->want_gh)
         shapes[k++] = shape_dhidden(p, m);
     if (p->want_gw) {
@@ -195,11 +186,10 @@ static fg_status prepare_gemms(fg_call *call, const linear_plan *p, int64_t m,
 
 static size_t chunk_bytes(const linear_plan *p, int64_t m)
 {
-    const int64_t mp = padded_rows(p, m);
-    size_t b = fg_ws_round((size_t)mp * (size_t)p->V * fg_dtype_size(p->logit_t));
+    size_t b = fg_ws_round((size_t)m * (size_t)p->V * fg_dtype_size(p->logit_t));
     if (p->any_grad && !p->dl_alias)
         b += fg_ws_round((size_t)m * (size_t)p->V * fg_dtype_size(p->dlogit_t));
-    b += fg_ws_round((size_t)mp * (size_t)p->H * fg_dtype_size(p->cmp_t));
+    b += fg_ws_round((size_t)m * (size_t)p->H * fg_dtype_size(p->cmp_t));
     if (p->want_gh) /* and the failure flag of its reduction */
         b += fg_ws_round(((size_t)m * (size_t)p->H + (size_t)p->hook) * sizeof(float));
     if (p->hook)
@@ -257,16 +247,15 @@ static int64_t chunk_rows(fg_call *call, const linear_plan *p, int64_t n, int64_
     return dhidden_slow(call, p, equal) && !dhidden_slow(call, p, nc) ? nc : equal;
 }
 
-/* The same number of chunks (or fewer) in whole row groups: the equal size
- * rounded up to FG_LOGITS_ROW_GRANULE, the last chunk shorter. No chunk but the last has a
- * partial group, and padding costs no memory past the chunk's own rows;
- * against equal chunks each padded, the logits product then runs the
- * rounding once rather than once a chunk (5% of its rows at T = 2048, 342-
- * row chunks run as 360). 0 where that would turn a chunk's grad_hidden slow
+/* The same number of chunks (or fewer) in whole logits blocks: the equal
+ * size rounded up to FG_BLOCK_LOGITS_M, the last chunk shorter. No chunk but
+ * the last runs a zero-padded block (gemm_onednn.h): against equal chunks,
+ * each with its own, the logits product pads once rather than once a chunk
+ * (up to 143 rows each). 0 where that would turn a chunk's grad_hidden slow
  * (dhidden_slow) that was not, or leave no shorter last chunk. */
 static int64_t group_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t nc)
 {
-    const int64_t g = FG_LOGITS_ROW_GRANULE, chunks = (n + nc - 1) / nc;
+    const int64_t g = FG_BLOCK_LOGITS_M, chunks = (n + nc - 1) / nc;
     const int64_t rows = ((n + chunks - 1) / chunks + g - 1) / g * g;
     const int64_t k = (n + rows - 1) / rows, last = n - (k - 1) * rows;
     const int64_t was_last = n - (chunks - 1) * nc;
@@ -288,17 +277,16 @@ static int64_t chunk_len(const linear_plan *p, int64_t k)
     return p->n_active - r0 < m ? p->n_active - r0 : m;
 }
 
-/* The same number of chunks with every chunk but the first in whole row
- * groups: g = the equal size rounded down to FG_LOGITS_ROW_GRANULE, and the
- * first holds the n - (chunks - 1)·g left, so only it has a partial group.
- * Where padding does not fit, equal chunks each run their partial group as a
- * padded product (about 0.07 s a chunk at H = 1024, T = 2048 on AVX2: 24
- * rows for a few); this runs one. Returns g (the first chunk n - (chunks -
- * 1)·g rows), or 0 where no chunk would be spared a partial group, or
- * where a chunk's grad_hidden would turn slow (dhidden_slow) that was not. */
+/* The same number of chunks with every chunk but the first in whole logits
+ * blocks: g = the equal size rounded down to FG_BLOCK_LOGITS_M, and the
+ * first holds the n - (chunks - 1)·g left, so only it runs a padded block,
+ * where group_rows' chunks do not fit. Returns g (the first chunk n -
+ * (chunks - 1)·g rows), or 0 where no chunk would be spared a padded block,
+ * or where a chunk's grad_hidden would turn slow (dhidden_slow) that was
+ * not. */
 static int64_t lead_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t nc)
 {
-    const int64_t gr = FG_LOGITS_ROW_GRANULE, chunks = (n + nc - 1) / nc;
+    const int64_t gr = FG_BLOCK_LOGITS_M, chunks = (n + nc - 1) / nc;
     const int64_t g = n / chunks / gr * gr, first = n - (chunks - 1) * g;
     const int64_t last = n - (chunks - 1) * nc;
     const int64_t partial = (chunks - 1) * (nc % gr != 0) + (last % gr != 0);
@@ -306,6 +294,37 @@ static int64_t lead_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t
         (dhidden_slow(call, p, g) && !dhidden_slow(call, p, nc)))
         return 0;
     return g;
+}
+
+/* Rows the logits product pads for chunks of m rows over n (the last
+ * shorter): each chunk's last block is whole (gemm_onednn.h). */
+static int64_t padded_logits_rows(int64_t n, int64_t m)
+{
+    const int64_t g = FG_BLOCK_LOGITS_M, full = n / m, last = n - full * m;
+    return full * ((m + g - 1) / g * g - m) + (last ? (last + g - 1) / g * g - last : 0);
+}
+
+/* More chunks, in whole logits blocks: every chunk but the first holds g =
+ * the most whole blocks nc holds, the first the rest (at most nc), so that
+ * only it pads a block. Taken where equal chunks of nc pad more rows than
+ * this by FG_BLOCK_LOGITS_M for each chunk it adds (an added chunk reads the
+ * weight three more times; taken as costing no more than a block of logits
+ * rows, not measured): at T = 2048, H = 1024 and 2048, bf16 (AVX2), equal
+ * chunks of 342 rows pad 544 rows, 320 + 6 x 288 pad 112. Returns the first
+ * chunk's rows (*lead: how many more than g it holds), or 0 where no plan is
+ * better, or where grad_hidden would turn slow (dhidden_slow) that was not. */
+static int64_t block_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t nc,
+                          int64_t *lead)
+{
+    const int64_t gr = FG_BLOCK_LOGITS_M, g = nc / gr * gr, chunks = (n + nc - 1) / nc;
+    if (g < gr || n <= nc || (dhidden_slow(call, p, g) && !dhidden_slow(call, p, nc)))
+        return 0;
+    const int64_t more = (n - nc + g - 1) / g + 1, first = n - (more - 1) * g;
+    const int64_t saved = padded_logits_rows(n, nc) - padded_logits_rows(n, g);
+    if (saved <= (more - chunks) * gr)
+        return 0;
+    *lead = first > g ? first - g : 0;
+    return first > g ? first : g;
 }
 
 /* The largest chunk size (chunk_rows) whose need with `workers` GEMM
@@ -365,8 +384,6 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
     int64_t nc = forced > 0 ? forced : n;
     fg_status st;
     int fit_workers = PLAN_GEMM_WORKERS;
-    if (forced <= 0) /* materialized: padded; fused: see below */
-        p->row_pad = p->fused ? 1 : FG_LOGITS_ROW_GRANULE;
     if (p->fused && forced <= 0) {
         if ((st = fit_any(call, p, &nc, &fit_workers)) != FG_OK)
             return st;
@@ -390,46 +407,48 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
                         own vocabulary slice makes of dhidden_slow */
         nc = chunk_rows(call, p, n, nc);
     size_t need;
-    if (p->fused && forced <= 0 && !p->hook) { /* whole row groups where they fit padded;
-        not where shards merge per chunk: they agree on the smallest Nc, and a shard
-        replanned with it walks chunks of exactly that many rows */
-        const int64_t rows = group_rows(call, p, n, nc);
-        linear_plan q = *p;
-        fg_gemm_scratch gs;
-        q.row_pad = FG_LOGITS_ROW_GRANULE;
-        if (rows > 0 && (st = need_bytes(call, &q, rows, n - (n - 1) / rows * rows, fit_workers,
-                                         &need, &gs)) != FG_OK)
-            return st;
-        if (rows > 0 && need <= call->budget) { /* padded: whole groups, as just fitted */
-            nc = rows;
-            p->row_pad = q.row_pad;
-        }
-    }
     int64_t chunks = (n + nc - 1) / nc, other = n - (chunks - 1) * nc; /* the other size */
     p->lead = 0;
-    if (p->fused && forced <= 0 && p->row_pad == 1) { /* padded rows where these chunks
-        fit padded with the scratchpads they were fitted with (never the thread count,
-        like the chunks) */
-        linear_plan q = *p;
+    if (p->fused && forced <= 0 && !p->hook) {
+        /* Chunks in whole logits blocks where they fit with the scratchpads they were
+         * fitted with (never the thread count, like the chunks): rounded up (group_rows),
+         * else rounded down with the rest in the first chunk (lead_rows), else more of
+         * them where that pads fewer rows enough (block_rows). Not where shards
+         * merge per chunk: they agree on the smallest Nc, and a shard replanned with it
+         * walks chunks of exactly that many rows. */
+        const int64_t rows = group_rows(call, p, n, nc);
         fg_gemm_scratch gs;
-        q.row_pad = FG_LOGITS_ROW_GRANULE;
-        if ((st = need_bytes(call, &q, nc, other, fit_workers, &need, &gs)) != FG_OK)
+        if (rows > 0 && (st = need_bytes(call, p, rows, n - (n - 1) / rows * rows, fit_workers,
+                                         &need, &gs)) != FG_OK)
             return st;
-        if (need <= call->budget)
-            p->row_pad = q.row_pad;
-    }
-    if (p->fused && forced <= 0 && p->row_pad == 1 && !p->hook) {
-        /* else the partial groups in one chunk (lead_rows); not where shards
-           merge per chunk (p->hook), whose agreement is on Nc alone */
-        const int64_t g = lead_rows(call, p, n, nc);
-        fg_gemm_scratch gs;
-        if (g > 0 && (st = need_bytes(call, p, n - (chunks - 1) * g, g, fit_workers, &need,
-                                      &gs)) != FG_OK)
-            return st;
-        if (g > 0 && need <= call->budget) {
-            nc = n - (chunks - 1) * g;
-            p->lead = nc - g;
-            other = g;
+        if (rows > 0 && need <= call->budget) {
+            nc = rows;
+            chunks = (n + nc - 1) / nc;
+            other = n - (chunks - 1) * nc;
+        } else {
+            const int64_t g = lead_rows(call, p, n, nc);
+            if (g > 0 && (st = need_bytes(call, p, n - (chunks - 1) * g, g, fit_workers, &need,
+                                          &gs)) != FG_OK)
+                return st;
+            if (g > 0 && need <= call->budget) {
+                nc = n - (chunks - 1) * g;
+                p->lead = nc - g;
+                other = g;
+            } else {
+                int64_t lead = 0;
+                const int64_t first = block_rows(call, p, n, nc, &lead), later = first - lead;
+                const int64_t k = first > 0 ? 1 + (n - first + later - 1) / later : 0;
+                const int64_t rest = lead ? later : n - (k - 1) * first; /* the other size */
+                if (first > 0 &&
+                    (st = need_bytes(call, p, first, rest, fit_workers, &need, &gs)) != FG_OK)
+                    return st;
+                if (first > 0 && need <= call->budget) {
+                    nc = first;
+                    p->lead = lead;
+                    chunks = k;
+                    other = rest;
+                }
+            }
         }
     }
     if ((st = need_bytes(call, p, nc, other, 1, &need, &p->gemm)) != FG_OK)
@@ -456,9 +475,78 @@ static int is_sharded(const fg_linear_inputs *in)
 
 /* Every check of the call; the NaN/Inf scan of the inputs only when `scan`
  * (the plan query reads shapes, not values). */
+/* The gradient bound of a call (fg_grad_bound) from its scanned inputs and
+ * the outputs it writes; all scales 0 when the inputs were not scanned. */
+static fg_grad_bound grad_bound(const input_bounds *ib, const fg_linear_outputs *out,
+                                double temperature, int64_t vocab)
+{
+    const int gh = ib->scanned && out->grad_hidden.data, gw = ib->scanned && out->grad_weight.data;
+    const int gb = ib->scanned && out->grad_bias.data;
+    const double sum_scale = gw && ib->hidden_max > 1.0 ? ib->hidden_max : (gw || gb ? 1.0 : 0.0);
+    fg_grad_bound b = {1.0 / temperature, log((double)vocab), gh ? ib->weight_max : 0.0,
+                       sum_scale, "grad_hidden", gw ? "grad_weight" : "grad_bias", 0.0};
+    return b;
+}
+
+/* The NaN/Inf scan of hidden (its unmasked rows), weight and bias, and the
+ * bound it gives every logit: |z| <= (H·max|h|·max|w| + max|b|) / temperature
+ * (also every partial sum of the product); beyond FG_OVERFLOW_LIMIT the row
+ * statistics could overflow: FG_ERR_OVERFLOW. */
+static fg_status scan_inputs(fg_call *call, const linear_request *req, const fg_linear_inputs *in,
+                             input_bounds *ib)
+{
+    fg_error *err = call->err;
+    fg_magnitude h, w, b = {0.0, 0};
+    fg_status st;
+    if ((st = fg_scan_matrix(err, call->threads, "hidden", &in->hidden, req->batch->mask, &h)) !=
+            FG_OK ||
+        (st = fg_scan_matrix(err, call->threads, "weight", &in->weight, NULL, &w)) != FG_OK)
+        return st;
+    if (in->bias.data && (st = fg_scan_vector(err, "bias", &in->bias, &b)) != FG_OK)
+        return st;
+    const double H = (double)in->hidden.cols, temperature = req->cfg->temperature;
+    const double bound = H * h.value * w.value + b.value;
+    if (bound > FG_OVERFLOW_LIMIT || bound / temperature > FG_OVERFLOW_LIMIT) {
+        const int64_t T = req->batch->seq_len;
+        return fg_fail(err, FG_ERR_OVERFLOW,
+                       "hidden row %lld (token [%lld, %lld]) holds |h| = %g: with H = %lld, "
+                       "|weight| up to %g (row %lld) and |bias| up to %g, the logits could "
+                       "reach %g / temperature %g, beyond float range",
+                       (long long)h.index, (long long)(h.index / T), (long long)(h.index % T),
+                       h.value, (long long)in->hidden.cols, w.value, (long long)w.index, b.value,
+                       bound, temperature);
+    }
+    ib->scanned = 1;
+    ib->hidden_max = h.value;
+    ib->weight_max = w.value;
+    ib->logit_max = bound / temperature;
+    return FG_OK;
+}
+
+/* The caller's grad_logp and grad_entropy (backward kinds) bound the whole
+ * gradient before anything runs: refused when it could overflow. */
+static fg_status bound_external(fg_call *call, const linear_request *req,
+                                const fg_linear_outputs *out, int64_t vocab,
+                                const input_bounds *ib)
+{
+    const fg_batch *batch = req->batch;
+    fg_grad_bound gb = grad_bound(ib, out, req->cfg->temperature, vocab);
+    for (int64_t n = 0; n < batch->batch * batch->seq_len; n++) {
+        if (!batch->mask[n])
+            continue;
+        const fg_status st = fg_grad_bound_add(call->err, &gb, req->dlogp[n],
+                                               req->dentropy ? req->dentropy[n] : 0.0, n,
+                                               batch->seq_len);
+        if (st != FG_OK)
+            return st;
+    }
+    return FG_OK;
+}
+
 static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
                                  const linear_request *req, const fg_linear_inputs *in,
-                                 const fg_linear_outputs *out, int scan, int64_t *n_active)
+                                 const fg_linear_outputs *out, int scan, int64_t *n_active,
+                                 input_bounds *ib)
 {
     fg_error *err = call->err;
     const fg_loss_config *cfg = req->cfg;
@@ -549,12 +637,12 @@ static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
     if (o->filter_eps != 0 && o->impl != FG_IMPL_FUSED)
         return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "filter_eps is a fused-path option (the materialized baseline is exact)");
+    memset(ib, 0, sizeof *ib);
     if (scan && call->check_finite) {
-        if ((st = fg_check_finite_matrix(err, call->threads, "hidden", &in->hidden, batch->mask)) !=
-                FG_OK ||
-            (st = fg_check_finite_matrix(err, call->threads, "weight", &in->weight, NULL)) != FG_OK)
+        if ((st = scan_inputs(call, req, in, ib)) != FG_OK)
             return st;
-        if (in->bias.data && (st = fg_check_finite_vector(err, "bias", &in->bias)) != FG_OK)
+        if ((req->kind == KIND_LOGPROBS_BACKWARD || req->kind == KIND_SHARD_BACKWARD) &&
+            (st = bound_external(call, req, out, vocab, ib)) != FG_OK)
             return st;
     }
     return FG_OK;
@@ -590,8 +678,8 @@ typedef struct linear_call {
     float inv_temp;
     void *logits, *dlogits, *hbuf, *scratch;
     float *ghbuf;
-    float *gbacc; /* grad_bias's f32 sums: the caller's buffer, or for a bf16
-                     grad_bias [V] floats of the workspace, rounded once at the end */
+    float *gbacc; /* grad_bias's f32 sums, [V] floats of the workspace committed
+                     at the end (rounded once for a bf16 grad_bias)             */
     float *gwsum; /* a bf16 grad_weight's float32 sums [V, H] (plan.gw_sum)   */
     float *stats; /* the hook: a chunk's statistics and their reductions (shard_stats.h) */
     enum call_kind kind;
@@ -600,7 +688,13 @@ typedef struct linear_call {
                          next reduction, whose flag stops every shard            */
     int32_t *kept_idx, *kept_nnz; /* gradient filtering: [Nc, kept_cap], [Nc] */
     int64_t *kept_tgt;            /* [Nc] each row's token in this shard's rows */
-    int bad; /* non-finite statistics seen (only possible with the finite check off) */
+    fg_grad_bound gb;  /* the gradient bound of the tokens checked so far     */
+    int64_t checked;   /* tokens whose derivatives are checked (check_tokens) */
+    double loss;       /* KIND_LOSS: the loss and metrics, evaluated once every
+                          token is checked, committed at the end               */
+    fg_metrics metrics;
+    int evaluated;
+    int certified; /* KIND_LOSS: no token can be refused (cannot_overflow) */
 } linear_call;
 
 enum sweep_mode { SWEEP_FORWARD, SWEEP_BACKWARD, SWEEP_BOTH };
@@ -686,7 +780,7 @@ static fg_status merge_chunk(fg_call *call, linear_call *L, const fg_rows *rows)
         L->failed = fg_fail(call->err, FG_ERR_COMMUNICATOR, "the communicator's allreduce failed");
         return STOPPED;
     }
-    if (fg_sweep_shard_merged(rows, buf, &L->c.ta, &L->bad) != 0) {
+    if (fg_sweep_shard_merged(rows, buf, &L->c.ta) != 0) {
         L->failed = fg_fail(call->err, FG_ERR_COMMUNICATOR,
                             "the summed statistics are not sums of shards' limbs (the "
                             "communicator's SUM is not a sum, or more than %d shards)",
@@ -694,6 +788,28 @@ static fg_status merge_chunk(fg_call *call, linear_call *L, const fg_rows *rows)
         return STOPPED;
     }
     return FG_OK;
+}
+
+/* Tokens tok[0..m) once their statistics are known, before anything they
+ * feed is written: the statistics, and with `grads` (the loss's derivatives
+ * are due) each token's loss term and derivatives and the gradient bound
+ * (fg_common_check_tokens). Once every token's derivatives are checked, the
+ * loss and metrics (KIND_LOSS). The head-only kinds check statistics alone:
+ * the caller's derivatives were bounded with the arguments. */
+static fg_status check_tokens(fg_call *call, linear_call *L, const int64_t *tok, int64_t m,
+                              int grads)
+{
+    const int loss = L->kind == KIND_LOSS;
+    fg_status st = fg_common_check_tokens(&L->c, call->err, tok, m, L->p.bounds.scanned,
+                                          grads && loss ? &L->gb : NULL);
+    if (st != FG_OK || !grads || !loss)
+        return st;
+    L->checked += m;
+    if (L->checked == L->c.n_active) {
+        st = fg_common_evaluate(&L->c, call->err, &L->loss, &L->metrics);
+        L->evaluated = 1;
+    }
+    return st;
 }
 
 /* One chunk k: GEMM 1 (unless the logits are still there), the row sweep of
@@ -707,10 +823,7 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     fg_status st;
     if (!logits_ready && !L->failed) {
         gather_rows(p, &L->in->hidden, tok, m, L->hbuf);
-        const int64_t mp = padded_rows(p, m);
-        const size_t hrow = (size_t)p->H * fg_dtype_size(p->cmp_t);
-        memset((unsigned char *)L->hbuf + (size_t)m * hrow, 0, (size_t)(mp - m) * hrow);
-        fg_gemm_shape s1 = shape_logits(p, mp);
+        fg_gemm_shape s1 = shape_logits(p, m);
         st = fg_gemm_run(call->gemm, &s1, L->hbuf, L->in->weight.data, L->logits,
                          L->in->bias.data, L->scratch, p->gemm_workers, &call->gemm_stats,
                          call->err);
@@ -726,21 +839,31 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
         return FG_OK;
     }
     if (p->hook && mode != SWEEP_BACKWARD) {
-        /* Statistics need every shard: merge, then (token level) the backward. */
-        if ((st = merge_chunk(call, L, &rows)) != FG_OK || mode == SWEEP_FORWARD)
+        /* Statistics need every shard: merge, check (every shard has the same
+         * merged statistics; a gradient bound one shard's own weight rows
+         * break stops every shard at the next reduction), then (token level)
+         * the backward. */
+        if ((st = merge_chunk(call, L, &rows)) != FG_OK)
             return st;
+        if (!L->failed &&
+            (st = fail(p, L, check_tokens(call, L, tok, m, mode == SWEEP_BOTH))) != FG_OK)
+            return st;
+        if (mode == SWEEP_FORWARD)
+            return FG_OK;
         mode = SWEEP_BACKWARD;
     }
     if (!L->failed) {
         switch (mode) {
         case SWEEP_FORWARD:
-            L->bad |= fg_sweep_forward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
-            return FG_OK;
+            fg_sweep_forward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+            return check_tokens(call, L, tok, m, 0);
         case SWEEP_BACKWARD:
             fg_sweep_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
             break;
-        case SWEEP_BOTH:
-            L->bad |= fg_sweep_forward_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+        case SWEEP_BOTH: /* dlogits are the workspace's: checked before the outputs */
+            fg_sweep_forward_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+            if ((st = check_tokens(call, L, tok, m, 1)) != FG_OK)
+                return st;
             break;
         }
         if (p->want_gb)
@@ -798,52 +921,84 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     return FG_OK;
 }
 
-/* Zeroes what no chunk writes: masked rows of grad_hidden and, unless the
- * call accumulates into them, the bias accumulator and grad_weight when no
- * token is unmasked. */
-static void zero_unwritten(const linear_call *L, const fg_batch *batch)
+/* grad_bias's float32 sums start from the caller's values when accumulating,
+ * else from 0: they live in the workspace and reach the caller at the end
+ * (commit_outputs), so a refused call leaves grad_bias as it was. The sums
+ * are the same float additions, in the same order, as summing in place. */
+static void start_bias_sums(const linear_call *L)
 {
     const linear_plan *p = &L->p;
     const fg_linear_outputs *out = L->out;
+    if (!p->want_gb)
+        return;
+    for (int64_t v = 0; v < p->V; v++)
+        L->gbacc[v] = !p->accumulate                ? 0.0f
+                      : p->gb_t == FG_DTYPE_BF16 ? fg_bf16_load(((const uint16_t *)out->grad_bias.data)[v])
+                                                 : ((const float *)out->grad_bias.data)[v];
+}
+
+/* After every check and chunk has passed: grad_bias from its float32 sums
+ * (rounded once for bf16); a bf16 grad_weight summed in float32, rounded
+ * once (onto the caller's values when accumulating); the zeros no chunk
+ * writes (masked rows of grad_hidden; grad_weight when no token is unmasked,
+ * unless accumulating). */
+static void commit_gradients(int threads, const linear_call *L, const fg_batch *batch)
+{
+    const linear_plan *p = &L->p;
+    const fg_linear_outputs *out = L->out;
+    if (p->gw_sum && p->n_active > 0)
+        fg_sweep_round_bf16(threads, L->gwsum, p->H, out->grad_weight.data, p->gw_ld, p->V, p->H,
+                            p->accumulate);
+    if (p->want_gb && p->gb_t == FG_DTYPE_BF16)
+        for (int64_t v = 0; v < p->V; v++)
+            ((uint16_t *)out->grad_bias.data)[v] = fg_bf16_store(L->gbacc[v]);
+    else if (p->want_gb)
+        memcpy(out->grad_bias.data, L->gbacc, (size_t)p->V * sizeof(float));
     if (p->want_gh) {
         const size_t es = fg_dtype_size(p->gh_t);
         fg_zero_masked_rows(&L->c, batch->batch * batch->seq_len, out->grad_hidden.data,
                             (size_t)out->grad_hidden.ld * es, (size_t)p->H * es);
     }
-    if (p->want_gb && L->gbacc != out->grad_bias.data) { /* bf16: the f32 sums start */
-        for (int64_t v = 0; v < p->V; v++)
-            L->gbacc[v] = p->accumulate ? fg_bf16_load(((const uint16_t *)out->grad_bias.data)[v])
-                                        : 0.0f;
-    }
-    if (p->accumulate)
-        return;
-    if (p->want_gb && L->gbacc == out->grad_bias.data)
-        memset(out->grad_bias.data, 0, (size_t)p->V * sizeof(float));
-    if (p->want_gw && L->c.n_active == 0)
+    if (p->want_gw && !p->accumulate && L->c.n_active == 0)
         for (int64_t v = 0; v < p->V; v++)
             memset(row_at(&out->grad_weight, v), 0, (size_t)p->H * fg_dtype_size(p->gw_t));
 }
 
-/* A bf16 grad_weight summed in float32: rounded once, onto the caller's
- * values when accumulating. */
-static void finish_weight(int threads, const linear_call *L)
+/* Whether no token of a loss call can be refused once the chunks run: the
+ * loss math's bound from the inputs alone (fg_loss_cannot_overflow, given
+ * the scanned logits' bound), and the gradients it bounds within the call's
+ * fg_grad_bound. Never with the hook: each shard bounds its own weight rows,
+ * and the shards must walk the same sweeps. */
+static int cannot_overflow(const linear_call *L)
 {
     const linear_plan *p = &L->p;
-    if (!p->gw_sum || p->n_active == 0)
-        return;
-    fg_sweep_round_bf16(threads, L->gwsum, p->H, L->out->grad_weight.data, p->gw_ld, p->V, p->H,
-                        p->accumulate);
+    const fg_grad_bound *gb = &L->gb;
+    double gmax, gsum;
+    if (L->kind != KIND_LOSS || !p->bounds.scanned || p->hook ||
+        !fg_loss_cannot_overflow(&L->c.plan, p->bounds.logit_max, gb->log_vocab, &gmax, &gsum))
+        return 0;
+    const double e = fabs(L->c.plan.entropy_weight) * (gb->log_vocab + 1.0);
+    const double smax = 2.0 * (gmax + e) * gb->inv_temp;
+    const double ssum = 2.0 * (gsum + (double)L->c.n_active * e) * gb->inv_temp;
+    return smax * gb->row_scale <= FG_OVERFLOW_LIMIT && ssum * gb->sum_scale <= FG_OVERFLOW_LIMIT;
 }
 
-/* A bf16 grad_bias: its f32 sums rounded once. */
-static void finish_bias(const linear_call *L)
+/* Whether the loss call computes every token's log-prob before any gradient:
+ * the loss needs them (fg_loss_needs_all_tokens), or an accumulating call of
+ * several chunks sums GEMM 3 straight into the caller's grad_weight, which a
+ * token refused in a later chunk (FG_ERR_OVERFLOW) would leave changed,
+ * unless no token can be refused (cannot_overflow: token-level losses
+ * without the KL, for inputs some 30 orders of magnitude inside the float
+ * range). The alternative, float32 sums of grad_weight in the workspace
+ * committed at the end, needs V x H floats the budget rarely holds (620 MB
+ * at V = 151936, H = 1024); the forward sweep costs one more logits product
+ * per token. */
+static int forward_first(const linear_call *L)
 {
     const linear_plan *p = &L->p;
-    if (!p->want_gb || L->gbacc == L->out->grad_bias.data)
-        return;
-    uint16_t *gb = L->out->grad_bias.data;
-    for (int64_t v = 0; v < p->V; v++)
-        gb[v] = fg_bf16_store(L->gbacc[v]);
+    return fg_loss_needs_all_tokens(&L->c.plan) ||
+           (L->kind == KIND_LOSS && p->accumulate && p->want_gw && !p->gw_sum && p->chunks > 1 &&
+            !L->certified);
 }
 
 static fg_status run_sweeps(fg_call *call, linear_call *L)
@@ -860,19 +1015,24 @@ static fg_status run_sweeps(fg_call *call, linear_call *L)
             st = run_chunk(call, L, k, SWEEP_BACKWARD, 0, k == 0);
         return st;
     }
-    if (!fg_loss_needs_all_tokens(&L->c.plan)) {
+    if (!forward_first(L)) {
         for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
             st = run_chunk(call, L, k, SWEEP_BOTH, 0, k == 0);
         return st;
     }
     /* Every log-prob and entropy first (sequence-level ratios, vespo, the
-     * off-policy mask, the entropy quantile), then the gradient sweep. With
-     * one chunk the logits are still in the buffer and need no recomputation. */
+     * off-policy mask, the entropy quantile; every token checked), then the
+     * gradient sweep. With one chunk the logits are still in the buffer and
+     * need no recomputation. */
     for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
         st = run_chunk(call, L, k, SWEEP_FORWARD, 0, 0);
     if (st != FG_OK || L->failed)
         return st;
     fg_common_prepare(&L->c);
+    /* With the hook a shard whose own gradient bound fails joins the
+     * backward's reductions, whose flag stops every shard (fail). */
+    if ((st = fail(p, L, check_tokens(call, L, L->c.active, L->c.n_active, 1))) != FG_OK)
+        return st;
     for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
         st = run_chunk(call, L, k, SWEEP_BACKWARD, p->chunks == 1, k == 0);
     return st;
@@ -939,7 +1099,6 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const line
     p->logit_t = (!p->fused && o->round_logits_to_input_dtype) ? p->in_t : FG_DTYPE_F32;
     p->dlogit_t = p->cmp_t; /* the gradient GEMMs take dlogits in the compute dtype */
     p->dl_alias = p->fused && p->dlogit_t == p->logit_t;
-    p->row_pad = 1;
     p->H = in->hidden.cols;
     p->V = in->weight.rows;
     p->w_ld = in->weight.ld;
@@ -959,7 +1118,7 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const line
     p->n_active = n_active;
     const fg_batch *batch = req->batch;
     p->fixed_bytes = fg_common_workspace_bytes(batch->batch, batch->batch * batch->seq_len);
-    if (p->gb_t == FG_DTYPE_BF16) /* grad_bias's f32 sums */
+    if (p->want_gb) /* grad_bias's f32 sums, committed at the end */
         p->fixed_bytes += fg_ws_round((size_t)p->V * sizeof(float));
     if (p->n_active == 0)
         return FG_OK;
@@ -989,10 +1148,13 @@ static fg_status check_and_plan(fg_call *call, const fg_linear_options *opts,
     const fg_linear_options fused = {FG_IMPL_FUSED, 0, 0.0};
     const fg_linear_options *o = opts ? opts : &fused;
     int64_t n_active = 0;
-    fg_status st = validate_linear(call, o, req, in, out, is_call, &n_active);
+    input_bounds ib;
+    fg_status st = validate_linear(call, o, req, in, out, is_call, &n_active, &ib);
     if (st != FG_OK)
         return st;
-    return plan_call(call, o, req, in, out, n_active, p);
+    st = plan_call(call, o, req, in, out, n_active, p);
+    p->bounds = ib;
+    return st;
 }
 
 /* What the shards of a collective call must agree on: everything that sets
@@ -1093,7 +1255,6 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
         /* With bf16 GEMM kernels a bf16 grad_weight runs without its float32
          * sums (plan_grad_weight_sums): the smallest budget leaves them out. */
         linear_plan q = p;
-        q.row_pad = 1; /* a one-row chunk, unpadded (plan_chunks) */
         if (q.gw_sum && q.cmp_t == FG_DTYPE_BF16) {
             q.gw_sum = 0;
             q.fixed_bytes -= q.gw_sum_bytes;
@@ -1144,8 +1305,9 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
         st = fg_call_reserve(&call, plan_total(p));
     if (st != FG_OK)
         return fg_call_end(&call, st);
-    /* All checks passed and all resources are in hand: outputs are written
-     * from here on. */
+    /* All checks passed and all resources are in hand: the sweeps run from
+     * here on; they write grad_hidden and grad_weight chunk by chunk (each
+     * chunk's tokens checked first), everything else at the end. */
     const fg_batch *batch = req->batch;
     call.chunk_rows = p->Nc;
     call.chunks = p->chunks;
@@ -1158,17 +1320,18 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     L.kind = req->kind;
     L.shard_out = req->stats_out;
     L.inv_temp = (float)(1.0 / req->cfg->temperature);
-    L.gbacc = p->gb_t == FG_DTYPE_BF16 ? fg_call_take(&call, (size_t)p->V * sizeof(float))
-                                       : (float *)out->grad_bias.data;
+    L.gbacc = p->want_gb ? fg_call_take(&call, (size_t)p->V * sizeof(float)) : NULL;
+    L.gb = grad_bound(&p->bounds, out, req->cfg->temperature,
+                      p->sharded ? in->vocab_total : p->V);
+    L.certified = cannot_overflow(&L);
     if (p->gw_sum)
         L.gwsum = fg_call_take(&call, (size_t)p->V * (size_t)p->H * sizeof(float));
     if (p->n_active > 0) {
-        const size_t mp = (size_t)padded_rows(p, p->Nc);
-        L.logits = fg_call_take(&call, mp * (size_t)p->V * fg_dtype_size(p->logit_t));
+        L.logits = fg_call_take(&call, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->logit_t));
         L.dlogits = L.logits;
         if (p->any_grad && !p->dl_alias)
             L.dlogits = fg_call_take(&call, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->dlogit_t));
-        L.hbuf = fg_call_take(&call, mp * (size_t)p->H * fg_dtype_size(p->cmp_t));
+        L.hbuf = fg_call_take(&call, (size_t)p->Nc * (size_t)p->H * fg_dtype_size(p->cmp_t));
         if (p->want_gh)
             L.ghbuf = fg_call_take(&call, ((size_t)p->Nc * (size_t)p->H + (size_t)p->hook) *
                                               sizeof(float));
@@ -1181,36 +1344,35 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
             L.kept_tgt = fg_call_take(&call, (size_t)p->Nc * sizeof(int64_t));
         }
     }
-    zero_unwritten(&L, batch);
+    start_bias_sums(&L);
     if (req->kind == KIND_SHARD_BACKWARD)
         load_shard_stats(&L, req->stats_in, batch);
     if (p->n_active > 0)
         st = run_sweeps(&call, &L);
     if (collective) {
-        /* Every shard leaves with the same status: its own failure, one a
-         * reduction's flag stopped it for, or the non-finite statistics that
-         * the merged rows give every shard alike. */
+        /* Every shard leaves with the same status: its own failure, or one a
+         * reduction's flag stopped it for. */
         fg_status local = L.failed ? L.failed : (st == STOPPED ? FG_OK : st);
-        if (local == FG_OK && L.bad)
-            local = fg_fail(call.err, FG_ERR_NONFINITE_INPUT,
-                            "the logits came out NaN or Inf (hidden, weight or bias hold NaN/Inf "
-                            "and the finite check was off); results are invalid");
         if ((st = fg_collective_outcome(&call, local)) != FG_OK)
             return fg_call_end(&call, st);
     }
+    const int loss = req->kind == KIND_LOSS;
+    if (st == FG_OK && loss && !L.evaluated) { /* no gradient sweep checked the tokens
+        (a loss without gradients, or no unmasked token): their loss terms, then the loss */
+        fg_common_prepare(&L.c);
+        st = check_tokens(&call, &L, L.c.active, L.c.n_active, 1);
+    }
+    if (st != FG_OK) /* nothing committed: see "Conventions" in fusedgrpo.h */
+        return fg_call_end(&call, st);
     if (req->kind == KIND_SHARD_STATS)
         finish_shard_stats(&L, batch);
-    if (st == FG_OK)
-        finish_weight(call.threads, &L);
-    finish_bias(&L);
-    const int loss = req->kind == KIND_LOSS;
-    fg_common_finish(&L.c, batch, loss ? &out->loss : NULL, loss ? &out->metrics : NULL,
-                     out->logp, out->entropy);
-    if (st == FG_OK && L.bad)
-        st = fg_fail(call.err, FG_ERR_NONFINITE_INPUT,
-                     "the logits came out NaN or Inf (hidden, weight or bias hold NaN/Inf and "
-                     "the finite check was off); results are invalid");
-    return fg_call_end(&call, st);
+    commit_gradients(call.threads, &L, batch);
+    if (loss) {
+        out->loss = L.loss;
+        out->metrics = L.metrics;
+    }
+    fg_common_commit(&L.c, batch, out->logp, out->entropy);
+    return fg_call_end(&call, FG_OK);
 }
 
 fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,

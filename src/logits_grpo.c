@@ -1,10 +1,12 @@
 /*
  * fg_logits_grpo: the loss from logits the caller already holds.
  *   logits [B*T, V] -> loss, metrics, logp, entropy, grad_logits (in place ok)
- * Token level: one pass per row computes the statistics and, while the row is
- * still in cache, its gradient. Sequence level: statistics of every row, the
- * sequence ratios, then the gradient pass.
+ * One pass over the rows computes every token's statistics; the loss math
+ * (the sequence ratios first where the loss needs every token) and its
+ * overflow checks follow, then the gradient pass writes grad_logits, so a
+ * refused call writes nothing.
  */
+#include <math.h>
 #include <string.h>
 
 #include "call.h"
@@ -29,8 +31,11 @@ static fg_status check_grad_logits(fg_error *err, const fg_matrix *logits, const
     return FG_OK;
 }
 
+/* Every check; `scanned` (the finite check on): the logits were scanned for
+ * NaN/Inf and their largest |z| is in float range. */
 static fg_status validate_logits(fg_call *call, const fg_loss_config *cfg, const fg_matrix *logits,
-                                 const fg_batch *batch, const fg_logits_outputs *out)
+                                 const fg_batch *batch, const fg_logits_outputs *out,
+                                 int *scanned)
 {
     fg_error *err = call->err;
     fg_status st;
@@ -51,9 +56,18 @@ static fg_status validate_logits(fg_call *call, const fg_loss_config *cfg, const
                        (long long)logits->rows, (long long)N);
     if (out->grad_logits.data && (st = check_grad_logits(err, logits, &out->grad_logits)) != FG_OK)
         return st;
-    if (call->check_finite &&
-        (st = fg_check_finite_matrix(err, call->threads, "logits", logits, batch->mask)) != FG_OK)
-        return st;
+    *scanned = call->check_finite;
+    if (call->check_finite) {
+        fg_magnitude top;
+        if ((st = fg_scan_matrix(err, call->threads, "logits", logits, batch->mask, &top)) != FG_OK)
+            return st;
+        if (top.value / cfg->temperature > FG_OVERFLOW_LIMIT)
+            return fg_fail(err, FG_ERR_OVERFLOW,
+                           "logits row %lld (token [%lld, %lld]) holds |x| = %g: divided by the "
+                           "temperature %g it is beyond float range",
+                           (long long)top.index, (long long)(top.index / batch->seq_len),
+                           (long long)(top.index % batch->seq_len), top.value, cfg->temperature);
+    }
     return fg_call_reserve(call, fg_common_workspace_bytes(batch->batch, N));
 }
 
@@ -66,9 +80,9 @@ fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg, const fg_ma
     fg_status st = fg_call_begin(ctx, exec, &call);
     if (st != FG_OK)
         return st;
-    if ((st = validate_logits(&call, cfg, logits, batch, out)) != FG_OK)
+    int scanned = 0;
+    if ((st = validate_logits(&call, cfg, logits, batch, out, &scanned)) != FG_OK)
         return fg_call_end(&call, st);
-    /* All checks passed and the memory is in hand: from here on outputs are written. */
     const int64_t N = batch->batch * batch->seq_len, V = logits->cols;
     const int want_grad = out->grad_logits.data != NULL;
     call.chunks = 1;
@@ -80,24 +94,28 @@ fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg, const fg_ma
                     out->grad_logits.data, out->grad_logits.dtype, out->grad_logits.ld,
                     c.n_active, V, c.active, 1, 0};
     const int nt = call.threads;
-    int bad;
-    if (!want_grad) {
-        bad = fg_sweep_forward(nt, &c.plan, &rows, inv_temp, &c.ta);
-    } else if (!fg_loss_needs_all_tokens(&c.plan)) {
-        bad = fg_sweep_forward_backward(nt, &c.plan, &rows, inv_temp, &c.ta);
-    } else {
-        bad = fg_sweep_forward(nt, &c.plan, &rows, inv_temp, &c.ta);
-        fg_common_prepare(&c);
+    /* Every token's statistics, loss term and derivatives are checked before
+     * grad_logits (perhaps the logits themselves) is written: the statistics
+     * and the gradient are two passes over the rows, not one. A grad_logits
+     * row's entries are at most its d loss/d z row's L1 norm over the
+     * temperature (fg_grad_bound with a row scale of 1). */
+    fg_sweep_forward(nt, &c.plan, &rows, inv_temp, &c.ta);
+    fg_common_prepare(&c);
+    fg_grad_bound gb = {1.0 / cfg->temperature, log((double)V), scanned && want_grad ? 1.0 : 0.0,
+                        0.0, "grad_logits", "", 0.0};
+    double loss;
+    fg_metrics metrics;
+    if ((st = fg_common_check_tokens(&c, call.err, c.active, c.n_active, scanned, &gb)) != FG_OK ||
+        (st = fg_common_evaluate(&c, call.err, &loss, &metrics)) != FG_OK)
+        return fg_call_end(&call, st);
+    if (want_grad) {
         fg_sweep_backward(nt, &c.plan, &rows, inv_temp, &c.ta);
-    }
-    if (want_grad) { /* masked rows get zero gradient */
-        const size_t es = fg_dtype_size(out->grad_logits.dtype);
+        const size_t es = fg_dtype_size(out->grad_logits.dtype); /* masked rows: zero gradient */
         fg_zero_masked_rows(&c, N, out->grad_logits.data, (size_t)out->grad_logits.ld * es,
                             (size_t)V * es);
     }
-    fg_common_finish(&c, batch, &out->loss, &out->metrics, out->logp, out->entropy);
-    if (bad)
-        st = fg_fail(call.err, FG_ERR_NONFINITE_INPUT,
-                     "the logits hold NaN or Inf (finite check was off); results are invalid");
-    return fg_call_end(&call, st);
+    out->loss = loss;
+    out->metrics = metrics;
+    fg_common_commit(&c, batch, out->logp, out->entropy);
+    return fg_call_end(&call, FG_OK);
 }

@@ -59,6 +59,16 @@ fg_status fg_grpo_loss_from_logp(fg_context *ctx, const fg_loss_config *cfg,
         c.ta.entropy[n] = entropy[n];
     }
     fg_common_prepare(&c);
+    /* Every token's derivatives and the loss are checked before any output
+     * is written; grad_logp and grad_entropy are the derivatives themselves
+     * (no bound beyond finite). */
+    fg_grad_bound finite_only = {0, 0, 0, 0, "", "", 0};
+    double loss;
+    fg_metrics metrics;
+    if ((st = fg_common_check_tokens(&c, call.err, c.active, c.n_active, 1, &finite_only)) !=
+            FG_OK ||
+        (st = fg_common_evaluate(&c, call.err, &loss, &metrics)) != FG_OK)
+        return fg_call_end(&call, st);
     if (out->grad_logp)
         memset(out->grad_logp, 0, (size_t)N * sizeof(float));
     if (out->grad_entropy)
@@ -70,6 +80,7 @@ fg_status fg_grpo_loss_from_logp(fg_context *ctx, const fg_loss_config *cfg,
         if (out->grad_entropy)
             out->grad_entropy[n] = fg_loss_dentropy(&c.plan, n, c.ta.entropy[n]);
     }
-    fg_common_finish(&c, batch, &out->loss, &out->metrics, NULL, NULL);
+    out->loss = loss;
+    out->metrics = metrics;
     return fg_call_end(&call, FG_OK);
 }

@@ -1,4 +1,5 @@
 /* The GRPO loss family: see loss_math.h and docs/LOSS_SPEC.md. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -339,6 +340,80 @@ float fg_loss_dlogp(const fg_loss_plan *p, int64_t n, float logp, float entropy)
     if (p->level == FG_LEVEL_SEQUENCE) /* d ratio_b / d logp_t = ratio_b · m_t / count_b */
         return (float)(w * (tt.dL_dlogp + p->seq_dratio[b] * ratio / p->seq_count[b]));
     return (float)(w * (tt.dL_dlogp + tt.dL_dr * ratio)); /* d ratio / d logp = ratio */
+}
+
+const char *fg_loss_token_overflow(const fg_loss_plan *p, int64_t n, float logp, float entropy,
+                                   float *dlogp, float *dentropy)
+{
+    *dlogp = fg_loss_dlogp(p, n, logp, entropy);
+    *dentropy = fg_loss_dentropy(p, n, entropy);
+    if (!isfinite(*dlogp))
+        return "d loss/d logp";
+    if (!isfinite(*dentropy))
+        return "d loss/d entropy";
+    if (p->external)
+        return NULL;
+    /* Each of at most total_tokens terms below DBL_MAX / total_tokens: the
+     * double sums of fg_loss_evaluate stay finite. */
+    const int64_t b = n / p->T;
+    const double cap = DBL_MAX / (p->total_tokens > 1 ? p->total_tokens : 1);
+    const token_terms tt = token_terms_eval(p, b, n, logp, policy_ratio(p, b, n, logp),
+                                            in_entropy_mask(p, entropy));
+    if (!(fabs(p->seq_weight[b] * tt.L) <= cap))
+        return "the loss term";
+    if (!(fabs(tt.kl) <= cap))
+        return "the KL";
+    return NULL;
+}
+
+int fg_loss_cannot_overflow(const fg_loss_plan *p, double logit_bound, double log_vocab,
+                            double *dlogp_max, double *dlogp_sum)
+{
+    /* The KL's exp(ref - logp) reaches far beyond any useful bound, and the
+     * losses that need every token run their forward sweep first anyway. */
+    if (p->external || p->beta != 0 || fg_loss_needs_all_tokens(p) ||
+        !isfinite((float)p->entropy_weight))
+        return 0;
+    const double logp_max = 2.0 * logit_bound + log_vocab; /* |logp| */
+    const double cap = DBL_MAX / 4 / (p->total_tokens > 1 ? p->total_tokens : 1);
+    double gmax = 0, gsum = 0;
+    for (int64_t n = 0; n < p->B * p->T; n++) {
+        if (!p->mask[n])
+            continue;
+        const int64_t b = n / p->T;
+        /* the token-level ratio exp(logp - old) with logp <= 0 */
+        const double r = p->old ? exp(-(double)p->old[n]) : 1.0;
+        double f = fabs((double)p->adv[b]) * p->seq_weight[b];
+        if (p->is_ratio && p->type != FG_LOSS_VESPO)
+            f *= fabs((double)(p->is_per_seq ? p->is_ratio[b] : p->is_ratio[n]));
+        double g, L; /* |d loss/d logp| and |loss term| over f (token_terms_eval) */
+        switch (p->type) {
+        case FG_LOSS_CISPO:
+            g = r < p->eps_high ? r : p->eps_high;
+            L = g * logp_max;
+            break;
+        case FG_LOSS_VESPO: /* on-policy here: φ is known */
+            g = p->seq_phi[b];
+            L = g * logp_max;
+            break;
+        case FG_LOSS_SAPO: /* |d pol/d ratio| = 4 s (1 - s) |A| <= |A| */
+            g = r;
+            L = 4.0 / (p->adv[b] > 0 ? p->tau_pos : p->tau_neg);
+            break;
+        default: /* clipped: |d pol/d ratio| <= |A|, |pol| <= |A| max(ratio, 1) */
+            g = r;
+            L = r > 1 ? r : 1;
+            break;
+        }
+        g *= f;
+        if (!(g <= 3.4028234663852886e38 / 8 && f * L <= cap && p->seq_phi[b] <= cap))
+            return 0;
+        gmax = g > gmax ? g : gmax;
+        gsum += g;
+    }
+    *dlogp_max = gmax;
+    *dlogp_sum = gsum;
+    return 1;
 }
 
 void fg_loss_evaluate(const fg_loss_plan *p, const float *logp, const float *entropy,

@@ -88,6 +88,23 @@ static inline float fg_loss_dentropy(const fg_loss_plan *p, int64_t n, float ent
     return entropy >= p->entropy_threshold ? (float)-p->entropy_weight : 0.0f;
 }
 
+/* Token n's d loss/d logp and d loss/d entropy (*dlogp, *dentropy, as the
+ * gradient sweep computes them), and whether they, its loss term and its KL
+ * stay finite: NULL, or the name of the first that does not (the loss term
+ * and the KL also bounded so that the loss's sum over the tokens stays
+ * finite). After fg_loss_prepare. */
+const char *fg_loss_token_overflow(const fg_loss_plan *p, int64_t n, float logp, float entropy,
+                                   float *dlogp, float *dentropy);
+
+/* Whether no token can fail fg_loss_token_overflow when every logit lies
+ * within ±logit_bound, decided before any log-prob is known: token-level
+ * losses without the KL (beta = 0), from the advantages, old_logp, is_ratio
+ * and the weights alone. Then *dlogp_max and *dlogp_sum bound |d loss/d logp|
+ * of one token and its sum over the tokens (d loss/d entropy is the constant
+ * -entropy_weight). 0: unknown until the log-probs are. */
+int fg_loss_cannot_overflow(const fg_loss_plan *p, double logit_bound, double log_vocab,
+                            double *dlogp_max, double *dlogp_sum);
+
 /* The scalar loss and the metrics from every token's logp and entropy,
  * summed in a fixed order in double; after fg_loss_prepare. */
 void fg_loss_evaluate(const fg_loss_plan *p, const float *logp, const float *entropy,

@@ -27,6 +27,7 @@ static const char *const status_names[FG_STATUS_COUNT] = {
     "FG_ERR_OUT_OF_MEMORY",
     "FG_ERR_BACKEND",
     "FG_ERR_COMMUNICATOR",
+    "FG_ERR_OVERFLOW",
 };
 
 const char *fg_status_name(fg_status status)
@@ -94,11 +95,11 @@ void fg_loss_config_init(fg_loss_config *cfg)
     cfg->importance_sampling_level = FG_LEVEL_TOKEN;
     cfg->temperature = 1.0;
     cfg->epsilon_low = 0.2;
-    cfg->epsilon_high = -1.0; /* same as epsilon_low */
-    cfg->delta = 0.0;         /* off */
+    cfg->epsilon_high = FG_EPSILON_HIGH_SAME_AS_LOW;
+    cfg->delta = FG_DELTA_OFF;
     cfg->beta = 0.0;
-    cfg->max_completion_length = 0; /* T */
-    cfg->num_items_in_batch = -1.0; /* unmasked tokens */
+    cfg->max_completion_length = FG_MAX_COMPLETION_LENGTH_T;
+    cfg->num_items_in_batch = FG_NUM_ITEMS_UNMASKED;
     cfg->sapo_temperature_pos = 1.0;
     cfg->sapo_temperature_neg = 1.05;
     cfg->use_bias_correction_kl = 0;

@@ -35,25 +35,22 @@ static fg_row_stats row_stats(const fg_loss_plan *plan, const fg_rows *rows, int
     return fg_row_stats_compute(x, rows->xtype, rows->V, inv_temp);
 }
 
-/* lse, logp, entropy of token n from its (merged) statistics; 1 when not finite. */
-static int finalize_row(int64_t n, fg_row_stats s, float z_tok, const fg_token_arrays *ta)
+/* lse, logp, entropy of token n from its (merged) statistics. */
+static void finalize_row(int64_t n, fg_row_stats s, float z_tok, const fg_token_arrays *ta)
 {
     const float lsum = logf(s.sum);
     ta->zmax[n] = s.max;
     ta->lsum[n] = lsum;
     ta->logp[n] = (z_tok - s.max) - lsum;
     ta->entropy[n] = fg_row_entropy(s);
-    return !(isfinite(s.max) && isfinite(lsum) && isfinite(ta->entropy[n]) &&
-             isfinite(ta->logp[n]));
 }
 
-/* Forward of row i: returns 1 when not finite. */
-static int forward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t i, float inv_temp,
-                       const fg_token_arrays *ta)
+static void forward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t i, float inv_temp,
+                        const fg_token_arrays *ta)
 {
     float z_tok;
     fg_row_stats s = row_stats(plan, rows, i, inv_temp, &z_tok);
-    return finalize_row(rows->token[i], s, z_tok, ta);
+    finalize_row(rows->token[i], s, z_tok, ta);
 }
 
 static void backward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t i, float inv_temp,
@@ -68,14 +65,12 @@ static void backward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t 
                     local_token(plan, rows, n));
 }
 
-int fg_sweep_forward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
-                     float inv_temp, const fg_token_arrays *ta)
+void fg_sweep_forward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
+                      float inv_temp, const fg_token_arrays *ta)
 {
-    int bad = 0;
-#pragma omp parallel for schedule(static) num_threads(threads) reduction(| : bad)
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < rows->count; i++)
-        bad |= forward_row(plan, rows, i, inv_temp, ta);
-    return bad;
+        forward_row(plan, rows, i, inv_temp, ta);
 }
 
 void fg_sweep_shard_local(int threads, const fg_loss_plan *plan, const fg_rows *rows,
@@ -89,26 +84,18 @@ void fg_sweep_shard_local(int threads, const fg_loss_plan *plan, const fg_rows *
     }
 }
 
-int fg_sweep_shard_merged(const fg_rows *rows, const float *buf, const fg_token_arrays *ta,
-                          int *bad)
+int fg_sweep_shard_merged(const fg_rows *rows, const float *buf, const fg_token_arrays *ta)
 {
     const int64_t c = rows->count;
-    int b = 0;
     for (int64_t i = 0; i < c; i++) {
         const int64_t n = rows->token[i];
         const int r = fg_shard_decode(buf, c, i, &ta->zmax[n], &ta->lsum[n], &ta->logp[n],
                                       &ta->entropy[n]);
         if (r == -1)
             return -1;
-        if (r == -2) { /* non-finite statistics: as an unsharded sweep reports them */
+        if (r == -2) /* non-finite statistics: as an unsharded sweep gives them */
             ta->zmax[n] = ta->lsum[n] = ta->logp[n] = ta->entropy[n] = NAN;
-            b = 1;
-            continue;
-        }
-        b |= !(isfinite(ta->zmax[n]) && isfinite(ta->lsum[n]) && isfinite(ta->entropy[n]) &&
-               isfinite(ta->logp[n]));
     }
-    *bad |= b;
     return 0;
 }
 
@@ -120,16 +107,14 @@ void fg_sweep_backward(int threads, const fg_loss_plan *plan, const fg_rows *row
         backward_row(plan, rows, i, inv_temp, ta);
 }
 
-int fg_sweep_forward_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
-                              float inv_temp, const fg_token_arrays *ta)
+void fg_sweep_forward_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
+                               float inv_temp, const fg_token_arrays *ta)
 {
-    int bad = 0;
-#pragma omp parallel for schedule(static) num_threads(threads) reduction(| : bad)
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < rows->count; i++) {
-        bad |= forward_row(plan, rows, i, inv_temp, ta);
+        forward_row(plan, rows, i, inv_temp, ta);
         backward_row(plan, rows, i, inv_temp, ta);
     }
-    return bad;
 }
 
 void fg_sweep_column_sums(int threads, const fg_rows *rows, float *acc)

@@ -36,10 +36,10 @@ typedef struct fg_token_arrays {
     float *logp, *entropy, *zmax, *lsum;
 } fg_token_arrays;
 
-/* Row statistics -> lse, logp, entropy of each row's token.
- * Returns 1 if any of them is not finite (NaN/Inf in the logits). */
-int fg_sweep_forward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
-                     float inv_temp, const fg_token_arrays *ta);
+/* Row statistics -> lse, logp, entropy of each row's token (the callers
+ * check them for NaN/Inf: fg_common_check_tokens). */
+void fg_sweep_forward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
+                      float inv_temp, const fg_token_arrays *ta);
 
 /* Vocab shards (shard_stats.h): each row's statistics over this shard's
  * vocab rows into buf (a layout of c tokens), at row i, or at row token[i]
@@ -48,10 +48,10 @@ void fg_sweep_shard_local(int threads, const fg_loss_plan *plan, const fg_rows *
                           float inv_temp, float *buf, int64_t c, int by_token);
 
 /* After both reductions of a chunk's buf (c = rows->count): every row's
- * merged lse, logp and entropy into ta. -1 when the summed limbs are not
- * what a SUM gives (the communicator misbehaved); *bad as above. */
-int fg_sweep_shard_merged(const fg_rows *rows, const float *buf, const fg_token_arrays *ta,
-                          int *bad);
+ * merged lse, logp and entropy into ta (NaN where a shard's statistics were
+ * not finite). -1 when the summed limbs are not what a SUM gives (the
+ * communicator misbehaved). */
+int fg_sweep_shard_merged(const fg_rows *rows, const float *buf, const fg_token_arrays *ta);
 
 /* d loss / d x for each row from the saved lse/entropy and the loss math's
  * d loss / d logp and d loss / d entropy. */
@@ -60,8 +60,8 @@ void fg_sweep_backward(int threads, const fg_loss_plan *plan, const fg_rows *row
 
 /* Both, one row at a time while the row is still in cache: valid when a
  * token's gradient needs only its own log-prob (token-level ratio). */
-int fg_sweep_forward_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
-                              float inv_temp, const fg_token_arrays *ta);
+void fg_sweep_forward_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
+                               float inv_temp, const fg_token_arrays *ta);
 
 /* acc[c] += Σ_rows dx[r, c] for all c, columns split across threads. */
 void fg_sweep_column_sums(int threads, const fg_rows *rows, float *acc);

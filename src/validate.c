@@ -1,6 +1,7 @@
 /* Argument checks (see validate.h). */
 #include <math.h>
 #include <omp.h>
+#include <string.h>
 
 #include "cpu_dispatch.h"
 #include "validate.h"
@@ -27,38 +28,62 @@ fg_status fg_validate_config(fg_error *err, const fg_loss_config *cfg)
         return fg_fail(err, FG_ERR_BAD_TEMPERATURE,
                        "temperature must be finite and > 0 with a finite float reciprocal, got %g",
                        cfg->temperature);
-    struct {
+    /* docs/LOSS_SPEC.md "Option ranges and overflow": every option in its
+     * range, a sentinel only as the exact value fg_loss_config_init sets. */
+    const double eps_high = cfg->epsilon_high;
+    const struct {
         const char *name;
         double v;
-    } finite[] = {{"epsilon_low", cfg->epsilon_low},
-                  {"epsilon_high", cfg->epsilon_high},
-                  {"delta", cfg->delta},
-                  {"beta", cfg->beta},
-                  {"num_items_in_batch", cfg->num_items_in_batch},
-                  {"entropy_coef", cfg->entropy_coef},
-                  {"vespo_k_pos", cfg->vespo_k_pos},
-                  {"vespo_lambda_pos", cfg->vespo_lambda_pos},
-                  {"vespo_k_neg", cfg->vespo_k_neg},
-                  {"vespo_lambda_neg", cfg->vespo_lambda_neg}};
-    for (size_t i = 0; i < sizeof finite / sizeof finite[0]; i++)
-        if (!finite_d(finite[i].v))
-            return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER, "%s must be finite, got %g",
-                           finite[i].name, finite[i].v);
-    if (!(cfg->sapo_temperature_pos > 0) || !finite_d(4.0 / cfg->sapo_temperature_pos) ||
-        !finite_d(cfg->sapo_temperature_pos) || !(cfg->sapo_temperature_neg > 0) ||
-        !finite_d(4.0 / cfg->sapo_temperature_neg) || !finite_d(cfg->sapo_temperature_neg))
+        int ok;
+        const char *range;
+    } ranges[] = {
+        {"epsilon_low", cfg->epsilon_low, finite_d(cfg->epsilon_low) && cfg->epsilon_low >= 0,
+         ">= 0"},
+        {"epsilon_high", eps_high,
+         eps_high == FG_EPSILON_HIGH_SAME_AS_LOW || (finite_d(eps_high) && eps_high >= 0),
+         ">= 0 (or -1: same as epsilon_low)"},
+        {"delta", cfg->delta,
+         cfg->delta == FG_DELTA_OFF || (finite_d(cfg->delta) && cfg->delta > 0),
+         "> 0 (or 0: off)"},
+        {"beta", cfg->beta, finite_d(cfg->beta) && cfg->beta >= 0, ">= 0"},
+        {"num_items_in_batch", cfg->num_items_in_batch,
+         cfg->num_items_in_batch == FG_NUM_ITEMS_UNMASKED ||
+             (finite_d(cfg->num_items_in_batch) && cfg->num_items_in_batch > 0),
+         "> 0 (or -1: the unmasked token count)"},
+        /* sapo divides by its temperatures (4 / tau) */
+        {"sapo_temperature_pos", cfg->sapo_temperature_pos,
+         cfg->sapo_temperature_pos > 0 && finite_d(cfg->sapo_temperature_pos) &&
+             finite_d(4.0 / cfg->sapo_temperature_pos),
+         "> 0 with a finite 4 / value"},
+        {"sapo_temperature_neg", cfg->sapo_temperature_neg,
+         cfg->sapo_temperature_neg > 0 && finite_d(cfg->sapo_temperature_neg) &&
+             finite_d(4.0 / cfg->sapo_temperature_neg),
+         "> 0 with a finite 4 / value"},
+        {"entropy_coef", cfg->entropy_coef, finite_d(cfg->entropy_coef), "finite"},
+        {"vespo_k_pos", cfg->vespo_k_pos, finite_d(cfg->vespo_k_pos) && cfg->vespo_k_pos > 0,
+         "> 0"},
+        {"vespo_lambda_pos", cfg->vespo_lambda_pos,
+         finite_d(cfg->vespo_lambda_pos) && cfg->vespo_lambda_pos > 0, "> 0"},
+        {"vespo_k_neg", cfg->vespo_k_neg, finite_d(cfg->vespo_k_neg) && cfg->vespo_k_neg > 0,
+         "> 0"},
+        {"vespo_lambda_neg", cfg->vespo_lambda_neg,
+         finite_d(cfg->vespo_lambda_neg) && cfg->vespo_lambda_neg > 0, "> 0"},
+        /* +INFINITY is "off"; NaN and -INFINITY mean nothing */
+        {"off_policy_mask_threshold", cfg->off_policy_mask_threshold,
+         !isnan(cfg->off_policy_mask_threshold) && cfg->off_policy_mask_threshold != -INFINITY,
+         "a number (or +INFINITY: off)"},
+        {"top_entropy_quantile", cfg->top_entropy_quantile,
+         cfg->top_entropy_quantile >= 0.0 && cfg->top_entropy_quantile <= 1.0,
+         "in [0, 1] (1: off)"},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
+        if (!ranges[i].ok)
+            return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER, "%s must be %s, got %g",
+                           ranges[i].name, ranges[i].range, ranges[i].v);
+    if (cfg->max_completion_length < 0)
         return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER,
-                       "sapo_temperature_pos/neg must be finite and > 0, got %g / %g",
-                       cfg->sapo_temperature_pos, cfg->sapo_temperature_neg);
-    /* +INFINITY is "off"; NaN and -INFINITY mean nothing */
-    if (isnan(cfg->off_policy_mask_threshold) || cfg->off_policy_mask_threshold == -INFINITY)
-        return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER,
-                       "off_policy_mask_threshold must be a number or +INFINITY (off), got %g",
-                       cfg->off_policy_mask_threshold);
-    if (!(cfg->top_entropy_quantile >= 0.0 && cfg->top_entropy_quantile <= 1.0))
-        return fg_fail(err, FG_ERR_BAD_HYPERPARAMETER,
-                       "top_entropy_quantile must lie in [0, 1] (1: off), got %g",
-                       cfg->top_entropy_quantile);
+                       "max_completion_length must be >= 1 (or 0: T), got %lld",
+                       (long long)cfg->max_completion_length);
     return FG_OK;
 }
 
@@ -209,63 +234,122 @@ fg_status fg_validate_vector(fg_error *err, const char *name, const fg_vector *v
     return FG_OK;
 }
 
-/* Exponent-all-ones test on the raw bits: vectorizes, and catches NaN and Inf. */
+/* The largest |x| of n elements as its raw magnitude bits (sign cleared):
+ * for floats the bits order as the magnitudes do, and bits at or above the
+ * all-ones exponent are NaN or Inf. An integer max: vectorizes, one pass. */
 FG_CPU_CLONES
-static int64_t first_nonfinite(const void *p, fg_dtype dt, int64_t n)
+static uint32_t max_magnitude_bits(const void *p, fg_dtype dt, int64_t n)
 {
-    int bad = 0;
     if (dt == FG_DTYPE_BF16) {
         const uint16_t *x = p;
-        for (int64_t i = 0; i < n; i++)
-            bad |= (x[i] & 0x7f80) == 0x7f80;
-        if (!bad)
-            return -1;
-        for (int64_t i = 0; i < n; i++)
-            if ((x[i] & 0x7f80) == 0x7f80)
-                return i;
-    } else {
-        const uint32_t *x = p;
-        for (int64_t i = 0; i < n; i++)
-            bad |= (x[i] & 0x7f800000u) == 0x7f800000u;
-        if (!bad)
-            return -1;
-        for (int64_t i = 0; i < n; i++)
-            if ((x[i] & 0x7f800000u) == 0x7f800000u)
-                return i;
+        uint16_t top = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t b = x[i] & 0x7fffu;
+            top = b > top ? b : top;
+        }
+        return (uint32_t)top << 16; /* as float bits */
+    }
+    uint32_t top = 0;
+    const uint32_t *x = p;
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t b = x[i] & 0x7fffffffu;
+        top = b > top ? b : top;
+    }
+    return top;
+}
+
+static int64_t first_nonfinite(const void *p, fg_dtype dt, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t b = dt == FG_DTYPE_BF16 ? (uint32_t)((const uint16_t *)p)[i] << 16
+                                               : ((const uint32_t *)p)[i];
+        if ((b & 0x7f800000u) == 0x7f800000u)
+            return i;
     }
     return -1;
 }
 
-fg_status fg_check_finite_matrix(fg_error *err, int threads, const char *name,
-                                 const fg_matrix *m, const uint8_t *row_mask)
+static double magnitude_of(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+fg_status fg_scan_matrix(fg_error *err, int threads, const char *name, const fg_matrix *m,
+                         const uint8_t *row_mask, fg_magnitude *out)
 {
     const size_t es = fg_dtype_size(m->dtype);
-    int64_t bad_row = -1, bad_col = -1;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t r = 0; r < m->rows; r++) {
-        if (row_mask && !row_mask[r])
-            continue;
-        int64_t c = first_nonfinite((const unsigned char *)m->data + (size_t)r * m->ld * es,
-                                    m->dtype, m->cols);
-        if (c >= 0) {
-#pragma omp critical(fg_nonfinite)
-            if (bad_row < 0 || r < bad_row) {
-                bad_row = r;
-                bad_col = c;
+    int64_t top_row = -1;
+    uint32_t top = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t my_row = -1;
+        uint32_t my_top = 0;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < m->rows; r++) {
+            if (row_mask && !row_mask[r])
+                continue;
+            const uint32_t b = max_magnitude_bits(
+                (const unsigned char *)m->data + (size_t)r * (size_t)m->ld * es, m->dtype, m->cols);
+            if (my_row < 0 || b > my_top || (b == my_top && r < my_row)) {
+                my_top = b;
+                my_row = r;
             }
         }
+#pragma omp critical(fg_scan_matrix)
+        if (my_row >= 0 && (top_row < 0 || my_top > top || (my_top == top && my_row < top_row))) {
+            top = my_top;
+            top_row = my_row;
+        }
     }
-    if (bad_row >= 0)
+    if (top >= 0x7f800000u) { /* NaN or Inf: the first such row (ties: the lowest row) */
+        int64_t bad_row = -1;
+        for (int64_t r = 0; r < m->rows && bad_row < 0; r++)
+            if ((!row_mask || row_mask[r]) &&
+                max_magnitude_bits((const unsigned char *)m->data + (size_t)r * (size_t)m->ld * es,
+                                   m->dtype, m->cols) >= 0x7f800000u)
+                bad_row = r;
+        const int64_t c = first_nonfinite(
+            (const unsigned char *)m->data + (size_t)bad_row * (size_t)m->ld * es, m->dtype, m->cols);
         return fg_fail(err, FG_ERR_NONFINITE_INPUT, "%s[%lld, %lld] is NaN or Inf", name,
-                       (long long)bad_row, (long long)bad_col);
+                       (long long)bad_row, (long long)c);
+    }
+    out->value = magnitude_of(top);
+    out->index = top_row < 0 ? 0 : top_row;
     return FG_OK;
 }
 
-fg_status fg_check_finite_vector(fg_error *err, const char *name, const fg_vector *v)
+fg_status fg_scan_vector(fg_error *err, const char *name, const fg_vector *v, fg_magnitude *out)
 {
-    int64_t i = first_nonfinite(v->data, v->dtype, v->len);
-    if (i >= 0)
-        return fg_fail(err, FG_ERR_NONFINITE_INPUT, "%s[%lld] is NaN or Inf", name, (long long)i);
+    const uint32_t top = max_magnitude_bits(v->data, v->dtype, v->len);
+    if (top >= 0x7f800000u)
+        return fg_fail(err, FG_ERR_NONFINITE_INPUT, "%s[%lld] is NaN or Inf", name,
+                       (long long)first_nonfinite(v->data, v->dtype, v->len));
+    out->value = magnitude_of(top);
+    out->index = 0;
+    return FG_OK;
+}
+
+fg_status fg_grad_bound_add(fg_error *err, fg_grad_bound *gb, double dlogp, double dentropy,
+                            int64_t n, int64_t T)
+{
+    /* The L1 norm of token n's d loss/d logits row (docs/LOSS_SPEC.md "Option
+     * ranges and overflow"): 2|g| + 2|e|(log V + 1), over the temperature. */
+    const double s = 2.0 * (fabs(dlogp) + fabs(dentropy) * (gb->log_vocab + 1.0)) * gb->inv_temp;
+    gb->sum += s;
+    if (s * gb->row_scale > FG_OVERFLOW_LIMIT)
+        return fg_fail(err, FG_ERR_OVERFLOW,
+                       "token [%lld, %lld]: d loss/d logp = %g and d loss/d entropy = %g give a "
+                       "%s row up to %g, beyond float range",
+                       (long long)(n / T), (long long)(n % T), dlogp, dentropy, gb->row_name,
+                       s * gb->row_scale);
+    if (gb->sum * gb->sum_scale > FG_OVERFLOW_LIMIT)
+        return fg_fail(err, FG_ERR_OVERFLOW,
+                       "up to token [%lld, %lld]: the tokens' d loss/d logp and d loss/d entropy "
+                       "give %s entries up to %g, beyond float range",
+                       (long long)(n / T), (long long)(n % T), gb->sum_name,
+                       gb->sum * gb->sum_scale);
     return FG_OK;
 }
 

@@ -34,10 +34,42 @@ fg_status fg_validate_matrix(fg_error *err, const char *name, const fg_matrix *m
                              int64_t rows, int64_t cols);
 fg_status fg_validate_vector(fg_error *err, const char *name, const fg_vector *v, int64_t len);
 
-/* NaN/Inf scan of a matrix (rows with mask[r] == 0 skipped when mask given). */
-fg_status fg_check_finite_matrix(fg_error *err, int threads, const char *name,
-                                 const fg_matrix *m, const uint8_t *row_mask);
-fg_status fg_check_finite_vector(fg_error *err, const char *name, const fg_vector *v);
+/* The largest |element| an input holds, and its row (0 for a vector). */
+typedef struct fg_magnitude {
+    double value;
+    int64_t index;
+} fg_magnitude;
+
+/* NaN/Inf scan of a matrix (rows with mask[r] == 0 skipped when mask given)
+ * that also finds its largest |element|, in the same pass over the bits. */
+fg_status fg_scan_matrix(fg_error *err, int threads, const char *name, const fg_matrix *m,
+                         const uint8_t *row_mask, fg_magnitude *out);
+fg_status fg_scan_vector(fg_error *err, const char *name, const fg_vector *v,
+                         fg_magnitude *out);
+
+/* The largest magnitude a bound on the logits or on a gradient's entries may
+ * reach: an eighth of the float range, so that the difference of two logits,
+ * the rounding of the products' partial sums and the bound's own arithmetic
+ * stay finite. Real models sit some 30 orders of magnitude below. */
+#define FG_OVERFLOW_LIMIT (3.4028234663852886e38 / 8)
+
+/* What a call's gradient outputs can reach, from each token's d loss/d logp
+ * (g) and d loss/d entropy (e): its d loss/d logits row has an L1 norm of at
+ * most s = 2(|g| + |e|(log V + 1)) / temperature; a gradient row written per
+ * token (grad_hidden: s times the largest |weight|; grad_logits: s) must stay
+ * below FG_OVERFLOW_LIMIT, and so must the sums over tokens (grad_weight: Σ s
+ * times the largest |hidden|; grad_bias: Σ s). A scale of 0: not written. */
+typedef struct fg_grad_bound {
+    double inv_temp, log_vocab;
+    double row_scale, sum_scale;
+    const char *row_name, *sum_name;
+    double sum; /* Σ s over the tokens added so far */
+} fg_grad_bound;
+
+/* Adds token n (of rows of T) to the bound: FG_ERR_OVERFLOW naming the token
+ * and the output when a bound passes FG_OVERFLOW_LIMIT. */
+fg_status fg_grad_bound_add(fg_error *err, fg_grad_bound *gb, double dlogp, double dentropy,
+                            int64_t n, int64_t T);
 
 /* The phase API's statistics buffer (fusedgrpo.h, "phases of a vocab-sharded
  * call") of n tokens: not NULL, and its status slot 0; a slot another shard

@@ -4,7 +4,7 @@
  * oracle and against the same call's float32 gradients rounded to bf16.
  *
  * Odd shapes (B = 7, T = 101, H = 45, V = 1013, ragged mask), grpo with KL and
- * a bias. The acceptance of issue 15: the bf16 gradient's error (relative L2
+ * a bias. The bound: the bf16 gradient's error (relative L2
  * against the oracle) is no worse than twice that of rounding the f32
  * gradient to bf16, checked both against the same call's f32 gradient
  * rounded and against the exact (oracle) gradient rounded, for:
@@ -263,8 +263,8 @@ int main(void)
     }
     /* With bf16 kernels: one rounding per chunk, the documented exception:
      * 1.34x measured at ~15 one-row chunks, 2.24x at 95 (Zen 5, before the
-     * float32 sums existed); this case's ~13 chunks were not measured yet (no
-     * AVX-512 BF16 CPU in that session): 3 leaves room, to be tightened. */
+     * float32 sums existed); this case's ~13 chunks have not been measured on
+     * an AVX-512 BF16 CPU: 3 leaves room, to be tightened. */
     run_case(&c, native ? "fused, rounded per chunk" : "fused, smallest budget", &fused,
              per_chunk_budget, native ? "bf16 grad_weight rounded per chunk / rounded exact" : NULL,
              3.0, 1);

@@ -64,9 +64,11 @@ static int same_last_call(const fg_memory_stats *a, const fg_memory_stats *b)
 
 /* ------------------------------------------------------ budget per call */
 
-static void budget_per_call(const tu_problem *p, size_t min_budget)
+/* min_budget: the planner's smallest; chunked: a budget with several chunks
+ * (main). */
+static void budget_per_call(const tu_problem *p, size_t min_budget, size_t chunked)
 {
-    const size_t budgets[4] = {0, (size_t)1 << 20, min_budget, 3 * min_budget};
+    const size_t budgets[4] = {0, 2 * chunked - min_budget, min_budget, chunked};
     const fg_linear_inputs in = tu_problem_inputs(p);
     const fg_batch *batch = &p->tb.view;
     fg_context *shared = make_ctx(0);
@@ -119,7 +121,7 @@ static void budget_per_call(const tu_problem *p, size_t min_budget)
 
 /* ------------------------------------------------- last-call figures */
 
-static void last_call_figures(const tu_problem *p, size_t min_budget)
+static void last_call_figures(const tu_problem *p, size_t min_budget, size_t chunked)
 {
     const fg_linear_inputs in = tu_problem_inputs(p);
     const fg_batch *batch = &p->tb.view;
@@ -129,18 +131,19 @@ static void last_call_figures(const tu_problem *p, size_t min_budget)
         return;
     tu_linear_outs o;
     tu_linear_outs_make(&o, N, H, V, 1);
-    fg_exec e = exec_of(3 * min_budget, NULL, 0);
+    fg_exec e = exec_of(chunked, NULL, 0);
     fg_status s = fg_linear_grpo(ctx, NULL, &cfg, &in, batch, &o.out, &e);
     CHECK(s == FG_OK, "first call: %s (%s)", fg_status_name(s), fg_last_error(ctx));
     fg_memory_stats ran, now;
     fg_get_memory_stats(ctx, &ran);
-    CHECK(ran.budget_bytes == 3 * min_budget && ran.chunks > 1 && ran.gemm_flops > 0,
-          "after a call at %zu: budget_bytes %zu, %lld chunks, %lld flops", 3 * min_budget,
+    CHECK(ran.budget_bytes == chunked && ran.chunks > 1 && ran.gemm_flops > 0,
+          "after a call at %zu: budget_bytes %zu, %lld chunks, %lld flops", chunked,
           ran.budget_bytes, (long long)ran.chunks, (long long)ran.gemm_flops);
 
-    /* a plan query at another budget */
+    /* a plan query at another budget (one that runs on any CPU) */
     fg_linear_plan_info plan;
-    fg_exec e2 = exec_of((size_t)1 << 20, NULL, 0);
+    const size_t other = 2 * chunked - min_budget;
+    fg_exec e2 = exec_of(other, NULL, 0);
     s = fg_linear_grpo_plan(ctx, NULL, &cfg, &in, batch, &o.out, &e2, &plan);
     fg_get_memory_stats(ctx, &now);
     CHECK(s == FG_OK && same_last_call(&ran, &now),
@@ -175,18 +178,19 @@ static void last_call_figures(const tu_problem *p, size_t min_budget)
     /* and the next call that runs replaces them */
     s = fg_linear_grpo(ctx, NULL, &cfg, &in, batch, &o.out, &e2);
     fg_get_memory_stats(ctx, &now);
-    CHECK(s == FG_OK && now.budget_bytes == ((size_t)1 << 20) &&
-              now.chunk_rows == plan.chunk_rows && now.chunks == plan.chunks,
-          "after a call at 1 MiB: budget_bytes %zu, rows %lld (planned %lld)", now.budget_bytes,
-          (long long)now.chunk_rows, (long long)plan.chunk_rows);
+    CHECK(s == FG_OK && now.budget_bytes == other && now.chunk_rows == plan.chunk_rows &&
+              now.chunks == plan.chunks,
+          "after a call at %zu: budget_bytes %zu, rows %lld (planned %lld)", other,
+          now.budget_bytes, (long long)now.chunk_rows, (long long)plan.chunk_rows);
     tu_linear_outs_free(&o);
     fg_context_destroy(ctx);
 }
 
 /* ------------------------------------------------- caller workspace */
 
-/* chunked: the fused path at 4x the planner's smallest budget for p (several
- * chunks), else at the default budget (one chunk here). */
+/* chunked: the fused path at the planner's smallest budget for p plus a
+ * third of its one-chunk plan's chunk bytes (several chunks on any CPU),
+ * else at the default budget (one chunk here). */
 static void caller_workspace(const tu_problem *p, fg_impl impl, int chunked)
 {
     const fg_linear_inputs in = tu_problem_inputs(p);
@@ -200,7 +204,7 @@ static void caller_workspace(const tu_problem *p, fg_impl impl, int chunked)
         fg_linear_plan_info plan;
         CHECK(c && fg_linear_grpo_plan(c, &lo, &cfg, &in, batch, &o.out, NULL, &plan) == FG_OK,
               "%s", "plan for the chunked budget");
-        budget = 4 * plan.min_budget_bytes;
+        budget = plan.min_budget_bytes + plan.chunk_bytes / 3;
         tu_linear_outs_free(&o);
         fg_context_destroy(c);
     }
@@ -365,8 +369,11 @@ int main(void)
         tu_batch_view(&prob[d].tb);
     }
 
-    /* the planner's smallest budget for the f32 call (one row a chunk) */
-    size_t min_budget = 0;
+    /* the planner's smallest budget for the f32 call (one row a chunk), and one
+     * with several chunks: that plus a third of the one-chunk plan's chunk
+     * bytes (not a multiple of the smallest: where GEMM scratch dominates it,
+     * as on AVX-512, a multiple holds every row in one chunk) */
+    size_t min_budget = 0, chunked = 0;
     {
         fg_context *c = make_ctx(0);
         tu_linear_outs o;
@@ -377,11 +384,12 @@ int main(void)
                                        &plan) == FG_OK,
               "%s", "plan");
         min_budget = plan.min_budget_bytes;
+        chunked = plan.min_budget_bytes + plan.chunk_bytes / 3;
         tu_linear_outs_free(&o);
         fg_context_destroy(c);
     }
-    budget_per_call(&prob[0], min_budget);
-    last_call_figures(&prob[0], min_budget);
+    budget_per_call(&prob[0], min_budget, chunked);
+    last_call_figures(&prob[0], min_budget, chunked);
     for (int d = 0; d < 2; d++) {
         caller_workspace(&prob[d], FG_IMPL_FUSED, 0);
         caller_workspace(&prob[d], FG_IMPL_FUSED, 1);

@@ -66,6 +66,17 @@ static double rel_l2_f(const float *a, const double *b, int64_t n)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* rel_l2_f against a float reference (the unfiltered call's own gradient). */
+static double rel_l2_ff(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
 static int same_forward(const tu_linear_outs *a, const tu_linear_outs *b)
 {
     return memcmp(&a->out.loss, &b->out.loss, sizeof a->out.loss) == 0 &&
@@ -118,11 +129,17 @@ static void peaked(fg_context *ctx, fg_dtype dt, const char *dname)
     CHECK(fg_linear_grpo_plan(ctx, &fo, &cfg, &in, batch, &f.out, NULL, &plan) == FG_OK,
           "plan: %s", fg_last_error(ctx));
     const size_t budgets[2] = {0, plan.min_budget_bytes};
-    const int approx = dt == FG_DTYPE_BF16 && tu_bf16_gemms_native();
+    /* The path the plan takes: bf16 products (dlogits rounded to bf16) or
+     * products in f32 (f32 inputs, or bf16 ones widened). */
+    const int approx = plan.gemm_dtype == FG_DTYPE_BF16;
+    const char *path = approx ? "native bf16 products" : "f32 products";
     const double tol = approx ? 1e-2 : 1e-5;
     const double epss[3] = {1e-3, 1e-5, 0.9}; /* 0.9: mostly the token alone */
-    /* What the filter drops (grad_hidden against the exact gradient), measured
-     * 2026-11-25 on AVX2 for these thresholds: 2.3e-3, 3.8e-5, 0.30. */
+    /* What the filter drops: grad_hidden against the unfiltered call's on the
+     * same path (whose own error, against the oracle, is 1.3e-3 with native
+     * bf16 products: dlogits rounded to bf16). Measured against the exact
+     * gradient on AVX2 (f32 products) for these thresholds: 2.3e-3, 3.8e-5,
+     * 0.30. */
     const double dropped_tol[3] = {6e-3, 8e-5, 0.6};
     for (int bi = 0; bi < 2; bi++)
         for (int ei = 0; ei < 3; ei++) {
@@ -158,19 +175,21 @@ static void peaked(fg_context *ctx, fg_dtype dt, const char *dname)
             char name[64];
             snprintf(name, sizeof name, "filter %s unfiltered grad_hidden", dname);
             TOL_CHECK(name, rel_l2_f(base.grad_hidden, ref.grad_hidden, N * H), tol,
-                      "budget %d", bi);
+                      "%s, budget %d", path, bi);
             snprintf(name, sizeof name, "filter %s unfiltered grad_weight", dname);
             TOL_CHECK(name, rel_l2_f(base.grad_weight, ref.grad_weight, V * H), tol,
-                      "budget %d", bi);
+                      "%s, budget %d", path, bi);
             snprintf(name, sizeof name, "filter %s grad_hidden", dname);
-            TOL_CHECK(name, rel_l2_f(f.grad_hidden, gh, N * H), tol, "eps %g budget %d", eps, bi);
+            TOL_CHECK(name, rel_l2_f(f.grad_hidden, gh, N * H), tol, "%s, eps %g budget %d", path,
+                      eps, bi);
             snprintf(name, sizeof name, "filter %s grad_weight", dname);
-            TOL_CHECK(name, rel_l2_f(f.grad_weight, gw, V * H), tol, "eps %g budget %d", eps, bi);
-            /* What the filter drops, against the exact gradient (information
-             * for docs/LOSS_SPEC.md, bounded loosely). */
+            TOL_CHECK(name, rel_l2_f(f.grad_weight, gw, V * H), tol, "%s, eps %g budget %d", path,
+                      eps, bi);
+            /* What the filter drops, against the unfiltered call on the same
+             * path (information for docs/LOSS_SPEC.md, bounded loosely). */
             snprintf(name, sizeof name, "filter %s eps %g dropped", dname, eps);
-            TOL_CHECK(name, rel_l2_f(f.grad_hidden, ref.grad_hidden, N * H), dropped_tol[ei],
-                      "grad_hidden against the unfiltered oracle");
+            TOL_CHECK(name, rel_l2_ff(f.grad_hidden, base.grad_hidden, N * H), dropped_tol[ei],
+                      "grad_hidden against the unfiltered call's (%s)", path);
 
             /* One thread: the same bits. */
             CHECK(run(ctx, eps, &cfg, &in, batch, &f2, budgets[bi], 1, &ms) == FG_OK, "%s",

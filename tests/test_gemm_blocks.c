@@ -54,7 +54,7 @@ static void check(fg_gemm_cache *gc, int64_t M, int64_t N, size_t want_partials,
         W[i] = (float)(0.1 * tu_normal(&rng));
     /* grad_hidden's shape (linear_grpo.c, shape_dhidden), W read in place */
     const fg_gemm_shape s = {M, N, K, FG_DTYPE_F32, FG_DTYPE_F32, FG_DTYPE_F32, K, 1, N, 1, N, 0, 0,
-                             0, FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0, 0, FG_BLOCK_DHIDDEN_SPLIT_K};
+                             0, FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0, FG_BLOCK_DHIDDEN_SPLIT_K};
     fg_error err;
     fg_gemm_scratch need = {0, 0};
     int ok = fg_gemm_prepare(gc, &s, 2, &need, &err) == FG_OK;

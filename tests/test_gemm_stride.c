@@ -86,7 +86,7 @@ static void check(fg_gemm_cache *gc, int64_t M, int64_t ld, fg_dtype wt, size_t 
         }
     /* grad_hidden's shape (linear_grpo.c, shape_dhidden), accumulating */
     const fg_gemm_shape s = {M, N, K, FG_DTYPE_F32, wt, FG_DTYPE_F32, K, 1, ld, 1, N, 1, 0,
-                             tile_bytes, FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0, 0,
+                             tile_bytes, FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0,
                              FG_BLOCK_DHIDDEN_SPLIT_K};
     /* bf16 W with an f32 A always converts (a CPU with bf16 GEMMs gets bf16 A);
      * f32 W where a tile holds two K pieces of FG_GEMM_MIN_PIECE_K rows */

@@ -60,7 +60,7 @@ static const char *Q_NAME[Q_COUNT] = {"loss",          "logp",        "entropy",
  * gradients are as close as f32 ones). A bf16 grad_logits output is rounded
  * to bf16 (2^-9 relative) on both. The bf16 gradient columns below are
  * Zen 5's; where the GEMMs run in f32, TOL_BF16_F32_GEMM applies instead.
- * Since vespo (session 6) the worst loss and f32 gradient errors are its:
+ * vespo has the worst loss and f32 gradient errors:
  * its gamma weight exp(λ + k log w − λ w) multiplies a sequence's summed
  * log-prob error by |k − λ w|. Worst loss, Zen 5 / AVX2: f32 mat/fused
  * 3.3e-6 / 1.5e-6, logits 4.9e-6 / 4.9e-6; bf16 1.2e-6 / 1.4e-6, logits

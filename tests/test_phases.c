@@ -9,7 +9,7 @@
  * Checked:
  *   - against the float64 oracle (loss, logp, entropy, the three gradients);
  *   - against one process's fg_linear_grpo: loss and logp within 1e-5
- *     relative, gradients within 1e-4 (issue 13's bounds);
+ *     relative, gradients within 1e-4 (the sharded paths' bounds);
  *   - every shard gets the same bits, and the SUM in two orders (shards
  *     forward and backward) gives the same bits: the merge is exact;
  *   - a shard given a bad token id or NaN hidden states makes every shard's

@@ -3,12 +3,17 @@
  * for the library's own count.
  *
  * One fused fg_linear_grpo call at the default budget (FG_DEFAULT_MEMORY_BUDGET,
- * 256 MiB) on a shape where the budget binds: B = 1, T = 874, H = 256,
- * V = 151936 (Qwen's vocabulary), f32, every output and gradient wanted. Its
- * logits alone would be T*V*4 = 510 MiB; the fused path walks them in two
- * chunks of 437 rows that fill the budget (a T that splits into chunks
- * leaving part of the budget unused would test less: the planner's
- * working_bytes is checked to be >= 95% of the budget).
+ * 256 MiB) on a shape where the budget binds: B = 1, H = 256, V = 151936
+ * (Qwen's vocabulary), f32, every output and gradient wanted, and T the
+ * longest that the planner (fg_linear_grpo_plan) cuts into two chunks on
+ * this CPU: two chunks of the most rows the budget holds, which fill it
+ * (858 on AVX2, 2 x 429: logits alone of T*V*4 = 497 MiB; fewer
+ * where oneDNN asks for more GEMM scratch). A T that splits into chunks
+ * leaving part of the budget unused would test less: equal chunks one more
+ * than the fewest that fit are shorter than the budget holds (on Zen 4 at
+ * T = 874, 2 x 437 on AVX2: 3 chunks of 312 rows, 73% of it), so T is found
+ * here rather than fixed, and the plan's working_bytes is checked to be
+ * >= 95% of the budget.
  *
  *   working RSS = VmHWM during the call - VmRSS just before it
  *
@@ -66,7 +71,7 @@
 #endif
 #endif
 
-enum { B = 1, T = 874, H = 256, V = 151936, N = B * T };
+enum { B = 1, T_MOST = 1600, H = 256, V = 151936 };
 
 /* A kB field ("VmRSS:", "VmHWM:") of /proc/self/status, in bytes; -1 if absent. */
 static long long status_bytes(const char *field)
@@ -96,6 +101,32 @@ static int reset_hwm(void)
     return fclose(f) == 0 && ok ? 0 : -1;
 }
 
+/* The batch of T tokens the call scores (old and reference log-probs around
+ * log(1/V)). */
+static void make_batch(tu_batch *tb, int64_t T, tu_rng *rng)
+{
+    tu_batch_make(tb, B, T, V, 0, rng);
+    tb->have_old = tb->have_ref = 1;
+    tb->is_mode = 1;
+    double *lp = tu_xmalloc(sizeof(double) * (size_t)(B * T));
+    for (int64_t n = 0; n < B * T; n++) lp[n] = -12.0 + tu_uniform(rng);
+    tu_batch_fill_logp(tb, lp, 0.2, 0.2, rng);
+    free(lp);
+}
+
+/* The plan of a call on T tokens: *tb made (the caller frees it), in->hidden and
+ * o->out.grad_hidden set to T rows. */
+static fg_status plan_for(fg_context *ctx, int64_t T, const fg_loss_config *cfg,
+                          fg_linear_inputs *in, tu_linear_outs *o, tu_batch *tb, tu_rng *rng,
+                          float *hidden, fg_linear_plan_info *plan)
+{
+    make_batch(tb, T, rng);
+    in->hidden = fg_matrix_make(hidden, FG_DTYPE_F32, B * T, H);
+    o->out.grad_hidden = fg_matrix_make(o->grad_hidden, FG_DTYPE_F32, B * T, H);
+    memset(plan, 0, sizeof *plan);
+    return fg_linear_grpo_plan(ctx, NULL, cfg, in, tu_batch_view(tb), &o->out, NULL, plan);
+}
+
 /* A cheap uniform in [-1, 1): 40 M draws of Box-Muller would take seconds. */
 static float unit(uint64_t *s)
 {
@@ -116,31 +147,21 @@ int main(int argc, char **argv)
         printf("SKIP: cannot reset VmHWM through /proc/self/clear_refs (Linux >= 4.0 needed)\n");
         return 77;
     }
-    float *hidden = tu_xmalloc(sizeof(float) * (size_t)N * H);
+    float *hidden = tu_xmalloc(sizeof(float) * (size_t)B * T_MOST * H);
     float *weight = tu_xmalloc(sizeof(float) * (size_t)V * H);
     float *bias = tu_xmalloc(sizeof(float) * (size_t)V);
     uint64_t s = 12345;
-    for (size_t i = 0; i < (size_t)N * H; i++) hidden[i] = unit(&s);
+    for (size_t i = 0; i < (size_t)B * T_MOST * H; i++) hidden[i] = unit(&s);
     for (size_t i = 0; i < (size_t)V * H; i++) weight[i] = 0.1f * unit(&s);
     for (size_t i = 0; i < (size_t)V; i++) bias[i] = 0.1f * unit(&s);
     tu_rng rng;
     tu_rng_seed(&rng, 7);
-    tu_batch tb;
-    tu_batch_make(&tb, B, T, V, 0, &rng);
-    tb.have_old = tb.have_ref = 1;
-    tb.is_mode = 1;
-    double *lp = tu_xmalloc(sizeof(double) * N);
-    for (int n = 0; n < N; n++) lp[n] = -12.0 + tu_uniform(&rng); /* ~ log(1/V) */
-    tu_batch_fill_logp(&tb, lp, 0.2, 0.2, &rng);
-    free(lp);
-    const fg_batch *batch = tu_batch_view(&tb);
     tu_linear_outs o;
-    tu_linear_outs_make(&o, N, H, V, 1);
+    tu_linear_outs_make(&o, B * T_MOST, H, V, 1);
     tu_linear_outs_fill(&o, 0); /* touched: their pages are resident before the call */
 
     fg_linear_inputs in;
     memset(&in, 0, sizeof in);
-    in.hidden = fg_matrix_make(hidden, FG_DTYPE_F32, N, H);
     in.weight = fg_matrix_make(weight, FG_DTYPE_F32, V, H);
     in.bias = fg_vector_make(bias, FG_DTYPE_F32, V);
     fg_loss_config cfg;
@@ -158,21 +179,33 @@ int main(int argc, char **argv)
         return tu_finish();
     }
     const size_t budget = FG_DEFAULT_MEMORY_BUDGET;
-    {
-        /* on another context, so that the measured call is the first one here */
-        fg_context *plan_ctx = NULL;
-        fg_linear_plan_info plan;
-        memset(&plan, 0, sizeof plan);
-        const fg_status ps =
-            fg_context_create(&opt, &plan_ctx) == FG_OK
-                ? fg_linear_grpo_plan(plan_ctx, NULL, &cfg, &in, batch, &o.out, NULL, &plan)
-                : FG_ERR_OUT_OF_MEMORY;
-        CHECK(ps == FG_OK && plan.chunks > 1 && plan.working_bytes >= budget / 100 * 95,
-              "plan: %s, %lld chunks of %lld rows, working_bytes %zu: the call would not fill "
-              "the budget %zu", fg_status_name(ps), (long long)plan.chunks,
-              (long long)plan.chunk_rows, plan.working_bytes, budget);
-        fg_context_destroy(plan_ctx);
+    /* T: the longest that plans two chunks (bisected over the plan query), on
+     * another context, so that the measured call is the first one here */
+    int64_t lo = 1, hi = T_MOST; /* lo plans at most two chunks, hi more */
+    fg_linear_plan_info plan;
+    tu_batch tb;
+    fg_context *plan_ctx = NULL;
+    fg_status ps = fg_context_create(&opt, &plan_ctx);
+    while (ps == FG_OK && hi - lo > 1) {
+        const int64_t t = lo + (hi - lo) / 2;
+        ps = plan_for(plan_ctx, t, &cfg, &in, &o, &tb, &rng, hidden, &plan);
+        tu_batch_free(&tb);
+        *(plan.chunks <= 2 ? &lo : &hi) = t;
     }
+    const int64_t T = lo;
+    if (ps == FG_OK) /* the batch of T, kept for the call */
+        ps = plan_for(plan_ctx, T, &cfg, &in, &o, &tb, &rng, hidden, &plan);
+    fg_context_destroy(plan_ctx);
+    CHECK(ps == FG_OK && plan.chunks == 2 && plan.working_bytes >= budget / 100 * 95,
+          "plan: %s, T = %lld: %lld chunks of %lld rows, working_bytes %zu: the call would not "
+          "fill the budget %zu", fg_status_name(ps), (long long)T, (long long)plan.chunks,
+          (long long)plan.chunk_rows, plan.working_bytes, budget);
+    if (ps != FG_OK)
+        return tu_finish();
+    printf("T = %lld: %lld chunks of %lld rows, working_bytes %zu of the budget %zu\n",
+           (long long)T, (long long)plan.chunks, (long long)plan.chunk_rows, plan.working_bytes,
+           budget);
+    const fg_batch *batch = tu_batch_view(&tb);
     for (int call = 0; call < 2; call++) {
         fg_release_workspace(ctx);
         fg_reset_peak_memory(ctx);

@@ -97,8 +97,16 @@ static fg_status run(fg_context *ctx, int threads, int path, fg_dtype dt, fg_is_
         out.grad_hidden = fg_matrix_make(r->gh, FG_DTYPE_F32, N, H);
         out.grad_weight = fg_matrix_make(r->gw, FG_DTYPE_F32, V, H);
         out.grad_bias = fg_vector_make(r->gb, FG_DTYPE_F32, V);
-        ex.memory_budget = path == P_FUSED_CHUNKS ? (size_t)1 << 20 : 0;
         const fg_linear_options lo = {path == P_MAT ? FG_IMPL_MATERIALIZED : FG_IMPL_FUSED, 0, 0.0};
+        if (path == P_FUSED_CHUNKS) { /* several chunks: the smallest budget plus a third of
+            the one-chunk plan's chunk bytes, both from the plan query (what the GEMMs need
+            differs by ISA) */
+            fg_linear_plan_info plan;
+            st = fg_linear_grpo_plan(ctx, &lo, &cfg, &in, batch, &out, &ex, &plan);
+            if (st != FG_OK)
+                return st;
+            ex.memory_budget = plan.min_budget_bytes + plan.chunk_bytes / 3;
+        }
         st = fg_linear_grpo(ctx, &lo, &cfg, &in, batch, &out, &ex);
         r->loss = out.loss;
         r->metrics = out.metrics;

@@ -15,7 +15,9 @@
 #include "bench.h"
 
 #include "commands.h"
+#include "problem_source.h"
 #include "sharded.h"
+#include "synth.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -115,6 +117,9 @@ static int parse_impls(const char *list, const ft_config *cfg, int twice_ok, int
         seen |= 1u << c.impl;
         impls[(*n)++] = c.impl;
     }
+    if (*n == 0)
+        fprintf(stderr, "fusedgrpo bench: --impls '%s' names no impl (baseline, logits, fused)\n",
+                list);
     return *n > 0 ? 0 : -1;
 }
 
@@ -143,6 +148,8 @@ static int parse_sweep(const char *spec, const ft_config *cfg, sweep *sw)
         }
         sw->values[sw->n++] = tok;
     }
+    if (sw->n == 0)
+        fprintf(stderr, "fusedgrpo bench: --sweep '%s' gives %s no value\n", spec, sw->key);
     return sw->n > 0 ? 0 : -1;
 }
 
@@ -304,13 +311,18 @@ int ft_cmd_bench(int argc, char **argv)
                 fflush(stdout);
                 if (!cJSON_IsTrue(cJSON_GetObjectItem(j, "ok")) && status == FT_EXIT_OK)
                     status = FT_EXIT_FAIL;
-                if (ft_json_write_line(jf, j) != 0) /* jf NULL: no --json */
+                if (ft_json_write_line(jf, j) != 0 && status != FT_EXIT_USAGE) { /* jf NULL: no --json */
+                    fprintf(stderr, "fusedgrpo bench: cannot write %s: %s\n", cli.json,
+                            strerror(errno));
                     status = FT_EXIT_USAGE;
+                }
             }
         }
         ft_problem_destroy(&p);
     }
-    if (jf && fclose(jf) != 0)
+    if (jf && fclose(jf) != 0 && status != FT_EXIT_USAGE) {
+        fprintf(stderr, "fusedgrpo bench: cannot write %s: %s\n", cli.json, strerror(errno));
         status = FT_EXIT_USAGE;
+    }
     return status;
 }

@@ -6,11 +6,14 @@
  * MPI_Allreduce per step (a ring allreduce puts about twice that on the wire).
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "commands.h"
+#include "problem_source.h"
 #include "sharded.h"
 
 #ifdef FT_HAVE_MPI
@@ -67,10 +70,16 @@ int ft_bench_sharded(const ft_config *cfg0, const char *inputs, const int *impls
     }
     const int root = ft_sharded_rank(s) == 0;
     FILE *jf = root && json ? fopen(json, "w") : NULL;
-    int status = root && json && !jf ? FT_EXIT_USAGE : FT_EXIT_OK;
-    ft_problem p = {0};
-    if (status == FT_EXIT_OK && ft_problem_make(inputs, &cfg, 0, &p, err, sizeof err) != 0)
+    int status = FT_EXIT_OK;
+    if (root && json && !jf) {
+        fprintf(stderr, "fusedgrpo bench: cannot write %s: %s\n", json, strerror(errno));
         status = FT_EXIT_USAGE;
+    }
+    ft_problem p = {0};
+    if (status == FT_EXIT_OK && ft_problem_make(inputs, &cfg, 0, &p, err, sizeof err) != 0) {
+        fprintf(stderr, "fusedgrpo bench: rank %d: %s\n", ft_sharded_rank(s), err);
+        status = FT_EXIT_USAGE;
+    }
     if (root && status == FT_EXIT_OK)
         printf("%-9s %-9s %-7s %9s %10s %10s %10s %14s %14s %11s\n", "impl", "dtype", "ranks",
                "tokens", "p50_s", "min_s", "max_s", "hook_MiB/rank", "data_MiB/rank",
@@ -99,15 +108,18 @@ int ft_bench_sharded(const ft_config *cfg0, const char *inputs, const int *impls
                    cJSON_GetObjectItem(j, "data_bytes_per_rank")->valuedouble / mib,
                    cJSON_GetObjectItem(j, "reductions_per_rank")->valuedouble);
         }
-        if (root && ft_json_write_line(jf, j) != 0)
+        if (root && ft_json_write_line(jf, j) != 0) {
+            fprintf(stderr, "fusedgrpo bench: cannot write %s: %s\n", json, strerror(errno));
             status = FT_EXIT_USAGE;
-        else if (!root)
+        } else if (!root)
             cJSON_Delete(j);
         ft_runner_free(&r);
         free(t);
     }
-    if (jf && fclose(jf) != 0)
+    if (jf && fclose(jf) != 0 && status != FT_EXIT_USAGE) {
+        fprintf(stderr, "fusedgrpo bench: cannot write %s: %s\n", json, strerror(errno));
         status = FT_EXIT_USAGE;
+    }
     ft_problem_destroy(&p);
     ft_sharded_finish(s);
     return status;

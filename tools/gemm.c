@@ -1,7 +1,8 @@
 /* The tool's products through the library's GEMM layer: see gemm.h. */
 #include "gemm.h"
 
-#include "problem.h"
+#include "buffer.h"
+#include "config.h"
 
 #include <omp.h>
 #include <stdio.h>
@@ -79,8 +80,7 @@ int ft_gemm_logits(ft_gemm *g, int a_type, const void *A, int64_t M, int w_type,
         int t = a_type;
         const void *a = a_rows(g, &t, A, r0, m, H);
         fg_gemm_shape s = {m, V, H, t, w_type, c_type, H, 1, 1, H, V, 0, bias != NULL,
-                           TILE_BYTES, FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N, FG_LOGITS_ROW_GRANULE,
-                           FG_LOGITS_COL_GRANULE, 0};
+                           TILE_BYTES, FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N, 1, 0};
         char *c = (char *)C + (size_t)r0 * (size_t)V * ft_dtype_size(c_type);
         if (a == NULL || product(g, &s, a, W, c, bias) != 0)
             return -1;
@@ -99,13 +99,13 @@ int ft_gemm_backward(ft_gemm *g, int d_type, const void *D, const void *A, int64
         if (d == NULL)
             return -1;
         fg_gemm_shape dh = {m, H, V, t, w_type, FG_DTYPE_F32, V, 1, H, 1, H, 0, 0,
-                            TILE_BYTES, FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0, 0,
+                            TILE_BYTES, FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0,
                             FG_BLOCK_DHIDDEN_SPLIT_K};
         if (gh && product(g, &dh, d, W, gh + (size_t)r0 * (size_t)H, NULL) != 0)
             return -1;
         /* gw = Dᵀ·A: the chunk's tokens are the product's K. */
         fg_gemm_shape dw = {V, H, m, t, d_type, FG_DTYPE_F32, 1, V, H, 1, H, accumulate || r0 > 0, 0,
-                            TILE_BYTES, FG_BLOCK_DWEIGHT_M, 0, 0, 0, 0};
+                            TILE_BYTES, FG_BLOCK_DWEIGHT_M, 0, 0, 0};
         const char *a = (const char *)A + (size_t)r0 * (size_t)H * ft_dtype_size(d_type);
         if (gw && product(g, &dw, d, a, gw, NULL) != 0)
             return -1;

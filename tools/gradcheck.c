@@ -21,6 +21,8 @@
  */
 #include "commands.h"
 #include "fg_oracle.h"
+#include "problem_io.h"
+#include "problem_source.h"
 #include "runner.h"
 #include "sharded.h"
 

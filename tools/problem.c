@@ -1,4 +1,4 @@
-/* The input mapping and where its contents come from: see problem.h. */
+/* The input mapping and its lifetime: see problem.h. */
 #define _GNU_SOURCE
 #include "problem.h"
 
@@ -9,35 +9,6 @@
 #include <unistd.h>
 
 #define ALIGN 4096u /* page-aligned tensors: aligned loads, no shared pages */
-
-size_t ft_dtype_size(int dtype) { return dtype == FG_DTYPE_BF16 ? 2 : 4; }
-
-float ft_load(const void *data, int dtype, int64_t i)
-{
-    return dtype == FG_DTYPE_BF16 ? fg_bf16_to_f32(((const uint16_t *)data)[i]) : ((const float *)data)[i];
-}
-
-void ft_store(void *data, int dtype, int64_t i, float v)
-{
-    if (dtype == FG_DTYPE_BF16)
-        ((uint16_t *)data)[i] = fg_f32_to_bf16(v);
-    else
-        ((float *)data)[i] = v;
-}
-
-void *ft_big_alloc(size_t bytes)
-{
-    void *p = bytes == 0 ? MAP_FAILED
-                         : mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-void ft_big_free(void *p, size_t bytes)
-{
-    if (p != NULL && bytes != 0)
-        munmap(p, bytes);
-}
 
 static size_t round_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
@@ -104,16 +75,4 @@ int64_t ft_problem_unmasked(const ft_problem *p)
     for (int64_t i = 0; i < total; i++)
         n += p->mask[i] != 0;
     return n;
-}
-
-int ft_problem_make(const char *dir, ft_config *cfg, int empty, ft_problem *p, char *err, size_t errlen)
-{
-    if (dir ? ft_problem_load_dir(dir, cfg, p, err, errlen) != 0
-            : ft_config_check(cfg, err, errlen) != 0 || ft_problem_create(cfg, p, err, errlen) != 0)
-        return -1;
-    if (dir ? ft_config_check(cfg, err, errlen) != 0 : !empty && ft_synth_fill(p, cfg, err, errlen) != 0) {
-        ft_problem_destroy(p);
-        return -1;
-    }
-    return 0;
 }

@@ -11,9 +11,9 @@
  * grad_weight [V,H], grad_bias [V], or for the logits impl grad_logits [B,T,V].
  */
 #define _POSIX_C_SOURCE 200809L
+#include "problem_io.h"
+
 #include "npy.h"
-#include "problem.h"
-#include "runner.h"
 
 #include <errno.h>
 #include <stdio.h>

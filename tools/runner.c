@@ -13,11 +13,15 @@ void ft_loss_config_from(const ft_config *cfg, fg_loss_config *out)
     out->importance_sampling_level = (fg_is_level)cfg->importance_sampling_level;
     out->temperature = cfg->temperature;
     out->epsilon_low = cfg->epsilon_low;
-    out->epsilon_high = isnan(cfg->epsilon_high) ? -1.0 : cfg->epsilon_high;
-    out->delta = isnan(cfg->delta) ? -1.0 : cfg->delta;
+    /* The config's "auto"/"off" (NaN, -1) as the library's sentinels; its
+     * ranges are the library's, which checks them again. */
+    out->epsilon_high = isnan(cfg->epsilon_high) ? FG_EPSILON_HIGH_SAME_AS_LOW : cfg->epsilon_high;
+    out->delta = isnan(cfg->delta) ? FG_DELTA_OFF : cfg->delta;
     out->beta = cfg->beta;
-    out->max_completion_length = cfg->max_completion_length; /* -1: T */
-    out->num_items_in_batch = isnan(cfg->num_items_in_batch) ? -1.0 : cfg->num_items_in_batch;
+    out->max_completion_length =
+        cfg->max_completion_length < 0 ? FG_MAX_COMPLETION_LENGTH_T : cfg->max_completion_length;
+    out->num_items_in_batch =
+        isnan(cfg->num_items_in_batch) ? FG_NUM_ITEMS_UNMASKED : cfg->num_items_in_batch;
     out->sapo_temperature_pos = cfg->sapo_temperature_pos;
     out->sapo_temperature_neg = cfg->sapo_temperature_neg;
     out->use_bias_correction_kl = cfg->use_bias_correction_kl;

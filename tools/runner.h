@@ -59,7 +59,5 @@ size_t ft_runner_tool_bytes(const ft_runner *r);
  * roofline. <= 0 (and *later 0): failed. */
 int64_t ft_runner_fused_chunk_rows(ft_runner *r, int64_t *later);
 void ft_runner_free(ft_runner *r);
-/* The outputs of the last step as .npy files in DIR (problem_io.c). */
-int ft_dump_outputs(const char *dir, const ft_runner *r, char *err, size_t errlen);
 
 #endif

@@ -14,8 +14,9 @@
  * pure function of (k, s, i), so the batch is identical whatever the thread
  * count or fill order, and one tensor's shape never changes another's values.
  */
+#include "synth.h"
+
 #include "gemm.h"
-#include "problem.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -18,12 +18,14 @@ from typing import Optional
 
 import numpy as np
 
-from . import _lib
-from ._lib import FusedGRPOError, LOSS_TYPES, LEVELS, METRIC_NAMES, library_path, include_dir
+from . import _inputs, _lib, _options
+from ._lib import FusedGRPOError, METRIC_NAMES, library_path, include_dir
+from ._options import LOSS_TYPES, LEVELS, OPTION_NAMES
 
 __version__ = "0.1.0"
 __all__ = ["fused_linear_grpo", "fused_linear_grpo_plan", "logits_grpo", "GRPOResult",
-           "FusedGRPOError", "LOSS_TYPES", "LEVELS", "METRIC_NAMES", "f32_to_bf16_bits",
+           "FusedGRPOError", "LOSS_TYPES", "LEVELS", "METRIC_NAMES", "OPTION_NAMES",
+           "f32_to_bf16_bits",
            "bf16_bits_to_f32", "memory_stats", "reset_peak_memory", "release_workspace",
            "bf16_gemms_native", "fused_linear_logprobs", "fused_linear_logprobs_backward",
            "library_path", "include_dir", "__version__"]
@@ -153,14 +155,10 @@ def _vec(a, dtype, shape, name):
 def _token_arrays(token_ids, mask, B, T):
     """token_ids (int64) and mask (uint8) [B, T], contiguous, as the C call reads them."""
     tok = np.asarray(token_ids)
-    if tok.shape != (B, T):
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"token_ids has shape {tok.shape}, "
-                             f"expected {(B, T)}")
-    tok = np.ascontiguousarray(tok, dtype=np.int64)
     m = np.asarray(mask)
-    if m.shape != (B, T):
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"mask has shape {m.shape}, expected "
-                             f"{(B, T)}")
+    _inputs.check_tokens(tok.shape, tok.dtype, m.shape, m.dtype, B, T)
+    _inputs.check_mask_values(m)
+    tok = np.ascontiguousarray(tok, dtype=np.int64)
     if m.dtype == np.bool_ and m.flags.c_contiguous:
         m = m.view(np.uint8)
     elif m.dtype != np.uint8 or not m.flags.c_contiguous:
@@ -171,21 +169,20 @@ def _token_arrays(token_ids, mask, B, T):
 def _batch_arrays(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T,
                   sampling_logp=None):
     tok, m = _token_arrays(token_ids, mask, B, T)
-    adv = _vec(np.asarray(advantages).reshape(-1) if np.ndim(advantages) == 2 else advantages,
-               np.float32, (B,), "advantages")
-    old = _vec(old_logp, np.float32, (B, T), "old_logp")
-    ref = _vec(ref_logp, np.float32, (B, T), "ref_logp")
-    per_seq = False
-    isr = None
-    if is_ratio is not None:
-        isr = np.asarray(is_ratio, dtype=np.float32)
-        if isr.shape in ((B,), (B, 1)) and not (T == 1 and isr.shape == (B, 1)):
-            isr = np.ascontiguousarray(isr.reshape(B))
-            per_seq = True
-        else:
-            isr = _vec(isr, np.float32, (B, T), "is_ratio")
-    samp = _vec(sampling_logp, np.float32, (B, T), "sampling_logp")
-    return tok, m, adv, old, ref, isr, per_seq, samp
+    arrays = dict(advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
+                  is_ratio=is_ratio, sampling_logp=sampling_logp)
+    arrays = {k: None if a is None else np.asarray(a) for k, a in arrays.items()}
+    per_seq = _inputs.check_batch(
+        B, T, arrays["advantages"].shape,
+        **{k: None if a is None else a.shape for k, a in arrays.items() if k != "advantages"},
+        kinds={k: a.dtype for k, a in arrays.items() if a is not None})
+    f32 = {k: None if a is None else np.ascontiguousarray(a, dtype=np.float32)
+           for k, a in arrays.items()}
+    adv = f32["advantages"].reshape(B)
+    isr = f32["is_ratio"]
+    if per_seq:
+        isr = isr.reshape(B)
+    return tok, m, adv, f32["old_logp"], f32["ref_logp"], isr, per_seq, f32["sampling_logp"]
 
 
 def _ptr(a) -> int:
@@ -206,25 +203,20 @@ def _linear_operands(hidden, weight, bias, token_ids, mask, advantages, old_logp
     return head + (adv, old, ref, isr, samp), request
 
 
+@_options.with_loss_options
 def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None, ref_logp=None,
-                      *, bias=None, is_ratio=None, sampling_logp=None, beta=0.0,
-                      epsilon_low=0.2, epsilon_high=None,
-                      delta=None, temperature=1.0, loss_type="dapo",
-                      importance_sampling_level="token", max_completion_length=None,
-                      num_items_in_batch=None, sapo_temperature_pos=1.0,
-                      sapo_temperature_neg=1.05, use_bias_correction_kl=False,
-                      entropy_coef=0.0, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0,
-                      vespo_lambda_neg=2.0, off_policy_mask_threshold=None,
-                      top_entropy_quantile=1.0, dtype="float32", memory_budget=None,
-                      threads=None, impl="fused", compute_grad=True,
-                      grad_dtype="float32", filter_eps=0.0) -> GRPOResult:
+                      *, bias=None, is_ratio=None, sampling_logp=None, dtype="float32",
+                      memory_budget=None, threads=None, impl="fused", compute_grad=True,
+                      grad_dtype="float32", filter_eps=0.0, **options) -> GRPOResult:
     """The GRPO loss of LOSS_SPEC.md from LM-head inputs, forward and backward.
 
     hidden [B, T, H], weight [V, H], bias [V] (optional), token_ids / mask [B, T],
     advantages [B], old_logp / ref_logp [B, T], is_ratio [B, T] or [B],
     sampling_logp [B, T] (the sampler's log-probs, read by the off-policy mask;
     NaN marks an unscored token). The loss options are TRL 1.16 GRPOConfig's
-    (docs/LOSS_SPEC.md); off_policy_mask_threshold None is off.
+    (docs/LOSS_SPEC.md), keyword-only, fusedgrpo.OPTION_NAMES (the table of
+    fusedgrpo._options: default, range, what None means; off_policy_mask_threshold
+    None is off).
     ``impl`` is "fused" (bounded working memory, ``memory_budget`` bytes, default
     256 MiB) or "materialized" (the plain baseline). ``threads``: OpenMP threads
     of this call (default: OpenMP's). ``compute_grad=False`` skips the two
@@ -238,21 +230,21 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
     filtering"); loss, logp, entropy, metrics and grad_bias are unaffected.
     Returns a GRPOResult (grad_bias None without a bias).
     """
-    loss_opts = _lib.loss_options(locals())
+    cfg = _options.loss_config(options)
+    ex = _options.make_exec(threads, memory_budget)
+    gdt = _grad_dtype_id(grad_dtype)
     operands, request = _linear_operands(hidden, weight, bias, token_ids, mask, advantages,
                                          old_logp, ref_logp, is_ratio, dtype, sampling_logp)
     B, T, H, V = (request[k] for k in "BTHV")
     has_bias = operands[2] is not None
-    cfg = _lib.make_config(**loss_opts)
     logp = np.empty((B, T), np.float32)
     ent = np.empty((B, T), np.float32)
-    gdt = _grad_dtype_id(grad_dtype)
     gnp = np.uint16 if gdt == _lib.DTYPE_BF16 else np.float32
     gh = np.empty((B, T, H), gnp) if compute_grad else None
     gw = np.empty((V, H), gnp) if compute_grad else None
     gb = np.empty((V,), gnp) if (compute_grad and has_bias) else None
     loss, metrics = _lib.linear_call(
-        cfg, impl, _lib.make_exec(threads, memory_budget), **request, logp=_ptr(logp),
+        cfg, impl, ex, **request, logp=_ptr(logp),
         entropy=_ptr(ent), grad_hidden=_ptr(gh), grad_weight=_ptr(gw), grad_bias=_ptr(gb),
         grad_dtypes=(gdt, gdt, gdt), filter_eps=filter_eps)
     if gdt == _lib.DTYPE_BF16:
@@ -262,24 +254,24 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
 
 
 def _grad_dtype_id(grad_dtype) -> int:
-    if grad_dtype in ("float32", np.float32):
+    try:
+        name = grad_dtype if isinstance(grad_dtype, str) else np.dtype(grad_dtype).name
+    except TypeError:
+        name = None
+    if name == "float32":
         return _lib.DTYPE_F32
-    if grad_dtype == "bfloat16" or _is_bf16_dtype(grad_dtype):
+    if name == "bfloat16":
         return _lib.DTYPE_BF16
-    raise ValueError(f"grad_dtype must be 'float32' or 'bfloat16', not {grad_dtype!r}")
+    raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"grad_dtype must be 'float32' or 'bfloat16', "
+                         f"got {grad_dtype!r}")
 
 
+@_options.with_loss_options
 def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp=None,
                            ref_logp=None, *, bias=None, is_ratio=None, sampling_logp=None,
-                           beta=0.0, epsilon_low=0.2, epsilon_high=None, delta=None,
-                           temperature=1.0, loss_type="dapo", importance_sampling_level="token",
-                           max_completion_length=None, num_items_in_batch=None,
-                           sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
-                           use_bias_correction_kl=False, entropy_coef=0.0, vespo_k_pos=2.0,
-                           vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
-                           off_policy_mask_threshold=None, top_entropy_quantile=1.0,
                            dtype="float32", memory_budget=None, threads=None, impl="fused",
-                           compute_grad=True, grad_dtype="float32", filter_eps=0.0) -> dict:
+                           compute_grad=True, grad_dtype="float32", filter_eps=0.0,
+                           **options) -> dict:
     """What ``fused_linear_grpo`` with the same arguments would hold, without
     running it (the C planner, fg_linear_grpo_plan): a dict with chunk_rows
     (the first chunk's rows, the largest), later_chunk_rows (each later
@@ -289,27 +281,22 @@ def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp
     and grad_weight_sum_bytes (a bf16 grad_weight's float32 sums). A budget
     below that raises FusedGRPOError (FG_ERR_BUDGET_TOO_SMALL) whose ``.plan``
     is that dict."""
-    loss_opts = _lib.loss_options(locals())
+    cfg = _options.loss_config(options)
+    ex = _options.make_exec(threads, memory_budget)
+    gdt = _grad_dtype_id(grad_dtype)
     operands, request = _linear_operands(hidden, weight, bias, token_ids, mask, advantages,
                                          old_logp, ref_logp, is_ratio, dtype, sampling_logp)
     has_bias = operands[2] is not None
-    gdt = _grad_dtype_id(grad_dtype)
-    return _lib.linear_plan(_lib.make_config(**loss_opts), impl,
-                            _lib.make_exec(threads, memory_budget),
+    return _lib.linear_plan(cfg, impl, ex,
                             want_grad_hidden=compute_grad, want_grad_weight=compute_grad,
                             want_grad_bias=compute_grad and has_bias,
                             grad_dtypes=(gdt, gdt, gdt), filter_eps=filter_eps, **request)
 
 
+@_options.with_loss_options
 def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=None, *,
-                is_ratio=None, sampling_logp=None, beta=0.0, epsilon_low=0.2,
-                epsilon_high=None, delta=None,
-                temperature=1.0, loss_type="dapo", importance_sampling_level="token",
-                max_completion_length=None, num_items_in_batch=None, sapo_temperature_pos=1.0,
-                sapo_temperature_neg=1.05, use_bias_correction_kl=False, entropy_coef=0.0,
-                vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
-                off_policy_mask_threshold=None, top_entropy_quantile=1.0,
-                dtype="float32", threads=None, compute_grad=True, inplace=False) -> GRPOResult:
+                is_ratio=None, sampling_logp=None, dtype="float32", threads=None,
+                compute_grad=True, inplace=False, **options) -> GRPOResult:
     """The same loss from logits [B, T, V] the caller already holds.
 
     ``grad_logits`` ([B, T, V], d loss / d logits) comes back in float32, or with
@@ -317,7 +304,8 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
     writable float32 / uint16-bf16 array whose last axis is contiguous) and
     returned as that same array.
     """
-    loss_opts = _lib.loss_options(locals())
+    cfg = _options.loss_config(options)
+    ex = _options.make_exec(threads)
     dt = _dtype_id(dtype, logits)
     lg = _storage(logits, dt, "logits")
     if lg.ndim != 3:
@@ -331,7 +319,6 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
     lg, ldl = _rows_view(lg, 2)
     tok, m, adv, old, ref, isr, per_seq, samp = _batch_arrays(
         token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T, sampling_logp)
-    cfg = _lib.make_config(**loss_opts)
     logp = np.empty((B, T), np.float32)
     ent = np.empty((B, T), np.float32)
     if not compute_grad:
@@ -343,7 +330,7 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
     else:
         g, ldg, gdt = np.empty((B, T, V), np.float32), V, _lib.DTYPE_F32
     loss, metrics = _lib.logits_call(
-        cfg, _lib.make_exec(threads), B=B, T=T, V=V, dtype=dt, logits=_ptr(lg), ld_logits=ldl,
+        cfg, ex, B=B, T=T, V=V, dtype=dt, logits=_ptr(lg), ld_logits=ldl,
         token_ids=_ptr(tok), mask=_ptr(m), advantages=_ptr(adv), old_logp=_ptr(old),
         ref_logp=_ptr(ref), is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq,
         sampling_logp=_ptr(samp), logp=_ptr(logp), entropy=_ptr(ent),
@@ -358,25 +345,10 @@ def _head_operands(hidden, weight, bias, token_ids, mask, dtype):
     dt = _dtype_id(dtype, hidden, weight, bias)
     h = _storage(hidden, dt, "hidden")
     w = _storage(weight, dt, "weight")
-    if h.ndim != 3:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"hidden must be [B, T, H], got shape "
-                             f"{h.shape}")
-    if w.ndim != 2:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight must be [V, H], got shape "
-                             f"{w.shape}")
-    B, T, H = h.shape
-    V = w.shape[0]
-    if w.shape[1] != H:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight has {w.shape[1]} columns, hidden "
-                             f"has H = {H}")
+    b = None if bias is None else np.ascontiguousarray(_storage(bias, dt, "bias"))
+    B, T, H, V = _inputs.check_head(h.shape, w.shape, None if b is None else b.shape)
     h, ldh = _rows_view(h, 2)
     w, ldw = _rows_view(w, 1)
-    b = None
-    if bias is not None:
-        b = np.ascontiguousarray(_storage(bias, dt, "bias"))
-        if b.shape != (V,):
-            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"bias has shape {b.shape}, expected "
-                                 f"{(V,)}")
     tok, m = _token_arrays(token_ids, np.ones((B, T), np.uint8) if mask is None else mask, B, T)
     request = dict(B=B, T=T, H=H, V=V, dtype=dt, hidden=_ptr(h), ld_hidden=ldh, weight=_ptr(w),
                    ld_weight=ldw, bias=_ptr(b), token_ids=_ptr(tok), mask=_ptr(m))
@@ -391,11 +363,13 @@ def fused_linear_logprobs(hidden, weight, token_ids, mask=None, *, bias=None, te
     reference policies' passes. hidden [B, T, H], weight [V, H], bias [V]?,
     token_ids / mask [B, T] (mask None: every token). Returns logp [B, T]
     float32 (0 where masked), or (logp, entropy)."""
+    temperature = _options.LOSS_OPTIONS["temperature"].check("temperature", temperature)
+    ex = _options.make_exec(threads, memory_budget)
     operands, request = _head_operands(hidden, weight, bias, token_ids, mask, dtype)
     B, T = request["B"], request["T"]
     logp = np.empty((B, T), np.float32)
     ent = np.empty((B, T), np.float32) if return_entropy else None
-    _lib.logprobs_call(impl, _lib.make_exec(threads, memory_budget), temperature, **request,
+    _lib.logprobs_call(impl, ex, temperature, **request,
                        logp=_ptr(logp), entropy=_ptr(ent))
     return (logp, ent) if return_entropy else logp
 
@@ -411,6 +385,8 @@ def fused_linear_logprobs_backward(hidden, weight, token_ids, grad_logp, mask=No
     gradient to them (micro-batches) instead of returning new ones. Returns a
     dict of grad_hidden [B, T, H], grad_weight [V, H], grad_bias [V] (None
     without a bias), float32."""
+    temperature = _options.LOSS_OPTIONS["temperature"].check("temperature", temperature)
+    ex = _options.make_exec(threads, memory_budget)
     operands, request = _head_operands(hidden, weight, bias, token_ids, mask, dtype)
     B, T, H, V = (request[k] for k in "BTHV")
     g = _vec(grad_logp, np.float32, (B, T), "grad_logp")
@@ -432,11 +408,22 @@ def fused_linear_logprobs_backward(hidden, weight, token_ids, grad_logp, mask=No
     if bias is not None:
         gb = grad_bias_out if grad_bias_out is not None else np.empty((V,), np.float32)
     f32 = _lib.DTYPE_F32
-    _lib.logprobs_backward_call(impl, _lib.make_exec(threads, memory_budget), temperature,
+    _lib.logprobs_backward_call(impl, ex, temperature,
                                 **request, grad_logp=_ptr(g), grad_entropy=_ptr(ge),
                                 grad_hidden=_ptr(gh), grad_weight=_ptr(gw), grad_bias=_ptr(gb),
                                 grad_dtypes=(f32, f32, f32), accumulate=accumulate)
     return dict(grad_hidden=gh, grad_weight=gw, grad_bias=gb)
+
+
+def grad_storage_dtypes(bf16_inputs: bool) -> tuple:
+    """The dtypes ("float32" / "bfloat16") in which the torch and JAX front ends
+    have the C call write grad_hidden, grad_weight and grad_bias: for bf16
+    inputs the inputs' bf16 (no float32 copy to allocate and cast), grad_weight
+    in bf16 only where this CPU's GEMMs multiply bf16 natively (else float32);
+    float32 otherwise."""
+    if not bf16_inputs:
+        return ("float32",) * 3
+    return ("bfloat16", "bfloat16" if bf16_gemms_native() else "float32", "bfloat16")
 
 
 _bf16_native = None

@@ -20,7 +20,7 @@
 // Operands (optional ones are zero-sized when absent; see each binding):
 //   hidden [B,T,H] f32|bf16, weight [Vb,H] (same dtype), bias [Vb] | [0],
 //   token_ids [B,T] s32|s64, mask [B,T] u8|pred|s8, advantages [B] f32,
-//   old_logp / ref_logp [B,T] | [0], is_ratio [B,T] | [B] | [0] f32,
+//   old_logp / ref_logp / sampling_logp [B,T] | [0], is_ratio [B,T] | [B] | [0] f32,
 //   scalars f32[2] = (num_items_in_batch (< 0: default), entropy_coef): run-time
 //     values, so the sharded front end can feed global normalizers;
 //   shard s32[4] = (vocab_start, rows, key, devices) | [0]: the weight's first `rows`
@@ -30,10 +30,11 @@
 //     unsharded.
 //   stats f32[FG_SHARD_STATS_FLOATS(B*T)]; status f32[] (a fg_status as a float).
 // Attributes: a dictionary per call, the names jax.py gives (_loss_attrs,
-// _head_attrs): the loss config (loss_type, level: strings; beta, epsilon_low,
-// epsilon_high, delta, temperature, sapo_temperature_pos/neg: f64;
-// max_completion_length, use_bias_correction_kl: s64), the head (impl; filter_eps
-// f64; vocab_total s64) and the call's fg_exec (threads, memory_budget: s64).
+// _head_attrs): the loss config as the bytes of the fg_loss_config that
+// fusedgrpo._options built and checked (config: u8[sizeof(fg_loss_config)];
+// the ctypes struct is checked against this library's layout at import), the
+// head (impl; filter_eps, temperature: f64; vocab_total: s64) and the call's
+// fg_exec (threads, memory_budget: s64).
 //
 // Errors. fusedgrpo_linear_grpo called plainly (soft_fail = 0, one device)
 // returns the library's failure as an FFI error: jax raises JaxRuntimeError
@@ -327,26 +328,20 @@ bool DecodeHeadAttrs(const ffi::Dictionary &a, fg_linear_options *lo, fg_exec *e
     return DecodeExec(a, ex, f);
 }
 
+// The loss config: the fg_loss_config's bytes that fusedgrpo._options built and
+// checked (attribute "config", u8[sizeof(fg_loss_config)]), with the run-time
+// num_items_in_batch and entropy_coef of `scalars` in place of its own.
 bool DecodeLossConfig(const ffi::Dictionary &a, const Buf &scalars, fg_loss_config *cfg,
                       Failure *f) {
-    fg_loss_config_init(cfg);
-    std::string lt, lv;
-    int64_t bias_kl;
-    if (!GetString(a, "loss_type", &lt, f) || !GetString(a, "level", &lv, f) ||
-        !GetAttr(a, "beta", &cfg->beta, f) || !GetAttr(a, "epsilon_low", &cfg->epsilon_low, f) ||
-        !GetAttr(a, "epsilon_high", &cfg->epsilon_high, f) ||
-        !GetAttr(a, "delta", &cfg->delta, f) ||
-        !GetAttr(a, "temperature", &cfg->temperature, f) ||
-        !GetAttr(a, "sapo_temperature_pos", &cfg->sapo_temperature_pos, f) ||
-        !GetAttr(a, "sapo_temperature_neg", &cfg->sapo_temperature_neg, f) ||
-        !GetAttr(a, "max_completion_length", &cfg->max_completion_length, f) ||
-        !GetAttr(a, "use_bias_correction_kl", &bias_kl, f))
+    ffi::Span<const uint8_t> bytes;
+    if (!GetAttr(a, "config", &bytes, f))
         return false;
-    if (fg_loss_type_parse(lt.c_str(), &cfg->loss_type) != FG_OK)
-        return f->Set(FG_ERR_UNKNOWN_LOSS_TYPE, "unknown loss_type '" + lt + "'");
-    if (fg_is_level_parse(lv.c_str(), &cfg->importance_sampling_level) != FG_OK)
-        return f->Set(FG_ERR_UNKNOWN_LEVEL, "unknown importance_sampling_level '" + lv + "'");
-    cfg->use_bias_correction_kl = bias_kl != 0;
+    if (bytes.size() != sizeof *cfg)
+        return f->Set(FG_ERR_UNSUPPORTED, "attribute 'config' has " +
+                                              std::to_string(bytes.size()) +
+                                              " bytes, fg_loss_config " +
+                                              std::to_string(sizeof *cfg));
+    std::memcpy(cfg, bytes.begin(), sizeof *cfg);
     if (scalars.element_type() != ffi::DataType::F32 || scalars.element_count() != 2)
         return f->Set(FG_ERR_SHAPE_MISMATCH, "scalars must be f32[2]");
     const float *sc = static_cast<const float *>(scalars.untyped_data());
@@ -363,7 +358,7 @@ const float *OptF32(const Buf &b) {
 
 // The per-sequence side of a batch (the token side comes from Tokens).
 bool DecodeBatch(const Tokens &tk, const Buf &adv, const Buf &old_logp, const Buf &ref_logp,
-                 const Buf &is_ratio, fg_batch *bt, Failure *f) {
+                 const Buf &is_ratio, const Buf &sampling_logp, fg_batch *bt, Failure *f) {
     const int64_t B = tk.t.batch, N = B * tk.t.seq_len;
     if ((int64_t)adv.element_count() != B || adv.element_type() != ffi::DataType::F32)
         return f->Set(FG_ERR_SHAPE_MISMATCH, "advantages must be float32 [B]");
@@ -376,6 +371,7 @@ bool DecodeBatch(const Tokens &tk, const Buf &adv, const Buf &old_logp, const Bu
     bt->old_logp = OptF32(old_logp);
     bt->ref_logp = OptF32(ref_logp);
     bt->is_ratio = OptF32(is_ratio);
+    bt->sampling_logp = OptF32(sampling_logp);
     const int64_t ni = (int64_t)is_ratio.element_count();
     bt->is_ratio_per_sequence = ni == B && ni != N;
     return true;
@@ -433,8 +429,9 @@ float *StatsOut(const Buf &in, Out &out) {
 
 // The one-call loss: one device, or a shard of the batch axis only.
 bool LinearGrpo(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, Buf advantages,
-                Buf old_logp, Buf ref_logp, Buf is_ratio, Buf scalars, const Shard &sh,
-                Out &loss, Out &metrics, Out &logp, Out &entropy, Out &gh, Out &gw, Out &gb,
+                Buf old_logp, Buf ref_logp, Buf is_ratio, Buf sampling_logp, Buf scalars,
+                const Shard &sh, Out &loss, Out &metrics, Out &logp, Out &entropy, Out &gh,
+                Out &gw, Out &gb,
                 const ffi::Dictionary &attrs, Failure *f) {
     Tokens tk;
     Head h;
@@ -443,7 +440,7 @@ bool LinearGrpo(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, Buf a
     fg_linear_options lo;
     fg_exec ex;
     if (!DecodeTokens(token_ids, mask, &tk, f) || !DecodeHead(hidden, weight, bias, sh, 0, &h, f) ||
-        !DecodeBatch(tk, advantages, old_logp, ref_logp, is_ratio, &bt, f) ||
+        !DecodeBatch(tk, advantages, old_logp, ref_logp, is_ratio, sampling_logp, &bt, f) ||
         !DecodeLossConfig(attrs, scalars, &cfg, f) || !DecodeHeadAttrs(attrs, &lo, &ex, f))
         return false;
     fg_linear_outputs out;
@@ -463,16 +460,18 @@ bool LinearGrpo(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, Buf a
 }
 
 ffi::Error LinearGrpoImpl(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask,
-                          Buf advantages, Buf old_logp, Buf ref_logp, Buf is_ratio, Buf scalars,
-                          Buf shard, Out loss, Out metrics, Out logp, Out entropy, Out gh, Out gw,
-                          Out gb, Out status, ffi::Dictionary attrs) {
+                          Buf advantages, Buf old_logp, Buf ref_logp, Buf is_ratio,
+                          Buf sampling_logp, Buf scalars, Buf shard, Out loss, Out metrics,
+                          Out logp, Out entropy, Out gh, Out gw, Out gb, Out status,
+                          ffi::Dictionary attrs) {
     Failure f;
     Shard sh;
     int64_t soft = 0;
     if (DecodeShard(shard, &sh, &f) && GetAttr(attrs, "soft_fail", &soft, &f)) {
         Forget(sh.key);  // a new call on this shard
         LinearGrpo(hidden, weight, bias, token_ids, mask, advantages, old_logp, ref_logp,
-                   is_ratio, scalars, sh, loss, metrics, logp, entropy, gh, gw, gb, attrs, &f);
+                   is_ratio, sampling_logp, scalars, sh, loss, metrics, logp, entropy, gh, gw,
+                   gb, attrs, &f);
     }
     *F32(status) = 0.0f;
     if (f.ok())
@@ -597,14 +596,15 @@ bool Upstream(const Buf &status_in, Failure *f) {
 // (c): the loss, its metrics and d loss/d logp, d loss/d entropy from the merged
 // logp and entropy (the same bits on every vocab shard: the same results).
 bool LossFromLogp(Buf token_ids, Buf mask, Buf advantages, Buf old_logp, Buf ref_logp,
-                  Buf is_ratio, Buf scalars, Buf logp, Buf entropy, Out &loss, Out &metrics,
-                  Out &grad_logp, Out &grad_entropy, const ffi::Dictionary &attrs, Failure *f) {
+                  Buf is_ratio, Buf sampling_logp, Buf scalars, Buf logp, Buf entropy, Out &loss,
+                  Out &metrics, Out &grad_logp, Out &grad_entropy, const ffi::Dictionary &attrs,
+                  Failure *f) {
     Tokens tk;
     fg_batch bt;
     fg_loss_config cfg;
     fg_exec ex;
     if (!DecodeTokens(token_ids, mask, &tk, f) ||
-        !DecodeBatch(tk, advantages, old_logp, ref_logp, is_ratio, &bt, f) ||
+        !DecodeBatch(tk, advantages, old_logp, ref_logp, is_ratio, sampling_logp, &bt, f) ||
         !DecodeLossConfig(attrs, scalars, &cfg, f) || !DecodeExec(attrs, &ex, f))
         return false;
     fg_logp_outputs out;
@@ -624,14 +624,14 @@ bool LossFromLogp(Buf token_ids, Buf mask, Buf advantages, Buf old_logp, Buf ref
 }
 
 ffi::Error LossFromLogpImpl(Buf token_ids, Buf mask, Buf advantages, Buf old_logp, Buf ref_logp,
-                            Buf is_ratio, Buf scalars, Buf logp, Buf entropy, Buf status_in,
-                            Buf shard, Out loss, Out metrics, Out grad_logp, Out grad_entropy,
-                            Out status, ffi::Dictionary attrs) {
+                            Buf is_ratio, Buf sampling_logp, Buf scalars, Buf logp, Buf entropy,
+                            Buf status_in, Buf shard, Out loss, Out metrics, Out grad_logp,
+                            Out grad_entropy, Out status, ffi::Dictionary attrs) {
     Failure f;
     Shard sh;
     if (DecodeShard(shard, &sh, &f) && Upstream(status_in, &f))
-        LossFromLogp(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, scalars, logp,
-                     entropy, loss, metrics, grad_logp, grad_entropy, attrs, &f);
+        LossFromLogp(token_ids, mask, advantages, old_logp, ref_logp, is_ratio, sampling_logp,
+                     scalars, logp, entropy, loss, metrics, grad_logp, grad_entropy, attrs, &f);
     *F32(status) = 0.0f;
     if (!f.ok())
         SoftFail(f, sh.key, F32(status), {&loss, &metrics, &grad_logp, &grad_entropy});
@@ -737,6 +737,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLinearGrpo, LinearGrpoImpl,
                                   .Arg<Buf>()  // old_logp
                                   .Arg<Buf>()  // ref_logp
                                   .Arg<Buf>()  // is_ratio
+                                  .Arg<Buf>()  // sampling_logp
                                   .Arg<Buf>()  // scalars
                                   .Arg<Buf>()  // shard
                                   .Ret<Buf>()  // loss
@@ -786,6 +787,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLossFromLogp, LossFromLogpImpl,
                                   .Arg<Buf>()  // old_logp
                                   .Arg<Buf>()  // ref_logp
                                   .Arg<Buf>()  // is_ratio
+                                  .Arg<Buf>()  // sampling_logp
                                   .Arg<Buf>()  // scalars
                                   .Arg<Buf>()  // logp
                                   .Arg<Buf>()  // entropy

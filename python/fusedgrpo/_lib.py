@@ -7,17 +7,14 @@ thread count and memory budget travel with every call in an fg_exec.
 from __future__ import annotations
 
 import ctypes
-import math
-import inspect
 import os
 import threading
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint16,
                     c_void_p, c_float)
 
-__all__ = ["FusedGRPOError", "library_path", "lib", "LOSS_TYPES", "LEVELS", "METRIC_NAMES"]
+__all__ = ["FusedGRPOError", "library_path", "lib", "METRIC_NAMES"]
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
-LEVELS = ("token", "sequence")
+# fg_metrics' fields, in order (checked against the library's offsets at load)
 METRIC_NAMES = ("kl", "entropy", "clip_ratio_low", "clip_ratio_high", "clip_ratio_region",
                 "cispo_clip_ratio", "clip_ratio_low_min", "clip_ratio_high_max",
                 "vespo_phi_seq_mean", "policy_loss")
@@ -224,6 +221,8 @@ def _load():
         "fg_status_name": (c_char_p, [c_int]),
         "fg_last_error": (c_char_p, [c_void_p]),
         "fg_loss_config_init": (None, [P(fg_loss_config)]),
+        "fg_loss_type_name": (c_char_p, [c_int]),
+        "fg_is_level_name": (c_char_p, [c_int]),
         "fg_context_options_init": (None, [P(fg_context_options)]),
         "fg_context_create": (c_int, [P(fg_context_options), P(c_void_p)]),
         "fg_context_destroy": (None, [c_void_p]),
@@ -364,76 +363,6 @@ def thread_context() -> Context:
     if ctx is None:
         ctx = _per_thread.context = Context()
     return ctx
-
-
-def make_exec(threads=None, memory_budget=None) -> fg_exec:
-    """The per-call execution options: threads (None or <= 0: OpenMP's default)
-    and memory_budget in bytes (None or 0: the library's default, 256 MiB)."""
-    ex = fg_exec()
-    lib.fg_exec_init(ctypes.byref(ex))
-    ex.threads = int(threads or 0)
-    budget = int(memory_budget or 0)
-    if budget < 0:
-        raise FusedGRPOError("FG_ERR_INVALID_SIZE",
-                             f"memory_budget must be a number of bytes >= 0, got {memory_budget}")
-    ex.memory_budget = budget
-    return ex
-
-
-# ------------------------------------------------------------------ config
-
-def make_config(*, loss_type="dapo", importance_sampling_level="token", beta=0.0,
-                epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
-                max_completion_length=None, num_items_in_batch=None, sapo_temperature_pos=1.0,
-                sapo_temperature_neg=1.05, use_bias_correction_kl=False,
-                entropy_coef=0.0, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0,
-                vespo_lambda_neg=2.0, off_policy_mask_threshold=None,
-                top_entropy_quantile=1.0) -> fg_loss_config:
-    cfg = fg_loss_config()
-    lib.fg_loss_config_init(ctypes.byref(cfg))
-    try:
-        cfg.loss_type = LOSS_TYPES.index(loss_type)
-    except ValueError:
-        raise FusedGRPOError("FG_ERR_UNKNOWN_LOSS_TYPE",
-                             f"unknown loss_type {loss_type!r}; one of {LOSS_TYPES}") from None
-    try:
-        cfg.importance_sampling_level = LEVELS.index(importance_sampling_level)
-    except ValueError:
-        raise FusedGRPOError("FG_ERR_UNKNOWN_LEVEL",
-                             f"unknown importance_sampling_level {importance_sampling_level!r}; "
-                             f"one of {LEVELS}") from None
-    cfg.temperature = float(temperature)
-    cfg.epsilon_low = float(epsilon_low)
-    cfg.epsilon_high = -1.0 if epsilon_high is None else float(epsilon_high)
-    if delta is not None and not float(delta) > 0:
-        raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER", f"delta must be > 0, got {delta}")
-    cfg.delta = 0.0 if delta is None else float(delta)
-    cfg.beta = float(beta)
-    cfg.max_completion_length = 0 if max_completion_length is None else int(max_completion_length)
-    cfg.num_items_in_batch = -1.0 if num_items_in_batch is None else float(num_items_in_batch)
-    cfg.sapo_temperature_pos = float(sapo_temperature_pos)
-    cfg.sapo_temperature_neg = float(sapo_temperature_neg)
-    cfg.use_bias_correction_kl = 1 if use_bias_correction_kl else 0
-    cfg.entropy_coef = float(entropy_coef)
-    cfg.vespo_k_pos = float(vespo_k_pos)
-    cfg.vespo_lambda_pos = float(vespo_lambda_pos)
-    cfg.vespo_k_neg = float(vespo_k_neg)
-    cfg.vespo_lambda_neg = float(vespo_lambda_neg)
-    # None (TRL's default): off, which the C config spells +inf
-    cfg.off_policy_mask_threshold = (math.inf if off_policy_mask_threshold is None
-                                     else float(off_policy_mask_threshold))
-    cfg.top_entropy_quantile = float(top_entropy_quantile)
-    return cfg
-
-
-# The keyword arguments of make_config: the front ends pick these out of their
-# own arguments, so a new loss option is forwarded without touching them.
-LOSS_OPTIONS = tuple(inspect.signature(make_config).parameters)
-
-
-def loss_options(arguments: dict) -> dict:
-    """The make_config keywords among a front end's arguments (its locals())."""
-    return {k: arguments[k] for k in LOSS_OPTIONS if k in arguments}
 
 
 # ------------------------------------------------------------------ calls

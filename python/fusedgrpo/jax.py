@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _lib
+from . import _inputs, _lib, _options
 from ._lib import METRIC_NAMES, FusedGRPOError
 
 __all__ = ["fused_linear_grpo_loss", "fused_linear_grpo_loss_sharded", "linear_logprobs",
@@ -138,45 +138,36 @@ def call_totals() -> dict:
 class _Static(NamedTuple):
     """The call's static options: XLA FFI attributes (and the pure_callback's
     arguments). Hashable, so it can be custom_vjp's nondiff argument."""
-    loss_type: str
-    importance_sampling_level: str
+    options: tuple       # the loss options given, checked: sorted (name, value) pairs
+    config: bytes        # their fg_loss_config (fusedgrpo._options), the handler's "config"
     impl: str
-    beta: float
-    epsilon_low: float
-    epsilon_high: float          # < 0: epsilon_low
-    delta: float                 # <= 0: off
-    temperature: float
-    sapo_temperature_pos: float
-    sapo_temperature_neg: float
-    max_completion_length: int   # <= 0: T
-    use_bias_correction_kl: int
-    threads: int                 # <= 0: OpenMP's default
-    memory_budget: int           # bytes; 0: the library's default
-    filter_eps: float = 0.0      # gradient filtering (-1: auto; _lib.filter_eps_value)
+    threads: int         # 0: OpenMP's default
+    memory_budget: int   # bytes; 0: the library's default
+    filter_eps: float    # gradient filtering (-1: auto; _lib.filter_eps_value)
+
+    def option(self, name):
+        return dict(self.options).get(name, _options.LOSS_OPTIONS[name].default)
 
 
-def _static(loss_type="dapo", importance_sampling_level="token", impl="fused", beta=0.0,
-            epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
-            sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, max_completion_length=None,
-            use_bias_correction_kl=False, threads=None, memory_budget=None,
+# The options that may be traced values: they travel as the run-time `scalars`
+# operand (the sharded front end feeds them the whole batch's normalisers).
+_RUN_TIME = ("num_items_in_batch", "entropy_coef")
+
+
+def _static(options: dict, impl="fused", threads=None, memory_budget=None,
             filter_eps=0.0) -> _Static:
-    if loss_type not in _lib.LOSS_TYPES:
-        raise FusedGRPOError("FG_ERR_UNKNOWN_LOSS_TYPE", f"unknown loss_type {loss_type!r}")
-    if importance_sampling_level not in _lib.LEVELS:
-        raise FusedGRPOError("FG_ERR_UNKNOWN_LEVEL",
-                             f"unknown importance_sampling_level {importance_sampling_level!r}")
-    if delta is not None and not delta > 0:
-        raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER", f"delta must be > 0, got {delta}")
-    if impl not in ("fused", "materialized"):
+    """The static options, checked as every front end checks them (fusedgrpo._options);
+    a traced num_items_in_batch or entropy_coef is checked by the library."""
+    static = {k: v for k, v in _options.loss_options_of(options).items() if k not in _RUN_TIME}
+    concrete = {k: float(options[k]) for k in _RUN_TIME
+                if options.get(k) is not None and not isinstance(options[k], jax.core.Tracer)}
+    _options.loss_config({**static, **concrete})
+    if impl not in _lib.IMPLS:
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}")
-    exec_ = _lib.make_exec(threads, memory_budget)  # the NumPy front end's checks
-    return _Static(loss_type, importance_sampling_level, impl, float(beta), float(epsilon_low),
-                   -1.0 if epsilon_high is None else float(epsilon_high),
-                   0.0 if delta is None else float(delta), float(temperature),
-                   float(sapo_temperature_pos), float(sapo_temperature_neg),
-                   0 if max_completion_length is None else int(max_completion_length),
-                   1 if use_bias_correction_kl else 0, exec_.threads, exec_.memory_budget,
-                   filter_eps=_lib.filter_eps_value(filter_eps))
+    cfg = _options.loss_config(static)
+    ex = _options.make_exec(threads, memory_budget)
+    return _Static(tuple(sorted(static.items())), _options.config_bytes(cfg).tobytes(), impl,
+                   ex.threads, ex.memory_budget, _lib.filter_eps_value(filter_eps))
 
 
 def _exec_attrs(cfg):
@@ -185,20 +176,14 @@ def _exec_attrs(cfg):
 
 def _loss_attrs(cfg):
     """The loss config as FFI attributes (_jax_ffi.cc DecodeLossConfig)."""
-    return dict(loss_type=cfg.loss_type, level=cfg.importance_sampling_level,
-                beta=np.float64(cfg.beta), epsilon_low=np.float64(cfg.epsilon_low),
-                epsilon_high=np.float64(cfg.epsilon_high), delta=np.float64(cfg.delta),
-                temperature=np.float64(cfg.temperature),
-                sapo_temperature_pos=np.float64(cfg.sapo_temperature_pos),
-                sapo_temperature_neg=np.float64(cfg.sapo_temperature_neg),
-                max_completion_length=np.int64(cfg.max_completion_length),
-                use_bias_correction_kl=np.int64(cfg.use_bias_correction_kl), **_exec_attrs(cfg))
+    return dict(config=np.frombuffer(cfg.config, np.uint8), **_exec_attrs(cfg))
 
 
 def _head_attrs(cfg, vocab_total=0):
     """The LM head's attributes (DecodeHeadAttrs) for the phases (a) and (d)."""
     return dict(impl=cfg.impl, filter_eps=np.float64(cfg.filter_eps),
-                temperature=np.float64(cfg.temperature), vocab_total=np.int64(vocab_total),
+                temperature=np.float64(cfg.option("temperature")),
+                vocab_total=np.int64(vocab_total),
                 **_exec_attrs(cfg))
 
 
@@ -213,14 +198,9 @@ def _empty(dtype=jnp.float32):
 
 
 def _grad_dtypes(dtype):
-    """grad_hidden, grad_weight, grad_bias dtypes: bf16 for bf16 inputs (the C
-    call writes them, no float32 copy; grad_weight where the CPU has bf16 GEMM
-    kernels), else float32."""
-    if dtype != jnp.bfloat16:
-        return (jnp.float32,) * 3
+    """grad_hidden, grad_weight, grad_bias dtypes (fusedgrpo.grad_storage_dtypes)."""
     import fusedgrpo
-    bf = jnp.bfloat16
-    return (bf, bf if fusedgrpo.bf16_gemms_native() else jnp.float32, bf)
+    return tuple(jnp.dtype(n) for n in fusedgrpo.grad_storage_dtypes(dtype == jnp.bfloat16))
 
 
 def _grad_types(B, T, H, V, need, gdts):
@@ -236,40 +216,38 @@ def _out_types(B, T, H, V, need, gdts):
             + _grad_types(B, T, H, V, need, gdts) + (S((), f),))
 
 
-def _batch_operands(B, T, tok, mask, adv, old, ref, isr):
+def _batch_operands(B, T, tok, mask, adv, old, ref, isr, samp):
     """The per-token and per-sequence operands as the handlers read them
     (absent ones zero-sized)."""
     old = _empty() if old is None else old.astype(jnp.float32)
     ref = _empty() if ref is None else ref.astype(jnp.float32)
     isr = _empty() if isr is None else isr.astype(jnp.float32)
+    samp = _empty() if samp is None else samp.astype(jnp.float32)
     if isr.ndim == 2 and isr.shape == (B, 1) and T != 1:
         isr = isr.reshape(B)
     tok = tok if tok.dtype in (jnp.int32, jnp.int64) else tok.astype(jnp.int32)
-    return tok, mask.astype(jnp.uint8), adv.astype(jnp.float32).reshape(B), old, ref, isr
+    # nonzero is a real token (the C API's reading); a float mask's 0.5 must not
+    # truncate to 0 (a concrete one is refused before: _batch)
+    mask = mask if mask.dtype in (jnp.bool_, jnp.uint8) else mask != 0
+    return (tok, mask.astype(jnp.uint8), adv.astype(jnp.float32).reshape(B), old, ref, isr,
+            samp)
 
 
-def _callback_impl(cfg, need, gdts, hidden, weight, bias, tok, mask, adv, old, ref, isr,
+def _callback_impl(cfg, need, gdts, hidden, weight, bias, tok, mask, adv, old, ref, isr, samp,
                    scalars, shard):
     import fusedgrpo as fg
+
+    def opt(a):
+        return None if a.size == 0 else np.asarray(a)
     sc = np.asarray(scalars)
     rows = weight.shape[0] if np.size(shard) == 0 else int(np.asarray(shard)[1])
     r = fg.fused_linear_grpo(
         np.asarray(hidden), np.asarray(weight)[:rows], np.asarray(tok), np.asarray(mask),
-        np.asarray(adv), None if old.size == 0 else np.asarray(old),
-        None if ref.size == 0 else np.asarray(ref), bias=None if bias.size == 0 else
-        np.asarray(bias)[:rows], is_ratio=None if isr.size == 0 else np.asarray(isr),
-        beta=cfg.beta, epsilon_low=cfg.epsilon_low,
-        epsilon_high=None if cfg.epsilon_high < 0 else cfg.epsilon_high,
-        delta=None if cfg.delta <= 0 else cfg.delta, temperature=cfg.temperature,
-        loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
-        max_completion_length=None if cfg.max_completion_length <= 0
-        else cfg.max_completion_length,
-        num_items_in_batch=None if sc[0] < 0 else float(sc[0]),
-        sapo_temperature_pos=cfg.sapo_temperature_pos,
-        sapo_temperature_neg=cfg.sapo_temperature_neg,
-        use_bias_correction_kl=bool(cfg.use_bias_correction_kl), entropy_coef=float(sc[1]),
-        memory_budget=cfg.memory_budget, threads=cfg.threads, impl=cfg.impl,
-        compute_grad=any(need), filter_eps=cfg.filter_eps)
+        np.asarray(adv), opt(old), opt(ref), bias=None if bias.size == 0 else
+        np.asarray(bias)[:rows], is_ratio=opt(isr), sampling_logp=opt(samp),
+        num_items_in_batch=None if sc[0] < 0 else float(sc[0]), entropy_coef=float(sc[1]),
+        memory_budget=cfg.memory_budget or None, threads=cfg.threads or None, impl=cfg.impl,
+        compute_grad=any(need), filter_eps=cfg.filter_eps, **dict(cfg.options))
     z = np.zeros((0,), np.float32)
     pad = weight.shape[0] - rows  # padding rows past the vocabulary: zero gradient
 
@@ -351,16 +329,35 @@ def _core_bwd(cfg, res, ct):
 _core.defvjp(_core_fwd, _core_bwd)
 
 
-def _batch(token_ids, mask, advantages, old_logp, ref_logp, is_ratio):
-    return (jnp.asarray(token_ids), jnp.asarray(mask), jnp.asarray(advantages),
-            None if old_logp is None else jnp.asarray(old_logp),
-            None if ref_logp is None else jnp.asarray(ref_logp),
-            None if is_ratio is None else jnp.asarray(is_ratio))
+def _batch(hidden, weight, bias, token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
+           sampling_logp):
+    """The batch's arrays, their shapes and dtypes checked at trace time as every
+    front end checks them (fusedgrpo._inputs; the values of a traced mask are
+    not seen: a nonzero entry counts as a token, as in the C API)."""
+    arrays = [None if a is None else jnp.asarray(a) for a in
+              (token_ids, mask, advantages, old_logp, ref_logp, is_ratio, sampling_logp)]
+    tok, m, adv, old, ref, isr, samp = arrays
+    B, T, _, _ = _inputs.check_head(jnp.shape(hidden), jnp.shape(weight),
+                                    None if bias is None else jnp.shape(bias),
+                                    *(None if a is None else jnp.asarray(a).dtype
+                                      for a in (hidden, weight, bias)))
+    _inputs.check_tokens(tok.shape, tok.dtype, m.shape, m.dtype, B, T)
+    if not isinstance(m, jax.core.Tracer):
+        _inputs.check_mask_values(np.asarray(m))
+    named = dict(old_logp=old, ref_logp=ref, is_ratio=isr, sampling_logp=samp)
+    _inputs.check_batch(B, T, adv.shape, **{k: None if a is None else a.shape
+                                            for k, a in named.items()},
+                        kinds={k: a.dtype for k, a in (("advantages", adv), *named.items())
+                               if a is not None})
+    return tuple(arrays)
 
 
-def _scalars(items, entropy_coef):
+def _scalars(options):
     """(num_items_in_batch (< 0: default), entropy_coef): run-time values."""
-    return jnp.stack([jnp.asarray(items, jnp.float32), jnp.asarray(entropy_coef, jnp.float32)])
+    items = options.get("num_items_in_batch")
+    coef = options.get("entropy_coef", _options.LOSS_OPTIONS["entropy_coef"].default)
+    return jnp.stack([jnp.asarray(-1.0 if items is None else items, jnp.float32),
+                      jnp.asarray(coef, jnp.float32)])
 
 
 def _aux(metrics, logp, ent):
@@ -368,30 +365,25 @@ def _aux(metrics, logp, ent):
     return {"metrics": d, "logp": logp, "entropy": ent}
 
 
+@_options.with_loss_options
 def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, old_logp=None,
-                           ref_logp=None, *, bias=None, is_ratio=None, beta=0.0,
-                           epsilon_low=0.2, epsilon_high=None, delta=None, temperature=1.0,
-                           loss_type="dapo", importance_sampling_level="token",
-                           max_completion_length=None, num_items_in_batch=None,
-                           sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
-                           use_bias_correction_kl=False, entropy_coef=0.0, impl="fused",
-                           memory_budget=None, threads=None, return_aux=False,
-                           filter_eps=0.0):
+                           ref_logp=None, *, bias=None, is_ratio=None, sampling_logp=None,
+                           impl="fused", memory_budget=None, threads=None, return_aux=False,
+                           filter_eps=0.0, **options):
     """The loss of LOSS_SPEC.md from hidden [B, T, H] (float32 or bfloat16), weight
     [V, H] (same dtype), bias [V]; differentiable w.r.t. hidden, weight, bias.
-    ``num_items_in_batch`` and ``entropy_coef`` may be traced values.
+    The loss options (keyword-only) are fusedgrpo.OPTION_NAMES, with the NumPy
+    API's defaults and checks; ``num_items_in_batch`` and ``entropy_coef`` may
+    be traced values. sampling_logp [B, T]: the sampler's log-probs (the
+    off-policy mask's; fusedgrpo.fused_linear_grpo).
     ``filter_eps``: gradient filtering, 0 (off), "auto" or a threshold
     (fusedgrpo.fused_linear_grpo). With
     ``return_aux=True`` returns ``(loss, {"metrics": {...}, "logp", "entropy"})``
     (aux is not differentiable)."""
-    cfg = _static(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
-                  delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
-                  max_completion_length, use_bias_correction_kl, threads, memory_budget,
-                  filter_eps)
-    items = -1.0 if num_items_in_batch is None else num_items_in_batch
-    batch = _batch(token_ids, mask, advantages, old_logp, ref_logp, is_ratio)
-    loss, (metrics, logp, ent) = _core(cfg, hidden, weight, bias, batch,
-                                       _scalars(items, entropy_coef))
+    cfg = _static(options, impl, threads, memory_budget, filter_eps)
+    batch = _batch(hidden, weight, bias, token_ids, mask, advantages, old_logp, ref_logp,
+                   is_ratio, sampling_logp)
+    loss, (metrics, logp, ent) = _core(cfg, hidden, weight, bias, batch, _scalars(options))
     return (loss, _aux(metrics, logp, ent)) if return_aux else loss
 
 
@@ -405,9 +397,9 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, old_logp
 # scales them.
 
 _INPUTS = ("hidden", "weight", "bias", "token_ids", "mask", "advantages", "old_logp",
-           "ref_logp", "is_ratio", "scalars")
-_BY_BATCH = ("hidden", "token_ids", "mask", "advantages", "old_logp", "ref_logp", "is_ratio")
-_PER_SEQUENCE = ("grpo", "sapo", "luspo", "dr_grpo")  # means over sequences
+           "ref_logp", "is_ratio", "sampling_logp", "scalars")
+_BY_BATCH = ("hidden", "token_ids", "mask", "advantages", "old_logp", "ref_logp", "is_ratio",
+             "sampling_logp")
 
 
 class _Plan(NamedTuple):
@@ -454,12 +446,12 @@ def _normalisers(plan, mask, scalars):
     n_glob = _psum_b(plan, n_loc)
     n_loc1, n_glob1 = jnp.maximum(n_loc, 1.0), jnp.maximum(n_glob, 1.0)
     user_items, coef = scalars[0], scalars[1]
-    lt = plan.cfg.loss_type
-    if lt in _PER_SEQUENCE:
+    normaliser = _options.NORMALISER[plan.cfg.option("loss_type")]
+    if normaliser == "sequences":
         s_p, items = jnp.float32(mask.shape[0] / plan.batch_size), jnp.float32(-1.0)
-    elif lt == "bnpo":
+    elif normaliser == "tokens":
         s_p, items = n_loc1 / n_glob1, jnp.float32(-1.0)
-    else:  # dapo, cispo, vespo: one global normaliser, the shards' losses summed
+    else:  # num_items_in_batch: one global normaliser, the shards' losses summed
         s_p, items = jnp.float32(1.0), jnp.where(user_items < 0, n_glob, user_items)
     c_eff = coef * n_loc1 / (n_glob1 * s_p)  # the bonus's mean over the whole batch's tokens
     return s_p, n_loc, n_glob1, jnp.stack([items, c_eff])
@@ -494,7 +486,8 @@ def _vocab_phases(plan, want_grads, a, scalars, shard):
     h, w, bias = a["hidden"], a["weight"], a.get("bias")
     B, T, H = h.shape
     N, f32, S = B * T, jnp.float32, jax.ShapeDtypeStruct
-    tok, mask, adv, old, ref, isr = _batch_operands(B, T, *(a.get(n) for n in _BY_BATCH[1:]))
+    tok, mask, adv, old, ref, isr, samp = _batch_operands(B, T, *(a.get(n)
+                                                                  for n in _BY_BATCH[1:]))
     head = (h, w, _empty(h.dtype) if bias is None else bias, tok, mask, shard)
     ha = _head_attrs(cfg, plan.vocab_size)
     k, _, _, slot = _lib.shard_stats_ranges(N)  # MAX range [0, k), its last float the status
@@ -509,7 +502,7 @@ def _vocab_phases(plan, want_grads, a, scalars, shard):
     loss, metrics, dlogp, dent, status = _ffi(                                   # (c)
         "fusedgrpo_loss_from_logp",
         (S((), f32), S((len(METRIC_NAMES),), f32), d_t, d_t, S((), f32)),
-        tok, mask, adv, old, ref, isr, scalars, logp, ent, stats[slot], shard,
+        tok, mask, adv, old, ref, isr, samp, scalars, logp, ent, stats[slot], shard,
         **_loss_attrs(cfg))
     if not want_grads:
         return (loss, metrics, logp, ent), (), status
@@ -536,15 +529,18 @@ def _combined_metrics(plan, metrics, s_p, n_loc, n_glob1, B_loc):
         return jnp.where(jnp.isinf(r), jnp.nan, r)
 
     B_glob = jnp.float32(plan.batch_size)
-    seq = plan.cfg.importance_sampling_level == "sequence"
+    seq = plan.cfg.option("importance_sampling_level") == "sequence"
     w_clip, d_clip = (jnp.float32(B_loc), B_glob) if seq else (n_loc, n_glob1)
     ps = functools.partial(_psum_b, plan)
-    return jnp.concatenate([
-        ps(metrics[0:2] * n_loc) / n_glob1,
-        ps(metrics[2:6] * w_clip) / d_clip,
-        nan_extreme(metrics[6:7], lax.pmin), nan_extreme(metrics[7:8], lax.pmax),
-        ps(metrics[8:9] * jnp.float32(B_loc)) / B_glob,
-        ps(s_p * metrics[9:10])])
+    m = dict(zip(METRIC_NAMES, metrics))
+    out = {n: ps(m[n] * n_loc) / n_glob1 for n in ("kl", "entropy")}
+    out.update({n: ps(m[n] * w_clip) / d_clip for n in (
+        "clip_ratio_low", "clip_ratio_high", "clip_ratio_region", "cispo_clip_ratio")})
+    out["clip_ratio_low_min"] = nan_extreme(m["clip_ratio_low_min"], lax.pmin)
+    out["clip_ratio_high_max"] = nan_extreme(m["clip_ratio_high_max"], lax.pmax)
+    out["vespo_phi_seq_mean"] = ps(m["vespo_phi_seq_mean"] * jnp.float32(B_loc)) / B_glob
+    out["policy_loss"] = ps(s_p * m["policy_loss"])
+    return jnp.stack([out[n] for n in METRIC_NAMES])
 
 
 def _combined_grads(plan, grads, s_p):
@@ -635,17 +631,12 @@ def _vocab_layout(weight, bias, vocab_size, nv):
     return weight, bias, V, rows
 
 
+@_options.with_loss_options
 def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advantages,
                                    old_logp=None, ref_logp=None, *, bias=None, is_ratio=None,
-                                   batch_axis="batch", vocab_axis=None, vocab_size=None,
-                                   beta=0.0, epsilon_low=0.2, epsilon_high=None, delta=None,
-                                   temperature=1.0, loss_type="dapo",
-                                   importance_sampling_level="token",
-                                   max_completion_length=None, num_items_in_batch=None,
-                                   sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
-                                   use_bias_correction_kl=False, entropy_coef=0.0,
-                                   impl="fused", memory_budget=None, threads=None,
-                                   return_aux=False, filter_eps=0.0):
+                                   sampling_logp=None, batch_axis="batch", vocab_axis=None,
+                                   vocab_size=None, impl="fused", memory_budget=None,
+                                   threads=None, return_aux=False, filter_eps=0.0, **options):
     """The loss of fused_linear_grpo_loss under ``jax.shard_map`` over ``mesh``,
     which may span processes (jax.distributed: every process makes the call
     with global arrays). Returns the whole batch's loss (and aux: metrics, logp
@@ -687,10 +678,7 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
     shard of every process with the same status (jax.errors.JaxRuntimeError
     naming the FG_ERR_ status), after the call's collectives: none waits on a
     shard that failed."""
-    cfg = _static(loss_type, importance_sampling_level, impl, beta, epsilon_low, epsilon_high,
-                  delta, temperature, sapo_temperature_pos, sapo_temperature_neg,
-                  max_completion_length, use_bias_correction_kl, threads, memory_budget,
-                  filter_eps)
+    cfg = _static(options, impl, threads, memory_budget, filter_eps)
     nb = mesh.shape[batch_axis] if batch_axis else 1
     nv = mesh.shape[vocab_axis] if vocab_axis else 1
     if hidden.shape[0] % nb:
@@ -699,9 +687,9 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
     if nv > 1 and backend() != "ffi":
         raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler")
     weight, bias, V, rows = _vocab_layout(weight, bias, vocab_size, nv)
-    items = -1.0 if num_items_in_batch is None else num_items_in_batch
-    rest = dict(zip(_BY_BATCH[1:], _batch(token_ids, mask, advantages, old_logp, ref_logp,
-                                          is_ratio)), scalars=_scalars(items, entropy_coef))
+    rest = dict(zip(_BY_BATCH[1:], _batch(hidden, weight, bias, token_ids, mask, advantages,
+                                          old_logp, ref_logp, is_ratio, sampling_logp)),
+                scalars=_scalars(options))
     present = {**rest, "hidden": hidden, "weight": weight, "bias": bias}
     plan = _Plan(cfg, mesh, batch_axis, vocab_axis, V, rows, hidden.shape[0],
                  tuple(n for n in _INPUTS if present[n] is not None))
@@ -777,6 +765,12 @@ def linear_logprobs(hidden, weight, token_ids, mask=None, bias=None, *, temperat
     callback (see the note above)."""
     if mask is None:
         mask = jnp.ones(token_ids.shape, jnp.bool_)
+    temperature = _options.LOSS_OPTIONS["temperature"].check("temperature", temperature)
+    _options.make_exec(threads, memory_budget)
+    B, T, _, _ = _inputs.check_head(jnp.shape(hidden), jnp.shape(weight),
+                                    None if bias is None else jnp.shape(bias))
+    _inputs.check_tokens(jnp.shape(token_ids), jnp.asarray(token_ids).dtype, jnp.shape(mask),
+                         jnp.asarray(mask).dtype, B, T)
     b = jnp.zeros((0,), hidden.dtype) if bias is None else bias
     opts = tuple(sorted(dict(impl=impl, memory_budget=memory_budget, threads=threads).items()))
     lp, ent = _logprobs(float(temperature), opts, hidden, weight, b, token_ids, mask)

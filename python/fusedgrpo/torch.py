@@ -3,10 +3,14 @@ with a fake kernel and autograd) and ``FusedLinearGRPOLoss``, an ``nn.Module``
 that mirrors Liger-Kernel's ``LigerFusedLinearGRPOLoss`` (same constructor
 arguments, same ``forward`` arguments, returns ``(loss, metrics)``).
 
-CPU tensors, float32 or bfloat16 (float64 is accepted and computed in float32:
-meant for gradcheck). One C call computes the loss and all gradients in the
-forward (like Liger); backward scales the saved gradients by the incoming
-gradient and casts them to the input dtype.
+CPU tensors, float32 or bfloat16 (float16 is widened to float32; float64 is
+refused: the op computes in float32 and bfloat16, so torch.autograd.gradcheck
+needs float32 inputs and a float32 tolerance). Every tensor's device, shape and
+dtype is checked before the C call (fusedgrpo._inputs, as the NumPy API).
+One C call computes the loss and all gradients in the forward (like Liger);
+backward scales the saved gradients by the incoming gradient and casts them to
+the input dtype. Those gradients are not differentiable: a double backward
+(create_graph=True) raises.
 
 Differences from Liger, by design (docs/LOSS_SPEC.md, which follows TRL 1.16,
 is the contract; python/README.md lists where Liger departs from TRL):
@@ -31,102 +35,45 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _lib
+from . import _lib, _options
+from . import _torch_inputs as _ti
 from ._lib import FusedGRPOError, METRIC_NAMES
 
 __all__ = ["linear_grpo", "FusedLinearGRPOLoss", "fused_linear_grpo_loss", "linear_logprobs",
            "METRIC_NAMES"]
 
-_DT = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16}
+# The op's schema: the tensors positional (torch.library custom ops take no
+# keyword-only tensors), the loss options of fusedgrpo._options and this
+# call's execution options keyword-only.
+_SCHEMA_TYPES = {str: "str", float: "float", int: "SymInt", bool: "bool"}
 
 
-def _rows(t: Tensor, lead: int):
-    """(tensor, ld): t as a [rows, cols] matrix with unit column stride, rows the
-    first `lead` axes; copies only when one row stride cannot describe it."""
-    cols = t.shape[-1]
-    st = t.stride()
-    ok = st[-1] == 1 or cols == 1
-    ld, inner = None, None
-    for i in reversed(range(lead)):
-        if not ok or t.shape[i] == 1:
-            continue
-        if st[i] <= 0:
-            ok = False
-        elif inner is None:
-            ld, inner = st[i], (st[i], t.shape[i])
-        elif st[i] != inner[0] * inner[1]:
-            ok = False
-        else:
-            inner = (st[i], t.shape[i])
-    if ld is None:
-        ld = cols
-    if ok and ld >= cols:
-        return t, int(ld)
-    t = t.contiguous()
-    return t, int(cols)
+def _schema_option(o) -> str:
+    t = _SCHEMA_TYPES[o.type] + ("?" if o.default is None else "")
+    default = f'"{o.default}"' if isinstance(o.default, str) else repr(o.default)
+    return f"{t} {o.name}={default}"
 
 
-def _compute_dtype(t: Tensor) -> Tensor:
-    if t.dtype in _DT:
-        return t
-    if t.dtype in (torch.float64, torch.float16):
-        return t.to(torch.float32)
-    raise TypeError(f"fusedgrpo: unsupported dtype {t.dtype} (float32 or bfloat16)")
+_LINEAR_GRPO_SCHEMA = (
+    "(Tensor hidden, Tensor weight, Tensor token_ids, Tensor mask, Tensor advantages, "
+    "Tensor? bias=None, Tensor? old_logp=None, Tensor? ref_logp=None, Tensor? is_ratio=None, "
+    "Tensor? sampling_logp=None, *, "
+    + ", ".join(_schema_option(o) for o in _options.LOSS_OPTIONS.values())
+    + ", bool compute_grad_hidden=True, bool compute_grad_weight=True, "
+    "bool compute_grad_bias=True, str impl=\"fused\", SymInt? threads=None, "
+    "SymInt? memory_budget=None, float filter_eps=0.0) -> "
+    "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 
 
-def _is_eager_tensor(t: Tensor) -> bool:
-    """A plain tensor with data, outside any tracing (fake, functional or proxy)."""
-    if type(t) is not Tensor or t.requires_grad or t.numel() != 1:
-        return False
-    if torch.compiler.is_compiling():
-        return False
-    try:
-        from torch.fx.experimental.proxy_tensor import get_proxy_mode
-    except ImportError:  # older torch: no proxy-mode query, take the safe path
-        return False
-    return get_proxy_mode() is None
-
-
-def _grad_dtypes(compute: torch.dtype) -> tuple:
-    """The dtypes the C call writes grad_hidden, grad_weight, grad_bias in: the
-    inputs' bf16 for bf16 inputs (no float32 copy to allocate and cast; a bf16
-    grad_weight where this CPU has bf16 GEMM kernels, else float32), float32
-    otherwise."""
-    if compute != torch.bfloat16:
-        return (torch.float32,) * 3
-    from . import bf16_gemms_native
-    gw = torch.bfloat16 if bf16_gemms_native() else torch.float32
-    return (torch.bfloat16, gw, torch.bfloat16)
-
-
-def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.detach().to(torch.float32).contiguous()
-
-
-@torch.library.custom_op("fusedgrpo::linear_grpo", mutates_args=(), device_types="cpu")
-def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
-                advantages: Tensor, bias: Optional[Tensor] = None,
-                old_logp: Optional[Tensor] = None, ref_logp: Optional[Tensor] = None,
-                is_ratio: Optional[Tensor] = None, sampling_logp: Optional[Tensor] = None, *,
-                loss_type: str = "dapo",
-                importance_sampling_level: str = "token", beta: float = 0.0,
-                epsilon_low: float = 0.2, epsilon_high: Optional[float] = None,
-                delta: Optional[float] = None, temperature: float = 1.0,
-                max_completion_length: Optional[int] = None,
-                num_items_in_batch: Optional[float] = None, sapo_temperature_pos: float = 1.0,
-                sapo_temperature_neg: float = 1.05, use_bias_correction_kl: bool = False,
-                entropy_coef: float = 0.0, vespo_k_pos: float = 2.0,
-                vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0,
-                vespo_lambda_neg: float = 2.0, off_policy_mask_threshold: Optional[float] = None,
-                top_entropy_quantile: float = 1.0, compute_grad_hidden: bool = True,
-                compute_grad_weight: bool = True, compute_grad_bias: bool = True,
-                impl: str = "fused", threads: Optional[int] = None,
-                memory_budget: Optional[int] = None,
-                filter_eps: float = 0.0) -> tuple[Tensor, Tensor, Tensor, Tensor,
-                                                              Tensor, Tensor, Tensor]:
+@torch.library.custom_op("fusedgrpo::linear_grpo", mutates_args=(), device_types="cpu",
+                         schema=_LINEAR_GRPO_SCHEMA)
+def linear_grpo(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None,
+                ref_logp=None, is_ratio=None, sampling_logp=None, *, compute_grad_hidden=True,
+                compute_grad_weight=True, compute_grad_bias=True, impl="fused", threads=None,
+                memory_budget=None, filter_eps=0.0, **options):
     """One C call: (loss [], metrics [len(METRIC_NAMES)] (METRIC_NAMES order), logp [B, T],
     entropy [B, T], grad_hidden [B, T, H], grad_weight [V, H], grad_bias [V]),
-    float32, the gradients in bfloat16 for bfloat16 inputs (see _grad_dtypes);
+    float32, the gradients in bfloat16 for bfloat16 inputs (fusedgrpo.grad_storage_dtypes);
     a gradient not computed (compute_grad_* False, or no bias) is
     an empty [0] tensor. The tensors are positional (torch.library custom ops
     take no keyword-only tensors; of them only hidden, weight and bias get
@@ -134,33 +81,25 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
     meaning the spec's default, and this call's execution options, threads
     (None: OpenMP's default) and memory_budget (bytes, None: 256 MiB), and
     filter_eps (gradient filtering; -1.0 is "auto", _lib.filter_eps_value)."""
-    loss_opts = _lib.loss_options(locals())
-    keep, req, p = _head_args(hidden, weight, token_ids, mask, bias)
+    cfg = _options.loss_config(options)
+    ex = _options.make_exec(threads, memory_budget)
+    keep, req = _ti.head_args(hidden, weight, token_ids, mask, bias)
     B, T, H, V = (req[k] for k in "BTHV")
-    adv = _f32(advantages).reshape(-1)
-    old = _f32(old_logp)
-    ref = _f32(ref_logp)
-    isr = _f32(is_ratio)
-    samp = _f32(sampling_logp)
-    per_seq = False
-    if isr is not None:
-        if isr.numel() == B and tuple(isr.shape) != (B, T):
-            isr = isr.reshape(B).contiguous()
-            per_seq = True
-    cfg = _lib.make_config(**loss_opts)
+    adv, old, ref, isr, samp, per_seq = _ti.batch_tensors(B, T, advantages, old_logp, ref_logp,
+                                                         is_ratio, sampling_logp)
     f32 = torch.float32
     logp = torch.empty((B, T), dtype=f32)
     ent = torch.empty((B, T), dtype=f32)
-    gdt = _grad_dtypes(keep[0].dtype)
+    gdt = _ti.grad_dtypes(keep[0].dtype)
     gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0])
     gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=gdt[1])
     gb = torch.empty((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2])
+    p = _ti.ptr
     loss, metrics = _lib.linear_call(
-        cfg, impl, _lib.make_exec(threads, memory_budget), **req, advantages=p(adv),
-        old_logp=p(old), ref_logp=p(ref), is_ratio=p(isr), is_ratio_per_sequence=per_seq,
-        sampling_logp=p(samp), logp=p(logp), entropy=p(ent), grad_hidden=p(gh),
-        grad_weight=p(gw), grad_bias=p(gb), grad_dtypes=tuple(_DT[d] for d in gdt),
-        filter_eps=filter_eps)
+        cfg, impl, ex, **req, advantages=p(adv), old_logp=p(old), ref_logp=p(ref),
+        is_ratio=p(isr), is_ratio_per_sequence=per_seq, sampling_logp=p(samp), logp=p(logp),
+        entropy=p(ent), grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb),
+        grad_dtypes=tuple(_ti.dtype_id(d) for d in gdt), filter_eps=filter_eps)
     del keep
     return (torch.tensor(loss, dtype=f32), torch.tensor([metrics[n] for n in METRIC_NAMES],
                                                         dtype=f32), logp, ent, gh, gw, gb)
@@ -169,12 +108,21 @@ def linear_grpo(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
 @linear_grpo.register_fake
 def _(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None, ref_logp=None,
       is_ratio=None, sampling_logp=None, *, compute_grad_hidden=True, compute_grad_weight=True,
-      compute_grad_bias=True, **options):
-    B, T, H = hidden.shape
-    V = weight.shape[0]
+      compute_grad_bias=True, impl="fused", threads=None, memory_budget=None, filter_eps=0.0,
+      **options):
+    # A traced call refuses what the eager one does (the mask's values aside,
+    # which a trace cannot see); and a tensor on 'meta' among CPU ones
+    # dispatches here, not to the CPU kernel.
+    _options.loss_config(options)
+    _options.make_exec(threads, memory_budget)
+    _ti.check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask,
+                      advantages=advantages, bias=bias, old_logp=old_logp, ref_logp=ref_logp,
+                      is_ratio=is_ratio, sampling_logp=sampling_logp)
+    B, T, H, V = _ti.check_shapes(hidden, weight, token_ids, mask, bias)
+    _ti.check_batch_shapes(B, T, advantages, old_logp, ref_logp, is_ratio, sampling_logp)
     f32 = torch.float32
     e = hidden.new_empty
-    gdt = _grad_dtypes(torch.bfloat16 if hidden.dtype == torch.bfloat16 else f32)
+    gdt = _ti.grad_dtypes(torch.bfloat16 if hidden.dtype == torch.bfloat16 else f32)
     return (e((), dtype=f32), e((len(METRIC_NAMES),), dtype=f32), e((B, T), dtype=f32),
             e((B, T), dtype=f32),
             e((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0]),
@@ -190,6 +138,7 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.set_materialize_grads(False)
 
 
+@torch.autograd.function.once_differentiable
 def _backward(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb):
     # Only the loss is differentiable: logp, entropy and metrics are reported
     # values (gradients flowing into them are not supported and are dropped).
@@ -200,7 +149,7 @@ def _backward(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb):
         # are (a cast at most) instead of a scaled copy; grad_weight alone is
         # V*H floats, and that copy cost 10% of the step. Only in eager mode:
         # a traced backward (torch.compile, opcheck) must not branch on data.
-        unit = _is_eager_tensor(g_loss) and float(g_loss) == 1.0
+        unit = _ti.is_eager_tensor(g_loss) and float(g_loss) == 1.0
 
         def scaled(g, dt):
             return g.to(dt) if unit else (g * g_loss).to(dt)
@@ -220,74 +169,36 @@ def _backward(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb):
 linear_grpo.register_autograd(_backward, setup_context=_setup_context)
 
 
+@_options.with_loss_options
 def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=None,
                            old_logp=None, ref_logp=None, is_ratio=None, sampling_logp=None, *,
-                           beta=0.0, epsilon_low=0.2, epsilon_high=None, delta=None,
-                           temperature=1.0, loss_type="dapo", importance_sampling_level="token",
-                           max_completion_length=None, num_items_in_batch=None,
-                           sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
-                           use_bias_correction_kl=False, entropy_coef=0.0, vespo_k_pos=2.0,
-                           vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
-                           off_policy_mask_threshold=None, top_entropy_quantile=1.0,
-                           impl="fused", threads=None, memory_budget=None, filter_eps=0.0):
+                           impl="fused", threads=None, memory_budget=None, filter_eps=0.0,
+                           **options):
     """Functional form: (loss, metrics dict of 0-dim tensors, logp, entropy); the
     loss is differentiable w.r.t. hidden, weight and bias. Only the gradients of
-    the tensors that require one (with grad mode on) are computed. filter_eps:
-    gradient filtering, 0 (off), "auto" or a threshold (fused_linear_grpo)."""
-    if isinstance(num_items_in_batch, Tensor):
-        num_items_in_batch = float(num_items_in_batch)
+    the tensors that require one (with grad mode on) are computed. The loss
+    options (keyword-only) are fusedgrpo.OPTION_NAMES; num_items_in_batch may be
+    a 0-dim tensor. filter_eps: gradient filtering, 0 (off), "auto" or a
+    threshold (fused_linear_grpo)."""
+    if isinstance(options.get("num_items_in_batch"), Tensor):
+        options["num_items_in_batch"] = float(options["num_items_in_batch"])
+    if not torch.compiler.is_compiling():
+        # the options' refusals as FusedGRPOError here; a compiled call gets them
+        # from the op's fake kernel while tracing
+        _options.loss_config(options)
+        _options.make_exec(threads, memory_budget)
     grad_on = torch.is_grad_enabled()
-    # The options spelled out: torch.compile traces this function, and dynamo
-    # cannot trace locals() (which the op itself, opaque to it, may use).
     loss, metrics, logp, ent, _, _, _ = linear_grpo(
         hidden, weight, token_ids, mask, advantages, bias, old_logp, ref_logp, is_ratio,
-        sampling_logp, loss_type=loss_type, importance_sampling_level=importance_sampling_level, beta=beta,
-        epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
-        temperature=temperature, max_completion_length=max_completion_length,
-        num_items_in_batch=num_items_in_batch, sapo_temperature_pos=sapo_temperature_pos,
-        sapo_temperature_neg=sapo_temperature_neg,
-        use_bias_correction_kl=use_bias_correction_kl, entropy_coef=entropy_coef,
-        vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg,
-        vespo_lambda_neg=vespo_lambda_neg, off_policy_mask_threshold=off_policy_mask_threshold,
-        top_entropy_quantile=top_entropy_quantile,
-        compute_grad_hidden=grad_on and hidden.requires_grad,
+        sampling_logp, compute_grad_hidden=grad_on and hidden.requires_grad,
         compute_grad_weight=grad_on and weight.requires_grad,
         compute_grad_bias=grad_on and bias is not None and bias.requires_grad, impl=impl,
         threads=threads, memory_budget=memory_budget,
-        filter_eps=_lib.filter_eps_value(filter_eps))
+        filter_eps=_lib.filter_eps_value(filter_eps), **options)
     return loss, {n: metrics[i] for i, n in enumerate(METRIC_NAMES)}, logp, ent
 
 
 # ------------------------------------------------------- log-probs of the head
-
-def _head_args(hidden, weight, token_ids, mask, bias):
-    """The LM-head operands as the C call takes them (kept alive by the caller)
-    and the keyword arguments of _lib.logprobs_call pointing at them."""
-    B, T, H = hidden.shape
-    V = weight.shape[0]
-    h = _compute_dtype(hidden.detach())
-    w = _compute_dtype(weight.detach())
-    if w.dtype != h.dtype:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight dtype {weight.dtype} differs from "
-                             f"hidden dtype {hidden.dtype}")
-    h, ldh = _rows(h, 2)
-    w, ldw = _rows(w, 1)
-    b = None if bias is None else bias.detach().to(w.dtype).contiguous()
-    tok = token_ids.detach().to(torch.int64).contiguous()
-    m = mask.detach()
-    if m.dtype == torch.bool and m.is_contiguous():
-        m = m.view(torch.uint8)
-    elif m.dtype != torch.uint8 or not m.is_contiguous():
-        m = (m != 0).to(torch.uint8).contiguous()
-
-    def p(t):
-        return 0 if t is None or t.numel() == 0 else t.data_ptr()
-
-    keep = (h, w, b, tok, m)
-    req = dict(B=B, T=T, H=H, V=V, dtype=_DT[h.dtype], hidden=p(h), ld_hidden=ldh, weight=p(w),
-               ld_weight=ldw, bias=p(b), token_ids=p(tok), mask=p(m))
-    return keep, req, p
-
 
 @torch.library.custom_op("fusedgrpo::linear_logprobs", mutates_args=(), device_types="cpu")
 def _logprobs_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
@@ -295,11 +206,14 @@ def _logprobs_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor
                  threads: Optional[int] = None,
                  memory_budget: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """fg_linear_logprobs: (logp [B, T], entropy [B, T]) float32, 0 where masked."""
-    keep, req, p = _head_args(hidden, weight, token_ids, mask, bias)
+    temperature = _options.LOSS_OPTIONS["temperature"].check("temperature", temperature)
+    ex = _options.make_exec(threads, memory_budget)
+    keep, req = _ti.head_args(hidden, weight, token_ids, mask, bias)
+    p = _ti.ptr
     B, T = req["B"], req["T"]
     logp = torch.empty((B, T), dtype=torch.float32)
     ent = torch.empty((B, T), dtype=torch.float32)
-    _lib.logprobs_call(impl, _lib.make_exec(threads, memory_budget), temperature, **req,
+    _lib.logprobs_call(impl, ex, temperature, **req,
                        logp=p(logp), entropy=p(ent))
     del keep
     return logp, ent
@@ -307,7 +221,8 @@ def _logprobs_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor
 
 @_logprobs_op.register_fake
 def _(hidden, weight, token_ids, mask, bias=None, **options):
-    B, T, _ = hidden.shape
+    _ti.check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask, bias=bias)
+    B, T, _, _ = _ti.check_shapes(hidden, weight, token_ids, mask, bias)
     return (hidden.new_empty((B, T), dtype=torch.float32),
             hidden.new_empty((B, T), dtype=torch.float32))
 
@@ -323,19 +238,26 @@ def _logprobs_backward_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mas
                           memory_budget: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
     """fg_linear_logprobs_backward: (grad_hidden [B, T, H], grad_weight [V, H],
     grad_bias [V]) of a loss with these dL/dlogp and dL/dentropy; the inputs'
-    dtype for bf16 inputs (_grad_dtypes); an unwanted one is an empty [0]."""
-    keep, req, p = _head_args(hidden, weight, token_ids, mask, bias)
+    dtype for bf16 inputs (fusedgrpo.grad_storage_dtypes); an unwanted one is an empty [0]."""
+    temperature = _options.LOSS_OPTIONS["temperature"].check("temperature", temperature)
+    ex = _options.make_exec(threads, memory_budget)
+    keep, req = _ti.head_args(hidden, weight, token_ids, mask, bias)
+    p = _ti.ptr
     B, T, H, V = (req[k] for k in "BTHV")
-    gdt = _grad_dtypes(keep[0].dtype)
+    _ti.check_devices(grad_logp=grad_logp, grad_entropy=grad_entropy)
+    for name, t in (("grad_logp", grad_logp), ("grad_entropy", grad_entropy)):
+        if t is not None and tuple(t.shape) != (B, T):
+            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"{name} has shape {tuple(t.shape)}, "
+                                 f"expected {(B, T)}")
+    gdt = _ti.grad_dtypes(keep[0].dtype)
     gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0])
     gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=gdt[1])
     gb = torch.empty((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2])
     g = grad_logp.detach().to(torch.float32).contiguous()
     ge = None if grad_entropy is None else grad_entropy.detach().to(torch.float32).contiguous()
-    _lib.logprobs_backward_call(impl, _lib.make_exec(threads, memory_budget), temperature,
-                                **req, grad_logp=p(g), grad_entropy=p(ge), grad_hidden=p(gh),
-                                grad_weight=p(gw), grad_bias=p(gb),
-                                grad_dtypes=tuple(_DT[d] for d in gdt))
+    _lib.logprobs_backward_call(impl, ex, temperature, **req, grad_logp=p(g),
+                                grad_entropy=p(ge), grad_hidden=p(gh), grad_weight=p(gw),
+                                grad_bias=p(gb), grad_dtypes=tuple(_ti.dtype_id(d) for d in gdt))
     del keep
     return gh, gw, gb
 
@@ -343,9 +265,10 @@ def _logprobs_backward_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mas
 @_logprobs_backward_op.register_fake
 def _(hidden, weight, token_ids, mask, grad_logp, grad_entropy=None, bias=None, *,
       compute_grad_hidden=True, compute_grad_weight=True, compute_grad_bias=True, **options):
-    B, T, H = hidden.shape
-    V = weight.shape[0]
-    gdt = _grad_dtypes(torch.bfloat16 if hidden.dtype == torch.bfloat16 else torch.float32)
+    _ti.check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask,
+                      grad_logp=grad_logp, grad_entropy=grad_entropy, bias=bias)
+    B, T, H, V = _ti.check_shapes(hidden, weight, token_ids, mask, bias)
+    gdt = _ti.grad_dtypes(torch.bfloat16 if hidden.dtype == torch.bfloat16 else torch.float32)
     e = hidden.new_empty
     return (e((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0]),
             e((V, H) if compute_grad_weight else (0,), dtype=gdt[1]),
@@ -454,18 +377,16 @@ class FusedLinearGRPOLoss(torch.nn.Module):
                  filter_eps=0.0, return_metrics_dict: bool = False):
         super().__init__()
         _refuse_unsupported(compiled=compiled, chunk_size=chunk_size)
-        if sapo_temperature_pos <= 0:
-            raise ValueError(f"sapo_temperature_pos must be positive, got {sapo_temperature_pos}")
-        if sapo_temperature_neg <= 0:
-            raise ValueError(f"sapo_temperature_neg must be positive, got {sapo_temperature_neg}")
-        if delta is not None and delta <= 0:
-            raise ValueError(f"delta must be positive, got {delta}")
-        if loss_type not in _lib.LOSS_TYPES:
-            raise FusedGRPOError("FG_ERR_UNKNOWN_LOSS_TYPE",
-                                 f"unknown loss_type {loss_type!r}; one of {_lib.LOSS_TYPES}")
-        if importance_sampling_level not in _lib.LEVELS:
-            raise FusedGRPOError("FG_ERR_UNKNOWN_LEVEL", f"unknown importance_sampling_level "
-                                 f"{importance_sampling_level!r}")
+        # every option's range now, as a call would check it
+        _options.loss_config(dict(
+            beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, loss_type=loss_type,
+            max_completion_length=max_completion_length,
+            importance_sampling_level=importance_sampling_level,
+            sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
+            temperature=temperature, delta=delta, use_bias_correction_kl=use_bias_correction_kl,
+            vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg,
+            vespo_lambda_neg=vespo_lambda_neg, entropy_coef=entropy_coef))
+        _options.make_exec(threads, memory_budget)
         if impl not in _lib.IMPLS:
             raise FusedGRPOError("FG_ERR_UNSUPPORTED",
                                  f"unknown impl {impl!r}; one of {tuple(_lib.IMPLS)}")

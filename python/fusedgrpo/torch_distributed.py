@@ -87,10 +87,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from . import _lib
+from . import _lib, _options
+from . import _torch_inputs as _ti
 from ._lib import METRIC_NAMES, FusedGRPOError, lib
 from .torch import FusedLinearGRPOLoss as _LocalGRPOLoss
-from .torch import _grad_dtypes, _head_args, _is_eager_tensor
 
 __all__ = ["fused_linear_grpo_loss", "FusedLinearGRPOLoss", "linear_logprobs",
            "vocab_shard_range", "make_grid", "Grid", "METRIC_NAMES", "agreed"]
@@ -277,8 +277,8 @@ class _Request:
 
     def __init__(self, hidden, weight, token_ids, mask, bias, *, vocab_start, vocab_size,
                  temperature, impl, threads, memory_budget, filter_eps):
-        _check_head_shapes(hidden, weight, token_ids, mask, bias)
-        self.keep, req, self.ptr = _head_args(hidden, weight, token_ids, mask, bias)
+        self.keep, req = _ti.head_args(hidden, weight, token_ids, mask, bias)
+        self.ptr = _ti.ptr
         self.B, self.T, self.H, self.v_local = (req[k] for k in "BTHV")
         self.N = self.B * self.T
         self.vocab_start = int(vocab_start)
@@ -287,13 +287,13 @@ class _Request:
             impl, filter_eps=_lib.filter_eps_value(filter_eps), **req)
         self.inputs.vocab_start = self.vocab_start
         self.inputs.vocab_total = self.vocab_size
-        self.temperature = float(temperature)
-        self.exec = _lib.make_exec(threads, memory_budget)
+        self.temperature = _options.LOSS_OPTIONS["temperature"].check("temperature", temperature)
+        self.exec = _options.make_exec(threads, memory_budget)
         self.ctx = _lib.thread_context()
         self.has_bias = bias is not None
         # grad_hidden's shares are summed over the group: in float32, rounded
         # (to bf16 inputs' dtype) once, in backward
-        self.grad_dtypes = (_F32,) + _grad_dtypes(self.keep[0].dtype)[1:]
+        self.grad_dtypes = (_F32,) + _ti.grad_dtypes(self.keep[0].dtype)[1:]
 
     def shape(self) -> tuple:
         return self.B, self.T, self.H, self.vocab_size, self.vocab_start, self.v_local
@@ -329,25 +329,6 @@ class _Request:
             ctypes.byref(self.inputs), ctypes.byref(self.tokens), stats.data_ptr(),
             grad_logp.data_ptr(), self.ptr(grad_entropy) or None, ctypes.byref(grads),
             ctypes.byref(self.exec))
-
-
-def _check_head_shapes(hidden, weight, token_ids, mask, bias):
-    """The C calls take raw pointers and cannot see a tensor's size: one of
-    the wrong shape would be read past its end."""
-    if hidden.dim() != 3 or weight.dim() != 2:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"hidden must be [B, T, H] and weight "
-                             f"[V_local, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
-    B, T, H = hidden.shape
-    if weight.shape[1] != H:
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH",
-                             f"weight {tuple(weight.shape)} does not match H = {H}")
-    for name, t in (("token_ids", token_ids), ("mask", mask)):
-        if tuple(t.shape) != (B, T):
-            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH",
-                                 f"{name} {tuple(t.shape)} is not [B, T] = {(B, T)}")
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH",
-                             f"bias {tuple(bias.shape)} is not [V_local] = {(weight.shape[0],)}")
 
 
 # ------------------------------------------------------------------ phases
@@ -416,26 +397,6 @@ def _backward(req: _Request, agree: _Agreement, stats, grad_logp, grad_entropy, 
 
 # ------------------------------------------------------------------ the loss
 
-def _batch_tensors(B, T, advantages, old_logp, ref_logp, is_ratio, sampling_logp):
-    """The loss's per-token inputs as float32 contiguous tensors of checked
-    sizes, and whether is_ratio is per sequence."""
-    def f32(name, t, sizes):
-        if t is None:
-            return None
-        t = t.detach().to(_F32).contiguous()
-        if t.numel() not in sizes:
-            raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"{name} has {t.numel()} elements, "
-                                 f"not {' or '.join(map(str, sizes))} (B = {B}, T = {T})")
-        return t
-
-    adv = f32("advantages", advantages, (B,))
-    isr = f32("is_ratio", is_ratio, (B * T, B))
-    # [B] or [B, 1]: one ratio per sequence (as fusedgrpo.torch reads it)
-    per_seq = isr is not None and isr.numel() == B and tuple(is_ratio.shape) != (B, T)
-    return (adv, f32("old_logp", old_logp, (B * T,)), f32("ref_logp", ref_logp, (B * T,)),
-            isr, per_seq, f32("sampling_logp", sampling_logp, (B * T,)))
-
-
 def _loss_and_grads(req: _Request, agree: _Agreement, batch, cfg, want, tokens_digest):
     """(c) and (d) after the forward phases: (loss, metrics [10], logp, entropy,
     grad_hidden, grad_weight, grad_bias)."""
@@ -465,14 +426,14 @@ def _run_loss(hidden, weight, bias, arrays, options, group):
     try:
         req = _Request(hidden, weight, arrays["token_ids"], arrays["mask"], bias,
                        **options["head"])
-        adv, old, ref, isr, per_seq, samp = _batch_tensors(
+        adv, old, ref, isr, samp, per_seq = _ti.batch_tensors(
             req.B, req.T, arrays["advantages"], arrays["old_logp"], arrays["ref_logp"],
             arrays["is_ratio"], arrays["sampling_logp"])
         keep = (adv, old, ref, isr, samp)
         p = req.ptr
         batch = _lib._batch(req.B, req.T, p(req.keep[3]), p(req.keep[4]), p(adv), p(old),
                             p(ref), p(isr), per_seq, p(samp))
-        cfg = _lib.make_config(**options["loss"])
+        cfg = _options.loss_config(options["loss"])
         digests = (_options_digest(options["head"], sorted(options["loss"].items()),
                                    options["want"], str(req.keep[0].dtype)),
                    req.tokens_digest(*keep, per_seq))
@@ -506,7 +467,7 @@ class _LossFunction(torch.autograd.Function):
         if g_loss is None:
             return None, None, None, None, None, None
         # loss.backward() sends 1: the saved gradients as they are (no V x H copy)
-        unit = _is_eager_tensor(g_loss) and float(g_loss) == 1.0
+        unit = _ti.is_eager_tensor(g_loss) and float(g_loss) == 1.0
 
         def scaled(g, dt):
             return None if g.numel() == 0 else (g.to(dt) if unit else (g * g_loss).to(dt))
@@ -515,26 +476,22 @@ class _LossFunction(torch.autograd.Function):
                 None if ctx.dtypes[2] is None else scaled(gb, ctx.dtypes[2]), None, None, None)
 
 
+@_options.with_loss_options
 def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=None,
                            old_logp=None, ref_logp=None, is_ratio=None, sampling_logp=None, *,
                            vocab_start=0, vocab_size=None, process_group=None, error_group=None,
-                           beta=0.0, epsilon_low=0.2, epsilon_high=None, delta=None,
-                           temperature=1.0, loss_type="dapo", importance_sampling_level="token",
-                           max_completion_length=None, num_items_in_batch=None,
-                           sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
-                           use_bias_correction_kl=False, entropy_coef=0.0, vespo_k_pos=2.0,
-                           vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
-                           off_policy_mask_threshold=None, top_entropy_quantile=1.0,
-                           impl="fused", threads=None, memory_budget=None, filter_eps=0.0):
+                           impl="fused", threads=None, memory_budget=None, filter_eps=0.0,
+                           **options):
     """fusedgrpo.torch.fused_linear_grpo_loss with the weight (and bias) split
     by vocab rows over process_group: weight [V_local, H] holds rows
     [vocab_start, vocab_start + V_local) of vocab_size. Returns (loss, metrics
     dict of 0-dim tensors, logp, entropy), the same on every rank of the
     group; the loss is differentiable w.r.t. hidden (its whole gradient),
     weight and bias (this rank's rows). Collective: see the module doc."""
-    if isinstance(num_items_in_batch, Tensor):
-        num_items_in_batch = float(num_items_in_batch)
-    loss_opts = _lib.loss_options(locals())
+    if isinstance(options.get("num_items_in_batch"), Tensor):
+        options["num_items_in_batch"] = float(options["num_items_in_batch"])
+    loss_opts = _options.loss_options_of(options)
+    temperature = loss_opts.get("temperature", _options.LOSS_OPTIONS["temperature"].default)
     grad_on = torch.is_grad_enabled()
     want = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
             grad_on and bias is not None and bias.requires_grad)

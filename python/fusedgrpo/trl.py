@@ -34,6 +34,7 @@ try:
 except ImportError as e:  # pragma: no cover - the module is useless without TRL
     raise ImportError("fusedgrpo.trl needs TRL (pip install trl)") from e
 
+from . import _options
 from .torch import fused_linear_grpo_loss, linear_logprobs
 
 
@@ -50,9 +51,6 @@ def _on_every_rank(fn, *args, **kwargs):
 
 __all__ = ["FusedGRPOTrainer", "add_fusedgrpo_lm_head"]
 
-# Loss types whose policy term TRL divides by the accumulation steps; the
-# others get TRL's rescaled num_items_in_batch.
-_PER_STEP_NORMALIZED = ("grpo", "bnpo", "dr_grpo", "luspo", "sapo")
 _CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 
 
@@ -182,7 +180,9 @@ class FusedGRPOTrainer(GRPOTrainer):
                    vespo_k_neg=args.vespo_k_neg, vespo_lambda_neg=args.vespo_lambda_neg,
                    off_policy_mask_threshold=self.off_policy_mask_threshold,
                    top_entropy_quantile=self.top_entropy_quantile)
-        if self.loss_type in _PER_STEP_NORMALIZED:
+        # TRL divides the policy term by the accumulation steps, except where it
+        # is normalised by num_items_in_batch, which TRL rescales instead
+        if _options.NORMALISER[self.loss_type] != "num_items_in_batch":
             cfg["entropy_coef"] = coef
             return cfg, 1.0 / ga
         # dapo, cispo, vespo: num_items_in_batch spans the generation batch

@@ -14,6 +14,7 @@ from jax.sharding import Mesh  # noqa: E402
 
 import fusedgrpo  # noqa: E402
 import fusedgrpo.jax as fgj  # noqa: E402
+from budgets import several_chunks_budget  # noqa: E402
 from grpo_reference import make_inputs, reference  # noqa: E402
 from tolerance import assert_close, compare_to_reference  # noqa: E402
 
@@ -295,9 +296,15 @@ def test_shard_map_vocab_axis(mesh_shape, axes, batch_axis, loss_type, level):
                       bad_masked_ids=False)
     cfg = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.1,
                entropy_coef=0.02, temperature=0.8)
+    # Planned for a vocab shard's call on the whole batch: several chunks there;
+    # a shard of half the batch needs no more than that call.
+    rows = -(-inp["weight"].shape[0] // mesh.shape["vocab"])
+    shard = dict(inp, weight=inp["weight"][:rows], bias=inp["bias"][:rows],
+                 token_ids=inp["token_ids"] % rows)
+    budget = several_chunks_budget(**shard, **cfg, threads=1)
     l1, g1 = _grads(lambda *a, **k: fgj.fused_linear_grpo_loss_sharded(
         mesh, *a, batch_axis=batch_axis, vocab_axis="vocab", threads=1,
-        memory_budget=24 << 10, **k), inp, cfg)
+        memory_budget=budget, **k), inp, cfg)
     want = reference(**inp, **cfg)
     context = f"{axes} {loss_type}/{level}"
     compare_to_reference("vocab_sharded", dict(loss=l1, grad_hidden=g1[0], grad_weight=g1[1],
@@ -307,6 +314,37 @@ def test_shard_map_vocab_axis(mesh_shape, axes, batch_axis, loss_type, level):
                                                 return_aux=True, **cfg)
     compare_to_reference("vocab_sharded", dict(metrics=aux["metrics"], logp=aux["logp"],
                                                entropy=aux["entropy"]), want, context)
+
+
+@pytest.mark.parametrize("mesh_shape,axes,batch_axis,vocab_axis,options", [
+    ((4,), ("vocab",), None, "vocab",
+     dict(loss_type="dapo", top_entropy_quantile=0.6, off_policy_mask_threshold=0.05)),
+    ((2, 2), ("batch", "vocab"), "batch", "vocab",
+     dict(loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_pos=1.5, vespo_k_neg=2.5,
+          vespo_lambda_neg=1.2, off_policy_mask_threshold=0.05, entropy_coef=0.05)),
+    ((4,), ("batch",), "batch", None,
+     dict(loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_pos=1.5, vespo_k_neg=2.5,
+          vespo_lambda_neg=1.2, off_policy_mask_threshold=0.05, entropy_coef=0.05)),
+])
+def test_shard_map_takes_every_option(mesh_shape, axes, batch_axis, vocab_axis, options):
+    """The options the sharded call shares with the NumPy API reach every shard:
+    vespo's k and lambda, the off-policy mask (with sampling_logp), the
+    top-entropy quantile (over the vocab axis only: TRL takes it per rank), the
+    entropy bonus; through the phases and through the one-call path."""
+    mesh = _mesh(mesh_shape, axes)
+    rng = np.random.default_rng(40 + len(axes))
+    inp = make_inputs(rng, B=4, T=6, H=16, V=4 * 9 - 1, bad_masked_ids=False)
+    samp = (inp["old_logp"] + rng.normal(0, 0.3, inp["old_logp"].shape)).astype(np.float32)
+    cfg = dict(options, beta=0.1, sampling_logp=samp)
+    l1, g1 = _grads(lambda *a, **k: fgj.fused_linear_grpo_loss_sharded(
+        mesh, *a, batch_axis=batch_axis, vocab_axis=vocab_axis, threads=1, **k), inp, cfg)
+    want = reference(**inp, **cfg)
+    context = f"{axes} {options['loss_type']}"
+    plain = reference(**inp, beta=0.1, loss_type=options["loss_type"])
+    assert abs(want["loss"] - plain["loss"]) > 1e-3  # the options matter here
+    # f32: vespo's gamma weight amplifies the log-probs' error (tolerance.py)
+    compare_to_reference("f32", dict(loss=l1, grad_hidden=g1[0], grad_weight=g1[1],
+                                     grad_bias=g1[2]), want, context)
 
 
 def test_shard_map_vocab_size_excludes_padding_rows():

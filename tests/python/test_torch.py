@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 import fusedgrpo  # noqa: E402
 import fusedgrpo.torch as fgt  # noqa: E402
+from budgets import several_chunks_budget  # noqa: E402
 from grpo_reference import make_inputs, reference  # noqa: E402
 from tolerance import (assert_close, assert_same_fraction, bf16_gemms_native,  # noqa: E402
                        compare_to_reference)
@@ -138,13 +139,15 @@ def test_errors_surface_as_fusedgrpo_error():
 
 def test_threads_and_memory_budget_reach_the_library():
     rng = np.random.default_rng(12)
-    t = _t(make_inputs(rng, B=2, T=16, H=16, V=1031))
+    inp = make_inputs(rng, B=2, T=16, H=16, V=1031)
+    budget = several_chunks_budget(**inp, beta=0.1, threads=1)
+    t = _t(inp)
     args = (t["hidden"], t["weight"], t["token_ids"], t["mask"], t["advantages"], t["bias"],
             t["old_logp"], t["ref_logp"])
     _, _, logp, _ = fgt.fused_linear_grpo_loss(*args, beta=0.1, threads=1,
-                                               memory_budget=64 << 10)
+                                               memory_budget=budget)
     stats = fusedgrpo.memory_stats()  # this thread's context made the call
-    assert stats["budget_bytes"] == 64 << 10 and stats["chunks"] > 1, stats
+    assert stats["budget_bytes"] == budget and stats["chunks"] > 1, stats
     _, _, logp_one_chunk, _ = fgt.fused_linear_grpo_loss(*args, beta=0.1, threads=2)
     assert fusedgrpo.memory_stats()["chunks"] == 1
     if bf16_gemms_native():
@@ -191,21 +194,22 @@ def test_opcheck():
 
 
 def test_library_gradient_by_central_differences():
-    """The op's autograd in float64 (what torch.autograd.gradcheck checks, with
-    its error measured here): float64 inputs are rounded to float32 inside, so
-    the differences carry float32 round-off over eps. The strict float64 check
-    is the next test (a plain-torch float64 loss, checked by central differences
-    and then compared with the library)."""
+    """The op's autograd seen from float64 (what torch.autograd.gradcheck checks,
+    with its error measured here): the op takes float32 (it refuses float64), so
+    f rounds its float64 arguments to float32 and the differences carry float32
+    round-off over eps. The strict float64 check is the next test (a plain-torch
+    float64 loss, checked by central differences and then compared with the
+    library)."""
     rng = np.random.default_rng(8)
     t = _t(make_inputs(rng, B=2, T=3, H=5, V=7))
     t64 = {k: (v.double() if v is not None and v.is_floating_point() else v)
            for k, v in t.items()}
 
     def f(h, w, b):
-        loss, _, _, _ = fgt.fused_linear_grpo_loss(h, w, t["token_ids"], t["mask"],
-                                                   t["advantages"], b, t["old_logp"],
-                                                   t["ref_logp"], beta=0.05, loss_type="grpo",
-                                                   entropy_coef=0.02)
+        loss, _, _, _ = fgt.fused_linear_grpo_loss(h.float(), w.float(), t["token_ids"],
+                                                   t["mask"], t["advantages"], b.float(),
+                                                   t["old_logp"], t["ref_logp"], beta=0.05,
+                                                   loss_type="grpo", entropy_coef=0.02)
         return loss.double()
 
     args = tuple(t64[k].clone().requires_grad_() for k in ("hidden", "weight", "bias"))

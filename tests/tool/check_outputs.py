@@ -63,7 +63,7 @@ for d in lines:
 # memory_budget: min is a one-row chunk's need rounded up to pages, so the
 # fused path runs 1-row chunks, or a few more where the page rounding leaves
 # room (the per-call arrays, so the slack, differ with seq_len, and a chunk's
-# GEMM scratch does not grow below FG_LOGITS_ROW_GRANULE rows); every impl's
+# GEMM scratch does not grow below FG_BLOCK_LOGITS_M rows); every impl's
 # chunked roofline uses the fused path's chunk rows of its own sweep point.
 for f, b in ((lines[0], lines[1]), (lines[2], lines[3])):
     assert 1 <= f["chunk_rows"] <= 4 and f["chunks"] > 1 and b["chunks"] == 1, (f, b)

@@ -1,0 +1,172 @@
+"""What fusedgrpo.torch and fusedgrpo.torch_distributed share: their tensors
+checked (fusedgrpo._inputs: shapes, dtypes, mask values; here: devices) and
+turned into the operands and raw addresses of the C calls, the gradients'
+dtypes, and the eager test of backward's incoming gradient."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _inputs, _lib, grad_storage_dtypes
+from ._lib import FusedGRPOError
+
+_DT = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16}
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def dtype_id(dtype: torch.dtype) -> int:
+    return _DT[dtype]
+
+
+def kind(t: Optional[Tensor]) -> Optional[str]:
+    """The NumPy dtype kind of a tensor's dtype (fusedgrpo._inputs reads kinds)."""
+    if t is None:
+        return None
+    dt = t.dtype
+    if dt == torch.bool:
+        return "b"
+    if dt.is_floating_point:
+        return "f"
+    if dt.is_complex:
+        return "c"
+    return "i"
+
+
+def check_devices(**tensors):
+    """Every tensor on the CPU: the C library reads host memory, and a tensor on
+    another device (or 'meta', which has no data) would hand it a pointer to
+    something else."""
+    for name, t in tensors.items():
+        if t is not None and t.device.type != "cpu":
+            raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"{name} is on device '{t.device}'; "
+                                 "fusedgrpo.torch computes on the CPU: every tensor must be on "
+                                 "'cpu'")
+
+
+def rows(t: Tensor, lead: int):
+    """(tensor, ld): t as a [rows, cols] matrix with unit column stride, rows the
+    first `lead` axes; copies only when one row stride cannot describe it."""
+    cols = t.shape[-1]
+    st = t.stride()
+    ok = st[-1] == 1 or cols == 1
+    ld, inner = None, None
+    for i in reversed(range(lead)):
+        if not ok or t.shape[i] == 1:
+            continue
+        if st[i] <= 0:
+            ok = False
+        elif inner is None:
+            ld, inner = st[i], (st[i], t.shape[i])
+        elif st[i] != inner[0] * inner[1]:
+            ok = False
+        else:
+            inner = (st[i], t.shape[i])
+    if ld is None:
+        ld = cols
+    if ok and ld >= cols:
+        return t, int(ld)
+    t = t.contiguous()
+    return t, int(cols)
+
+
+def compute_dtype(t: Tensor, name: str) -> Tensor:
+    """t in the dtype the C call computes in: float32 and bfloat16 as they are,
+    float16 widened to float32; float64 refused (the op computes in float32 or
+    bfloat16, so float64 inputs would lose their precision silently and
+    torch.autograd.gradcheck would fail at its default tolerances)."""
+    if t.dtype in _DT:
+        return t
+    if t.dtype == torch.float16:
+        return t.to(torch.float32)
+    raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"{name} has dtype {t.dtype}; fusedgrpo computes "
+                         "in float32 and bfloat16 only: pass float32 (or bfloat16) tensors")
+
+
+def is_eager_tensor(t: Tensor) -> bool:
+    """A plain tensor with data, outside any tracing (fake, functional or proxy)."""
+    if type(t) is not Tensor or t.requires_grad or t.numel() != 1:
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    try:
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    except ImportError:  # older torch: no proxy-mode query, take the safe path
+        return False
+    return get_proxy_mode() is None
+
+
+def grad_dtypes(compute: torch.dtype) -> tuple:
+    """The dtypes the C call writes grad_hidden, grad_weight, grad_bias in
+    (fusedgrpo.grad_storage_dtypes)."""
+    return tuple(_TORCH_DTYPES[n] for n in grad_storage_dtypes(compute == torch.bfloat16))
+
+
+def ptr(t: Optional[Tensor]) -> int:
+    return 0 if t is None or t.numel() == 0 else t.data_ptr()
+
+
+def check_shapes(hidden, weight, token_ids, mask, bias):
+    """(B, T, H, V) of the LM head's tensors, their shapes and dtypes checked
+    (fusedgrpo._inputs); fake tensors too, at trace time."""
+    B, T, H, V = _inputs.check_head(hidden.shape, weight.shape,
+                                    None if bias is None else bias.shape,
+                                    kind(hidden), kind(weight), kind(bias))
+    _inputs.check_tokens(token_ids.shape, kind(token_ids), mask.shape, kind(mask), B, T)
+    return B, T, H, V
+
+
+def check_batch_shapes(B, T, advantages, old_logp, ref_logp, is_ratio, sampling_logp) -> bool:
+    """The loss's per-sequence and per-token tensors' shapes and dtypes checked;
+    whether is_ratio is per sequence."""
+    arrays = dict(old_logp=old_logp, ref_logp=ref_logp, is_ratio=is_ratio,
+                  sampling_logp=sampling_logp)
+    return _inputs.check_batch(
+        B, T, advantages.shape, **{k: None if t is None else t.shape for k, t in arrays.items()},
+        kinds={k: kind(t) for k, t in (("advantages", advantages), *arrays.items())
+               if t is not None})
+
+
+def head_args(hidden, weight, token_ids, mask, bias):
+    """The LM-head operands as the C calls take them, checked first (devices,
+    shapes, dtypes, mask values; kept alive by the caller), and the keyword
+    arguments of _lib's calls pointing at them."""
+    check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask, bias=bias)
+    B, T, H, V = check_shapes(hidden, weight, token_ids, mask, bias)
+    h = compute_dtype(hidden.detach(), "hidden")
+    w = compute_dtype(weight.detach(), "weight")
+    if w.dtype != h.dtype:
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"weight dtype {weight.dtype} differs from "
+                             f"hidden dtype {hidden.dtype}")
+    h, ldh = rows(h, 2)
+    w, ldw = rows(w, 1)
+    b = None if bias is None else compute_dtype(bias.detach(), "bias").to(w.dtype).contiguous()
+    tok = token_ids.detach().to(torch.int64).contiguous()
+    m = mask.detach()
+    if m.dtype != torch.bool:
+        _inputs.check_mask_values(m.numpy() if m.dtype != torch.bfloat16 else m.float().numpy())
+    if m.dtype == torch.bool and m.is_contiguous():
+        m = m.view(torch.uint8)
+    elif m.dtype != torch.uint8 or not m.is_contiguous():
+        m = (m != 0).to(torch.uint8).contiguous()
+    keep = (h, w, b, tok, m)
+    req = dict(B=B, T=T, H=H, V=V, dtype=_DT[h.dtype], hidden=ptr(h), ld_hidden=ldh,
+               weight=ptr(w), ld_weight=ldw, bias=ptr(b), token_ids=ptr(tok), mask=ptr(m))
+    return keep, req
+
+
+def batch_tensors(B, T, advantages, old_logp, ref_logp, is_ratio, sampling_logp):
+    """The loss's per-sequence and per-token inputs, checked (devices, shapes,
+    dtypes), as float32 contiguous tensors: (advantages [B], old_logp,
+    ref_logp, is_ratio [B, T] or [B], sampling_logp, is_ratio per sequence)."""
+    arrays = dict(advantages=advantages, old_logp=old_logp, ref_logp=ref_logp,
+                  is_ratio=is_ratio, sampling_logp=sampling_logp)
+    check_devices(**arrays)
+    per_seq = check_batch_shapes(B, T, advantages, old_logp, ref_logp, is_ratio, sampling_logp)
+    f32 = {k: None if t is None else t.detach().to(torch.float32).contiguous()
+           for k, t in arrays.items()}
+    isr = f32["is_ratio"]
+    return (f32["advantages"].reshape(B), f32["old_logp"], f32["ref_logp"],
+            None if isr is None else isr.reshape(B) if per_seq else isr, f32["sampling_logp"],
+            per_seq)
