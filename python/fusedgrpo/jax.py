@@ -702,7 +702,7 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
 # Through jax.pure_callback over the NumPy functions (fg_linear_logprobs and
 # fg_linear_logprobs_backward), on the CPU; not yet an FFI target: under jit it
 # is one host callback per pass, and it does not take part in shard_map
-# collectives (issue 13's phase API will).
+# collectives (the phase API's FFI targets would).
 
 def _np(x):
     return None if x is None else np.asarray(x)

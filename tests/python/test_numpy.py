@@ -135,7 +135,7 @@ def _budget_with_grad_weight_sums(inp, cfg):
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("loss_type", ["dapo", "vespo"])
 def test_bf16_gradients_within_twice_rounding(loss_type, level, opt, budget):
-    """Issue 15's bound on bf16 gradient outputs (grad_dtype="bfloat16"): the
+    """The bound on bf16 gradient outputs (grad_dtype="bfloat16"): the
     error against the float64 reference is no worse than twice that of rounding
     the same call's float32 gradient to bf16 (relative L2). The documented
     exception, a grad_weight rounded once per chunk (CPUs with bf16 GEMM kernels,

@@ -48,7 +48,7 @@ from tolerance import relative_error  # noqa: E402
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_distributed_worker.py")
 JOIN_TIMEOUT_S = 60.0  # a failure guard only: a healthy group of jobs takes a few seconds
 ERROR_SECONDS = 10.0   # "quickly": from the call to the raise, on every rank
-TOL_LOSS = 1e-5        # issue 13's bounds against one process
+TOL_LOSS = 1e-5        # the sharded ops' bounds against one process
 TOL_LOGP = 1e-5
 TOL_GRAD = 1e-4
 T, H, V = 13, 37, 301

@@ -1,4 +1,4 @@
-"""Issue 12's training script, smoke: 2 GRPO steps of every arm (trl,
+"""The training script (examples/grpo_smollm2/train.py), smoke: 2 GRPO steps of every arm (trl,
 fusedgrpo, fusedgrpo_unfiltered, materialized) on a tiny random Llama with SmolLM2's tokenizer
 (examples/grpo_smollm2/train.py --smoke). No timing is asserted: the JSON
 lines have their keys and a finite loss."""

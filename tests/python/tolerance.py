@@ -61,7 +61,7 @@ TOLERANCES = {
     "bf16_out/grad_weight": 2e-2,     # 3.12e-3
     # The NumPy API's bf16 gradient outputs: error (relative L2 against the
     # reference) over that of the same call's float32 gradient rounded to bf16.
-    # 2 is issue 15's acceptance bound, not a measurement: one rounding of
+    # 2 is the bound the bf16 outputs are held to, not a measurement: one rounding of
     # float32 sums gives ~1 (1.000 on AVX2).
     "bf16_out/ratio_to_rounded_f32": 2.0,
     # fg_logits_grpo (no GEMM) against the reference. Its row kernels
