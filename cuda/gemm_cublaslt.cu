@@ -12,22 +12,12 @@
  * per chunk and product). cuBLASLt assumes 256-byte aligned pointers unless
  * told otherwise, so each call states the alignment its pointers really have:
  * a chunk that starts inside a matrix still gets a valid algorithm. */
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 
+#include "fail.h"
 #include "gemm_cublaslt.h"
 
-static fg_status fail(fg_status st, char *msg, size_t msg_size, const char *fmt, ...)
-{
-    if (msg && msg_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, msg_size, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
 
 size_t fg_cuda_gemm_workspace_hint(void) { return (size_t)32 << 20; }
 

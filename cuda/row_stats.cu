@@ -16,9 +16,9 @@
 #include <cuda_bf16.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 
+#include "fail.h"
 #include "row_stats.h"
 
 #define THREADS 256
@@ -314,16 +314,6 @@ __global__ void column_sums_ref_kernel(const T *dx, int64_t ld_dx, int64_t M, in
 
 /* ---- host side ---------------------------------------------------------------- */
 
-static fg_status fail(fg_status st, char *msg, size_t msg_size, const char *fmt, ...)
-{
-    if (msg && msg_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, msg_size, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
 
 static fg_status launched(const char *what, char *msg, size_t msg_size)
 {

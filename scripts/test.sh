@@ -3,8 +3,9 @@
 #   1. C tests and tool tests (ctest); on a CPU with AVX-512 once more with oneDNN
 #      capped at its AVX2 kernels (DNNL_MAX_CPU_ISA=AVX2), natively
 #   2. Python front ends (pip install . + pytest; torch/jax/liger when installable)
-#   3. The wheel: `pip wheel .` into a fresh venv, NumPy front end's oracle tests
-#      natively and under qemu-x86_64 -cpu Haswell (scripts/wheel_test.sh)
+#   3. The release wheel (scripts/build_wheel.sh): NumPy oracle and JAX handler tests
+#      in a clean debootstrap root, NumPy tests under qemu-x86_64 -cpu Haswell
+#      (scripts/wheel_test.sh)
 #   4. The C library under qemu-x86_64 -cpu Haswell: the tool's gradcheck of every
 #      path, test_paths, test_edges (scripts/qemu_test.sh)
 #   5. Robustness: sanitizers, valgrind, bounded fuzzing (scripts/robustness.sh)

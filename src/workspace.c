@@ -56,10 +56,17 @@ size_t fg_ws_round(size_t bytes) { return (bytes + FG_ALIGN - 1) & ~(size_t)(FG_
 
 size_t fg_ws_page_round(size_t bytes) { return (bytes + 4095) & ~(size_t)4095; }
 
+/* A page mapped past the arena's end, never handed out or counted. oneDNN's
+ * JIT kernels read a row's tail with masked vector loads (vmaskmovps) whose
+ * masked-off lanes may lie past the last buffer; the CPU never faults on them,
+ * but qemu's emulation (7.2, the CI's AVX2-only CPU) does when they cross into
+ * an unmapped page. */
+#define ARENA_TAIL_SLACK ((size_t)4096)
+
 void fg_arena_release(fg_arena *a, size_t *held)
 {
     if (a->base && !a->borrowed) {
-        munmap(a->base, a->capacity);
+        munmap(a->base, a->capacity + ARENA_TAIL_SLACK);
         *held -= a->capacity;
     }
     memset(a, 0, sizeof *a);
@@ -77,14 +84,14 @@ fg_status fg_arena_reserve(fg_arena *a, size_t bytes, size_t keep_limit, size_t 
         keep_limit = bytes > SIZE_MAX / 2 ? SIZE_MAX : 2 * bytes;
     if (bytes <= a->capacity && a->capacity <= keep_limit)
         return FG_OK;
-    if (bytes > SIZE_MAX - 4095)
+    if (bytes > SIZE_MAX - 4095 - ARENA_TAIL_SLACK)
         return FG_ERR_OUT_OF_MEMORY;
     const size_t cap = fg_ws_page_round(bytes);
     /* Free first so the peak is the larger arena, not old + new. */
     fg_arena_release(a, held);
     /* MAP_POPULATE: first-touch faults cost ~3 s/GiB here, pre-faulting 20x less. */
     void *p = fg_fault_hit() ? MAP_FAILED
-                             : mmap(NULL, cap, PROT_READ | PROT_WRITE,
+                             : mmap(NULL, cap + ARENA_TAIL_SLACK, PROT_READ | PROT_WRITE,
                                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED)
         return FG_ERR_OUT_OF_MEMORY;
