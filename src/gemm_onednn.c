@@ -612,7 +612,9 @@ static fg_status tile_plan(fg_gemm_cache *c, const fg_gemm_shape *s, int threads
     if (s->a_type != FG_DTYPE_F32)
         return fg_fail(err, FG_ERR_BACKEND, "internal: the bf16 tile path needs an f32 A operand");
     memset(t, 0, sizeof *t);
-    t->along_n = s->b_cs > s->b_rs;
+    /* Fixed blocks need the whole K in every call (fg_gemm_shape.fixed_blocks):
+     * their tiles are cut along N even where B's two strides tie (H = 1). */
+    t->along_n = s->b_cs > s->b_rs || s->fixed_blocks;
     if (!t->along_n && s->c_type == FG_DTYPE_BF16)
         return fg_fail(err, FG_ERR_BACKEND, "internal: bf16 C needs an N-tiled product");
     const int64_t other = t->along_n ? s->K : s->N;
