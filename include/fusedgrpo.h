@@ -276,9 +276,32 @@ typedef struct fg_logits_outputs {
 
 /* ----------------------------------------------------------------- context */
 
+/* Where a context's calls run. FG_BACKEND_CPU: host memory, oneDNN and
+ * OpenMP. The others run fg_linear_grpo, fg_linear_logprobs and
+ * fg_linear_logprobs_backward through the per-chunk backend seam
+ * (docs/ARCHITECTURE.md), with every pointer of those calls in the backend's
+ * memory: the inputs, the fg_batch / fg_tokens arrays, grad_logp and
+ * grad_entropy, and the outputs (logp, entropy, gradients); loss and
+ * metrics are host fields of the outputs struct, as on the CPU. Such a call
+ * copies the O(B*T) token arrays to the host and waits for the backend
+ * once to check them (and the inputs' NaN/Inf scan), once per chunk to run
+ * the loss math on the chunk's log-probs, and once at the end; the
+ * [tokens, vocab] and [vocab, hidden] work stays in the backend. Not yet
+ * there: the phase API, a communicator, gradient filtering and the
+ * logits-level entry points (FG_ERR_UNSUPPORTED).
+ *   FG_BACKEND_CUDA: device memory of the current CUDA device, on
+ *     fg_context_options.stream (a cudaStream_t; NULL: the default stream);
+ *     fg_exec.workspace, when given, is device memory. fg_context_create
+ *     loads libfusedgrpo_cuda.so (the path in the environment variable
+ *     FUSEDGRPO_CUDA_LIBRARY, else beside libfusedgrpo, else the loader's
+ *     search path): FG_ERR_UNSUPPORTED when it is missing or finds no device.
+ *   FG_BACKEND_REFERENCE: the seam's plain reference on host memory (loops
+ *     in double, slow): the specification the CUDA backend is checked
+ *     against, for tests. */
 typedef enum fg_backend {
     FG_BACKEND_CPU = 0,
-    FG_BACKEND_CUDA = 1 /* reserved: not built yet, fg_context_create refuses it */
+    FG_BACKEND_CUDA = 1,
+    FG_BACKEND_REFERENCE = 2
 } fg_backend;
 
 /* Reduction hook for a vocab-sharded weight (one shard per process, e.g. MPI
@@ -328,7 +351,7 @@ typedef struct fg_context_options {
     size_t memory_budget; /* working-memory cap of the fused path; 0: the default    */
     int check_finite;     /* 1 (default): scan read inputs for NaN/Inf up front, and
                              bound the logits and gradients (FG_ERR_OVERFLOW)        */
-    void *stream;         /* backend stream (CUDA); NULL on the CPU                  */
+    void *stream;         /* FG_BACKEND_CUDA: a cudaStream_t, NULL: the default stream */
     fg_communicator comm; /* vocab-sharding hook; zeroed = single shard              */
 } fg_context_options;
 

@@ -8,6 +8,7 @@
 #ifndef FG_CALL_H
 #define FG_CALL_H
 
+#include "backend.h"
 #include "error.h"
 #include "gemm_onednn.h"
 #include "workspace.h"
@@ -19,7 +20,12 @@ typedef struct fg_call {
     int check_finite;
     fg_communicator comm;
     fg_gemm_cache *gemm;
-    fg_arena *arena;     /* the context's, or `borrowed`                          */
+    fg_arena *arena;     /* the context's, or `borrowed` (host memory)            */
+    /* A context on a backend behind the seam (backend.h): its backend, and the
+     * caller's workspace in that backend's memory (NULL: the context's). */
+    const fg_device *device;
+    void *device_workspace;
+    size_t device_workspace_bytes;
     /* Statistics the driver fills for fg_memory_stats. */
     fg_gemm_stats gemm_stats;
     int64_t chunk_rows, chunks;
@@ -42,6 +48,15 @@ fg_status fg_call_begin(struct fg_context *ctx, const fg_exec *exec, fg_call *ca
  * FG_ERR_BUDGET_TOO_SMALL / FG_ERR_OUT_OF_MEMORY with a message. */
 fg_status fg_call_reserve(fg_call *call, size_t bytes);
 void *fg_call_take(fg_call *call, size_t bytes);
+
+/* The entry points that run on host memory only: FG_ERR_UNSUPPORTED, naming
+ * `entry`, on a context whose backend is not the CPU (ends nothing). */
+fg_status fg_call_host_only(const fg_call *call, const char *entry);
+
+/* A device call's working memory in the backend's memory: the caller's
+ * workspace (which must hold `bytes`), or the context's, kept for reuse and
+ * grown when a call needs more. Counted in fg_memory_stats. */
+fg_status fg_call_reserve_device(fg_call *call, size_t bytes, void **ptr);
 
 /* Restores the caller's OpenMP thread count and, if the call got as far as
  * its memory, records its statistics on the context. Returns st. */

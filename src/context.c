@@ -4,8 +4,11 @@
  * knows struct fg_context; every call reaches the layers below through an
  * fg_call (call.h).
  */
+#define _GNU_SOURCE /* dladdr: where this library was loaded from */
+#include <dlfcn.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +20,12 @@ struct fg_context {
     fg_error error;
     fg_arena arena;
     fg_gemm_cache *gemm;
+    /* A backend behind the seam (FG_BACKEND_CUDA, FG_BACKEND_REFERENCE): its
+     * ops and state, the library it came from, and its kept working memory. */
+    fg_device device;
+    void *device_library;
+    void *device_mem;
+    size_t device_bytes;
     size_t bytes_current; /* held now: the arena                              */
     size_t bytes_peak;    /* high-water mark, a borrowed workspace included   */
     size_t last_budget;
@@ -41,6 +50,70 @@ void fg_exec_init(fg_exec *exec)
         memset(exec, 0, sizeof *exec);
 }
 
+/* The CUDA backend's library: FUSEDGRPO_CUDA_LIBRARY, else beside this
+ * library, else the loader's search path. The core never links CUDA. */
+static void *open_cuda_library(fg_error *err)
+{
+    const char *name = "libfusedgrpo_cuda.so";
+    const char *env = getenv("FUSEDGRPO_CUDA_LIBRARY");
+    if (env && *env) {
+        void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            fg_fail(err, FG_ERR_UNSUPPORTED, "FUSEDGRPO_CUDA_LIBRARY=%s: %s", env, dlerror());
+        return h;
+    }
+    static const char anchor = 0; /* an object of this library, for dladdr */
+    Dl_info info;
+    if (dladdr(&anchor, &info) && info.dli_fname) {
+        char path[4096];
+        const char *slash = strrchr(info.dli_fname, '/');
+        const int dir = slash ? (int)(slash - info.dli_fname) : 0;
+        if (slash && snprintf(path, sizeof path, "%.*s/%s", dir, info.dli_fname, name) <
+                         (int)sizeof path) {
+            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (h)
+                return h;
+        }
+    }
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        fg_fail(err, FG_ERR_UNSUPPORTED,
+                "the CUDA backend (%s) is not found beside libfusedgrpo or on the loader's "
+                "path, and FUSEDGRPO_CUDA_LIBRARY is not set: %s",
+                name, dlerror());
+    return h;
+}
+
+static fg_status create_device(fg_context *ctx, const fg_context_options *o)
+{
+    char msg[sizeof ctx->error.msg];
+    msg[0] = '\0';
+    fg_status st;
+    if (o->backend == FG_BACKEND_REFERENCE) {
+        st = fg_backend_reference_create(o->stream, &ctx->device, msg, sizeof msg);
+    } else {
+        ctx->device_library = open_cuda_library(&ctx->error);
+        if (!ctx->device_library)
+            return FG_ERR_UNSUPPORTED;
+        fg_backend_create_fn create;
+        *(void **)&create = dlsym(ctx->device_library, FG_BACKEND_ENTRY);
+        if (!create)
+            return fg_fail(&ctx->error, FG_ERR_UNSUPPORTED, "the CUDA backend library has no %s",
+                           FG_BACKEND_ENTRY);
+        st = create(o->stream, &ctx->device, msg, sizeof msg);
+    }
+    if (st == FG_OK && (!ctx->device.ops || ctx->device.ops->abi != FG_BACKEND_ABI)) {
+        if (ctx->device.ops)
+            ctx->device.ops->destroy(ctx->device.state);
+        memset(&ctx->device, 0, sizeof ctx->device);
+        return fg_fail(&ctx->error, FG_ERR_UNSUPPORTED,
+                       "the backend library was built for another backend interface");
+    }
+    if (st != FG_OK)
+        memset(&ctx->device, 0, sizeof ctx->device);
+    return st == FG_OK ? FG_OK : fg_fail(&ctx->error, st, "%s", msg);
+}
+
 fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
 {
     if (!out)
@@ -51,8 +124,9 @@ fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
         o = *opts;
     else
         fg_context_options_init(&o);
-    if (o.backend != FG_BACKEND_CPU)
-        return FG_ERR_UNSUPPORTED; /* the CUDA backend is not part of this build */
+    if (o.backend != FG_BACKEND_CPU && o.backend != FG_BACKEND_CUDA &&
+        o.backend != FG_BACKEND_REFERENCE)
+        return FG_ERR_UNSUPPORTED;
     if (o.threads > FG_MAX_THREADS)
         return FG_ERR_BAD_HYPERPARAMETER; /* no context yet to hold a message */
     if (!o.memory_budget)
@@ -63,18 +137,36 @@ fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
     ctx->opts = o;
     ctx->last_budget = o.memory_budget;
     fg_status st = fg_gemm_cache_create(&ctx->gemm);
+    if (st == FG_OK && o.backend != FG_BACKEND_CPU)
+        st = create_device(ctx, &o);
     if (st != FG_OK) {
-        free(ctx);
+        fg_context_destroy(ctx);
         return st;
     }
     *out = ctx;
     return FG_OK;
 }
 
+static void release_device_memory(fg_context *ctx)
+{
+    if (ctx->device_mem) {
+        ctx->device.ops->release(ctx->device.state, ctx->device_mem);
+        ctx->bytes_current -= ctx->device_bytes;
+    }
+    ctx->device_mem = NULL;
+    ctx->device_bytes = 0;
+}
+
 void fg_context_destroy(fg_context *ctx)
 {
     if (!ctx)
         return;
+    if (ctx->device.ops) {
+        release_device_memory(ctx);
+        ctx->device.ops->destroy(ctx->device.state);
+    }
+    if (ctx->device_library)
+        dlclose(ctx->device_library);
     fg_gemm_cache_destroy(ctx->gemm);
     fg_arena_release(&ctx->arena, &ctx->bytes_current);
     free(ctx);
@@ -115,8 +207,11 @@ void fg_reset_peak_memory(fg_context *ctx)
 
 void fg_release_workspace(fg_context *ctx)
 {
-    if (ctx)
-        fg_arena_release(&ctx->arena, &ctx->bytes_current);
+    if (!ctx)
+        return;
+    fg_arena_release(&ctx->arena, &ctx->bytes_current);
+    if (ctx->device.ops)
+        release_device_memory(ctx);
 }
 
 /* ------------------------------------------------------------------ calls */
@@ -145,7 +240,12 @@ fg_status fg_call_begin(fg_context *ctx, const fg_exec *exec, fg_call *call)
     call->threads = e.threads > 0 ? e.threads
                     : ctx->opts.threads > 0 ? ctx->opts.threads : omp_get_max_threads();
     call->budget = e.memory_budget ? e.memory_budget : ctx->opts.memory_budget;
-    if (e.workspace) {
+    if (ctx->device.ops) {
+        call->device = &ctx->device; /* the workspace is the backend's memory */
+        call->device_workspace = e.workspace;
+        call->device_workspace_bytes = e.workspace_bytes;
+        call->arena = &ctx->arena;
+    } else if (e.workspace) {
         fg_arena_borrow(&call->borrowed, e.workspace, e.workspace_bytes);
         call->arena = &call->borrowed; /* chunks are planned from the budget alone */
     } else {
@@ -184,6 +284,51 @@ fg_status fg_call_reserve(fg_call *call, size_t bytes)
 }
 
 void *fg_call_take(fg_call *call, size_t bytes) { return fg_arena_take(call->arena, bytes); }
+
+fg_status fg_call_host_only(const fg_call *call, const char *entry)
+{
+    if (!call->device)
+        return FG_OK;
+    return fg_fail(call->err, FG_ERR_UNSUPPORTED,
+                   "%s runs on the CPU backend only; this context's backend is %s", entry,
+                   call->device->ops->name);
+}
+
+fg_status fg_call_reserve_device(fg_call *call, size_t bytes, void **ptr)
+{
+    fg_context *ctx = call->ctx;
+    *ptr = NULL;
+    if (call->device_workspace) {
+        if (bytes > call->device_workspace_bytes)
+            return fg_fail(call->err, FG_ERR_BUDGET_TOO_SMALL,
+                           "the caller's workspace holds %zu bytes, the call needs %zu",
+                           call->device_workspace_bytes, bytes);
+        if (ctx->bytes_current + bytes > ctx->bytes_peak)
+            ctx->bytes_peak = ctx->bytes_current + bytes;
+        *ptr = call->device_workspace;
+        call->ran = 1;
+        return FG_OK;
+    }
+    if (bytes > ctx->device_bytes) {
+        release_device_memory(ctx);
+        char msg[sizeof ctx->error.msg];
+        void *mem = NULL;
+        const fg_status st = fg_fault_hit() ? FG_ERR_OUT_OF_MEMORY
+                                            : ctx->device.ops->alloc(ctx->device.state, bytes,
+                                                                     &mem, msg, sizeof msg);
+        if (st != FG_OK)
+            return fg_fail(call->err, st, "cannot allocate %zu bytes of %s memory", bytes,
+                           ctx->device.ops->name);
+        ctx->device_mem = mem;
+        ctx->device_bytes = bytes;
+        ctx->bytes_current += bytes;
+    }
+    if (ctx->bytes_current > ctx->bytes_peak)
+        ctx->bytes_peak = ctx->bytes_current;
+    *ptr = ctx->device_mem;
+    call->ran = 1;
+    return FG_OK;
+}
 
 fg_status fg_call_end(fg_call *call, fg_status st)
 {

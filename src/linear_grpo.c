@@ -39,45 +39,9 @@
 #include "grad_filter.h"
 #include "row_kernels.h"
 #include "shard_stats.h"
+#include "linear_device.h"
+#include "linear_request.h"
 #include "validate.h"
-
-/* What a call computes: the configured loss (fg_linear_grpo), or the head's
- * log-probs alone: forward only (fg_linear_logprobs), or the backward of the
- * caller's own loss through them (fg_linear_logprobs_backward); or a phase of
- * a vocab-sharded call whose reductions are the caller's: a shard's row
- * statistics (fg_linear_shard_stats), its backward from merged statistics
- * (fg_linear_shard_backward). The head-only kinds carry a default loss
- * config holding their temperature and a batch view of their tokens without
- * advantages. */
-enum call_kind {
-    KIND_LOSS,
-    KIND_LOGPROBS,
-    KIND_LOGPROBS_BACKWARD,
-    KIND_SHARD_STATS,
-    KIND_SHARD_BACKWARD
-};
-
-typedef struct linear_request {
-    enum call_kind kind;
-    const fg_loss_config *cfg;
-    const fg_batch *batch;
-    const fg_tokens *tokens;          /* head-only kinds                           */
-    const float *dlogp, *dentropy;    /* KIND_LOGPROBS_BACKWARD, KIND_SHARD_BACKWARD */
-    float *stats_out;                 /* KIND_SHARD_STATS: [FG_SHARD_STATS_FLOATS(N)] */
-    const float *stats_in;            /* KIND_SHARD_BACKWARD: the merged statistics  */
-} linear_request;
-
-/* The kinds whose shards reduce through the context's communicator. */
-static int uses_hook(enum call_kind k) { return k != KIND_SHARD_STATS && k != KIND_SHARD_BACKWARD; }
-
-/* The up-front scan's findings: the inputs were scanned (the finite check
- * on), and their largest |element|s, which bound every logit and, with the
- * per-token derivatives, every gradient entry (fg_grad_bound). */
-typedef struct input_bounds {
-    int scanned;
-    double hidden_max, weight_max;
-    double logit_max; /* every |z| is at most this */
-} input_bounds;
 
 typedef struct linear_plan {
     int fused;
@@ -108,7 +72,7 @@ typedef struct linear_plan {
     size_t scratch_bytes; /* fg_gemm_scratch_bytes(gemm, gemm_workers)             */
     double filter_eps;    /* gradient filtering's threshold; 0: off                */
     int64_t kept_cap;     /* kept entries a row may have (fg_kept_cap), filtering  */
-    input_bounds bounds;  /* what the up-front scan found (validate_linear)        */
+    input_bounds bounds;  /* what the up-front scan found (fg_linear_validate)     */
 } linear_plan;
 
 /* The chunk size is planned with room for this many GEMM scratchpads (or one,
@@ -467,18 +431,13 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
     return FG_OK;
 }
 
-/* The weight holds a slice of a larger vocabulary. */
-static int is_sharded(const fg_linear_inputs *in)
+int fg_linear_is_sharded(const fg_linear_inputs *in)
 {
     return in->vocab_start != 0 || (in->vocab_total > 0 && in->vocab_total != in->weight.rows);
 }
 
-/* Every check of the call; the NaN/Inf scan of the inputs only when `scan`
- * (the plan query reads shapes, not values). */
-/* The gradient bound of a call (fg_grad_bound) from its scanned inputs and
- * the outputs it writes; all scales 0 when the inputs were not scanned. */
-static fg_grad_bound grad_bound(const input_bounds *ib, const fg_linear_outputs *out,
-                                double temperature, int64_t vocab)
+fg_grad_bound fg_linear_grad_bound(const input_bounds *ib, const fg_linear_outputs *out,
+                                   double temperature, int64_t vocab)
 {
     const int gh = ib->scanned && out->grad_hidden.data, gw = ib->scanned && out->grad_weight.data;
     const int gb = ib->scanned && out->grad_bias.data;
@@ -488,41 +447,6 @@ static fg_grad_bound grad_bound(const input_bounds *ib, const fg_linear_outputs 
     return b;
 }
 
-/* The NaN/Inf scan of hidden (its unmasked rows), weight and bias, and the
- * bound it gives every logit: |z| <= (H·max|h|·max|w| + max|b|) / temperature
- * (also every partial sum of the product); beyond FG_OVERFLOW_LIMIT the row
- * statistics could overflow: FG_ERR_OVERFLOW. */
-static fg_status scan_inputs(fg_call *call, const linear_request *req, const fg_linear_inputs *in,
-                             input_bounds *ib)
-{
-    fg_error *err = call->err;
-    fg_magnitude h, w, b = {0.0, 0};
-    fg_status st;
-    if ((st = fg_scan_matrix(err, call->threads, "hidden", &in->hidden, req->batch->mask, &h)) !=
-            FG_OK ||
-        (st = fg_scan_matrix(err, call->threads, "weight", &in->weight, NULL, &w)) != FG_OK)
-        return st;
-    if (in->bias.data && (st = fg_scan_vector(err, "bias", &in->bias, &b)) != FG_OK)
-        return st;
-    const double H = (double)in->hidden.cols, temperature = req->cfg->temperature;
-    const double bound = H * h.value * w.value + b.value;
-    if (bound > FG_OVERFLOW_LIMIT || bound / temperature > FG_OVERFLOW_LIMIT) {
-        const int64_t T = req->batch->seq_len;
-        return fg_fail(err, FG_ERR_OVERFLOW,
-                       "hidden row %lld (token [%lld, %lld]) holds |h| = %g: with H = %lld, "
-                       "|weight| up to %g (row %lld) and |bias| up to %g, the logits could "
-                       "reach %g / temperature %g, beyond float range",
-                       (long long)h.index, (long long)(h.index / T), (long long)(h.index % T),
-                       h.value, (long long)in->hidden.cols, w.value, (long long)w.index, b.value,
-                       bound, temperature);
-    }
-    ib->scanned = 1;
-    ib->hidden_max = h.value;
-    ib->weight_max = w.value;
-    ib->logit_max = bound / temperature;
-    return FG_OK;
-}
-
 /* The caller's grad_logp and grad_entropy (backward kinds) bound the whole
  * gradient before anything runs: refused when it could overflow. */
 static fg_status bound_external(fg_call *call, const linear_request *req,
@@ -530,7 +454,7 @@ static fg_status bound_external(fg_call *call, const linear_request *req,
                                 const input_bounds *ib)
 {
     const fg_batch *batch = req->batch;
-    fg_grad_bound gb = grad_bound(ib, out, req->cfg->temperature, vocab);
+    fg_grad_bound gb = fg_linear_grad_bound(ib, out, req->cfg->temperature, vocab);
     for (int64_t n = 0; n < batch->batch * batch->seq_len; n++) {
         if (!batch->mask[n])
             continue;
@@ -543,10 +467,55 @@ static fg_status bound_external(fg_call *call, const linear_request *req,
     return FG_OK;
 }
 
-static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
-                                 const linear_request *req, const fg_linear_inputs *in,
-                                 const fg_linear_outputs *out, int scan, int64_t *n_active,
-                                 input_bounds *ib)
+/* Every logit is bounded by |z| <= (H·max|h|·max|w| + max|b|) / temperature
+ * (so is every partial sum of the product); beyond FG_OVERFLOW_LIMIT the row
+ * statistics could overflow: FG_ERR_OVERFLOW. */
+fg_status fg_linear_check_bounds(fg_call *call, const linear_request *req,
+                                 const fg_linear_inputs *in, const fg_linear_outputs *out,
+                                 fg_magnitude h, fg_magnitude w, fg_magnitude b, input_bounds *ib)
+{
+    const double H = (double)in->hidden.cols, temperature = req->cfg->temperature;
+    const double bound = H * h.value * w.value + b.value;
+    if (bound > FG_OVERFLOW_LIMIT || bound / temperature > FG_OVERFLOW_LIMIT) {
+        const int64_t T = req->batch->seq_len;
+        return fg_fail(call->err, FG_ERR_OVERFLOW,
+                       "hidden row %lld (token [%lld, %lld]) holds |h| = %g: with H = %lld, "
+                       "|weight| up to %g (row %lld) and |bias| up to %g, the logits could "
+                       "reach %g / temperature %g, beyond float range",
+                       (long long)h.index, (long long)(h.index / T), (long long)(h.index % T),
+                       h.value, (long long)in->hidden.cols, w.value, (long long)w.index, b.value,
+                       bound, temperature);
+    }
+    ib->scanned = 1;
+    ib->hidden_max = h.value;
+    ib->weight_max = w.value;
+    ib->logit_max = bound / temperature;
+    if (req->kind == KIND_LOGPROBS_BACKWARD || req->kind == KIND_SHARD_BACKWARD)
+        return bound_external(call, req, out,
+                              fg_linear_is_sharded(in) ? in->vocab_total : in->weight.rows, ib);
+    return FG_OK;
+}
+
+/* The NaN/Inf scan of hidden (its unmasked rows), weight and bias in host
+ * memory, then the bounds their largest magnitudes give. */
+static fg_status scan_inputs(fg_call *call, const linear_request *req, const fg_linear_inputs *in,
+                             const fg_linear_outputs *out, input_bounds *ib)
+{
+    fg_error *err = call->err;
+    fg_magnitude h, w, b = {0.0, 0};
+    fg_status st;
+    if ((st = fg_scan_matrix(err, call->threads, "hidden", &in->hidden, req->batch->mask, &h)) !=
+            FG_OK ||
+        (st = fg_scan_matrix(err, call->threads, "weight", &in->weight, NULL, &w)) != FG_OK)
+        return st;
+    if (in->bias.data && (st = fg_scan_vector(err, "bias", &in->bias, &b)) != FG_OK)
+        return st;
+    return fg_linear_check_bounds(call, req, in, out, h, w, b, ib);
+}
+
+fg_status fg_linear_validate(fg_call *call, const fg_linear_options *o, const linear_request *req,
+                             const fg_linear_inputs *in, const fg_linear_outputs *out, int scan,
+                             int64_t *n_active, input_bounds *ib)
 {
     fg_error *err = call->err;
     const fg_loss_config *cfg = req->cfg;
@@ -572,14 +541,14 @@ static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
         if (in->bias.dtype != in->weight.dtype)
             return fg_fail(err, FG_ERR_SHAPE_MISMATCH, "bias dtype differs from weight dtype");
     }
-    const int sharded = is_sharded(in);
+    const int sharded = fg_linear_is_sharded(in);
     if (sharded) {
         if (in->vocab_start < 0 || in->vocab_total <= 0 || in->vocab_start > in->vocab_total - V)
             return fg_fail(err, FG_ERR_SHAPE_MISMATCH,
                            "vocab shard of %lld rows at vocab_start = %lld does not lie in "
                            "[0, vocab_total = %lld)",
                            (long long)V, (long long)in->vocab_start, (long long)in->vocab_total);
-        if (uses_hook(req->kind) && !call->comm.allreduce)
+        if (fg_uses_hook(req->kind) && !call->comm.allreduce)
             return fg_fail(err, FG_ERR_NULL_ARGUMENT,
                            "a vocab-sharded weight needs a communicator (fg_context_options.comm), "
                            "or the phase API (fg_linear_shard_stats)");
@@ -638,13 +607,8 @@ static fg_status validate_linear(fg_call *call, const fg_linear_options *o,
         return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "filter_eps is a fused-path option (the materialized baseline is exact)");
     memset(ib, 0, sizeof *ib);
-    if (scan && call->check_finite) {
-        if ((st = scan_inputs(call, req, in, ib)) != FG_OK)
-            return st;
-        if ((req->kind == KIND_LOGPROBS_BACKWARD || req->kind == KIND_SHARD_BACKWARD) &&
-            (st = bound_external(call, req, out, vocab, ib)) != FG_OK)
-            return st;
-    }
+    if (scan && call->check_finite)
+        return scan_inputs(call, req, in, out, ib);
     return FG_OK;
 }
 
@@ -1104,8 +1068,8 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const line
     p->w_ld = in->weight.ld;
     p->gw_ld = out->grad_weight.data ? out->grad_weight.ld : p->H;
     p->has_bias = in->bias.data != NULL;
-    p->sharded = is_sharded(in);
-    p->hook = p->sharded && uses_hook(req->kind);
+    p->sharded = fg_linear_is_sharded(in);
+    p->hook = p->sharded && fg_uses_hook(req->kind);
     p->vocab_start = in->vocab_start;
     p->want_gh = out->grad_hidden.data != NULL;
     p->want_gw = out->grad_weight.data != NULL;
@@ -1149,7 +1113,7 @@ static fg_status check_and_plan(fg_call *call, const fg_linear_options *opts,
     const fg_linear_options *o = opts ? opts : &fused;
     int64_t n_active = 0;
     input_bounds ib;
-    fg_status st = validate_linear(call, o, req, in, out, is_call, &n_active, &ib);
+    fg_status st = fg_linear_validate(call, o, req, in, out, is_call, &n_active, &ib);
     if (st != FG_OK)
         return st;
     st = plan_call(call, o, req, in, out, n_active, p);
@@ -1246,6 +1210,8 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
         return fg_call_end(&call, fg_fail(call.err, FG_ERR_NULL_ARGUMENT, "info is NULL"));
     linear_plan p;
     const linear_request req = {KIND_LOSS, cfg, batch, NULL, NULL, NULL, NULL, NULL};
+    if (call.device)
+        return fg_call_end(&call, fg_linear_device_plan(&call, opts, &req, in, out, info));
     const fg_status plan_st = check_and_plan(&call, opts, &req, in, out, 0, &p);
     if (plan_st != FG_OK && !(plan_st == FG_ERR_BUDGET_TOO_SMALL && p.n_active > 0))
         return fg_call_end(&call, plan_st); /* an argument error: info is not written */
@@ -1293,12 +1259,14 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     fg_status st = fg_call_begin(ctx, exec, &call);
     if (st != FG_OK)
         return st;
+    if (call.device) /* a backend behind the seam: linear_device.c */
+        return fg_call_end(&call, fg_linear_device_execute(&call, opts, req, in, out));
     linear_call L;
     memset(&L, 0, sizeof L);
     linear_plan *p = &L.p;
     /* With a communicator the one-call kinds are collective, sharded or not:
      * a shard that fails its checks still joins the entry agreement. */
-    const int collective = call.comm.allreduce != NULL && uses_hook(req->kind);
+    const int collective = call.comm.allreduce != NULL && fg_uses_hook(req->kind);
     if (collective)
         st = enter_collective(&call, opts, req, in, out, p);
     else if ((st = check_and_plan(&call, opts, req, in, out, 1, p)) == FG_OK)
@@ -1321,7 +1289,7 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     L.shard_out = req->stats_out;
     L.inv_temp = (float)(1.0 / req->cfg->temperature);
     L.gbacc = p->want_gb ? fg_call_take(&call, (size_t)p->V * sizeof(float)) : NULL;
-    L.gb = grad_bound(&p->bounds, out, req->cfg->temperature,
+    L.gb = fg_linear_grad_bound(&p->bounds, out, req->cfg->temperature,
                       p->sharded ? in->vocab_total : p->V);
     L.certified = cannot_overflow(&L);
     if (p->gw_sum)

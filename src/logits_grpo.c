@@ -81,7 +81,8 @@ fg_status fg_logits_grpo(fg_context *ctx, const fg_loss_config *cfg, const fg_ma
     if (st != FG_OK)
         return st;
     int scanned = 0;
-    if ((st = validate_logits(&call, cfg, logits, batch, out, &scanned)) != FG_OK)
+    if ((st = fg_call_host_only(&call, "fg_logits_grpo")) != FG_OK ||
+        (st = validate_logits(&call, cfg, logits, batch, out, &scanned)) != FG_OK)
         return fg_call_end(&call, st);
     const int64_t N = batch->batch * batch->seq_len, V = logits->cols;
     const int want_grad = out->grad_logits.data != NULL;

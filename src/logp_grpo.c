@@ -48,7 +48,8 @@ fg_status fg_grpo_loss_from_logp(fg_context *ctx, const fg_loss_config *cfg,
     fg_status st = fg_call_begin(ctx, exec, &call);
     if (st != FG_OK)
         return st;
-    if ((st = validate_logp(&call, cfg, batch, logp, entropy, out)) != FG_OK)
+    if ((st = fg_call_host_only(&call, "fg_grpo_loss_from_logp")) != FG_OK ||
+        (st = validate_logp(&call, cfg, batch, logp, entropy, out)) != FG_OK)
         return fg_call_end(&call, st);
     const int64_t N = batch->batch * batch->seq_len;
     fg_common c;

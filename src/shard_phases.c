@@ -32,7 +32,8 @@ static fg_status begin(fg_context *ctx, fg_call *call, const fg_tokens *tokens, 
     fg_status st = fg_call_begin(ctx, NULL, call);
     if (st != FG_OK)
         return st;
-    if ((st = check(call, tokens, stats)) != FG_OK)
+    if ((st = fg_call_host_only(call, "the phase API")) != FG_OK ||
+        (st = check(call, tokens, stats)) != FG_OK)
         return fg_call_end(call, st);
     return FG_OK;
 }

@@ -1,0 +1,177 @@
+/*
+ * The per-chunk seam: what a call needs from the memory its tensors live in,
+ * and the chunk work a backend runs there. linear_device.c walks the chunks
+ * and owns everything O(tokens) (validation, the loss math, the checks, the
+ * loss and metrics) on the host; a backend owns everything O(chunk x vocab)
+ * and O(vocab x hidden) in its own memory:
+ *
+ *   per chunk of m unmasked tokens (rows [r0, r0 + m) of the active list):
+ *     logits    hbuf = hidden[rows]; logits = hbuf · Wᵀ + b          GEMM 1
+ *     stats     zmax, lsum, entropy, logp of each row    (reads the logits once)
+ *     ── the host reads logp/entropy, runs the loss math, hands back g, e ──
+ *     backward  dlogits = d loss/d logits from g, e; bias sums  (reads them once)
+ *     grads     grad_hidden[rows] = dlogits · W; grad_weight (+)= dlogitsᵀ · hbuf
+ *   once, at the end: finish (grad_weight's float32 sums rounded, grad_bias,
+ *   the zero rows of grad_hidden at masked tokens)
+ *
+ * Two backends implement it: the CUDA one (cuda/backend_cuda.cu, a shared
+ * library the context loads at run time, so the core never links CUDA) and
+ * a plain reference on host memory (backend_reference.c): loops in double,
+ * the specification of every op, which tests the driver on machines without
+ * a GPU and which the CUDA backend is checked against on one.
+ *
+ * Memory: every pointer below is the backend's memory (device memory for
+ * CUDA), the caller's tensors included; only the host buffers of to_host /
+ * to_device are host memory. Ops run in order on the backend's stream and
+ * may return before they finish; to_host's bytes are there after wait().
+ * Every op returns an fg_status and, on failure, a message in msg (msg_size
+ * bytes); none exits or aborts.
+ */
+#ifndef FG_BACKEND_H
+#define FG_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fusedgrpo.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this interface; a backend library built against another is
+ * refused when the context loads it. */
+#define FG_BACKEND_ABI 1
+
+/* row_check's "no bad row": 0x7f in every byte, what a byte fill can give. */
+#define FG_BACKEND_ROW_NONE 0x7f7f7f7f
+
+/* What a scan of one input found (backend memory, read with to_host). */
+typedef struct fg_backend_scan {
+    uint32_t top_bits; /* largest |x| as float32 bits (bf16 widened); >= 0x7f800000:
+                          some element is NaN or Inf                          */
+    uint32_t pad;
+    int64_t top_row;   /* its row, the lowest on ties; -1 when no row was scanned */
+    int64_t bad_row;   /* the first row (in order) holding a NaN/Inf; -1: none */
+    int64_t bad_col;   /* the first such column of that row                    */
+} fg_backend_scan;
+
+/* One call as the backend sees it: shapes, dtypes, the caller's tensors and
+ * the workspace the driver carved (every pointer in backend memory). */
+typedef struct fg_backend_call {
+    int64_t N, H, V;            /* B*T token rows, hidden size, vocabulary       */
+    int64_t n_active;           /* unmasked tokens                               */
+    int64_t chunk_rows;         /* the largest chunk: the buffers' row count     */
+    fg_dtype in_t;              /* hidden, weight and bias                       */
+    fg_dtype logit_t;           /* the logits chunk                              */
+    fg_dtype dlogit_t;          /* d loss/d logits: the backward products' dtype */
+    float inv_temp;
+    int accumulate;             /* add grad_weight and grad_bias to the caller's */
+    /* The caller's tensors (data NULL: not given / not wanted). */
+    fg_matrix hidden, weight;
+    fg_vector bias;
+    const uint8_t *mask;        /* [N] the caller's mask                         */
+    fg_matrix grad_hidden, grad_weight;
+    fg_vector grad_bias;
+    /* The workspace. */
+    const int64_t *rows;        /* [n_active] unmasked token indices, ascending  */
+    const int64_t *targets;     /* [n_active] their token ids                    */
+    void *logits;               /* [chunk_rows, V] of logit_t, row stride V      */
+    void *dlogits;              /* [chunk_rows, V] of dlogit_t (may be logits)    */
+    void *hbuf;                 /* [chunk_rows, H] of in_t: the gathered rows     */
+    float *ghbuf;               /* [chunk_rows, H]: a chunk's grad_hidden rows    */
+    float *zmax, *lsum, *entropy, *logp; /* [chunk_rows] row statistics           */
+    float *g, *e;               /* [chunk_rows] d loss/d logp, d loss/d entropy   */
+    float *gw_sum;              /* [V, H] float32 sums of a bf16 grad_weight over
+                                   the chunks, or NULL (summed in place)        */
+    float *gb_sum;              /* [V] grad_bias's float32 sums, or NULL          */
+    void *scratch;              /* chunk_scratch_bytes(chunk_rows) bytes          */
+    int *row_check;             /* 2 ints: the stats op's first bad chunk row (a
+                                   token id outside [0, V), non-finite
+                                   statistics), FG_BACKEND_ROW_NONE when none;
+                                   reset by the driver before each chunk        */
+} fg_backend_call;
+
+typedef struct fg_backend_ops {
+    int abi;          /* FG_BACKEND_ABI                                        */
+    const char *name; /* "cuda", "reference"                                   */
+    void (*destroy)(void *be);
+
+    /* Memory. alloc: `bytes` of backend memory, aligned to 256 bytes. */
+    fg_status (*alloc)(void *be, size_t bytes, void **ptr, char *msg, size_t msg_size);
+    void (*release)(void *be, void *ptr);
+    /* Enqueues a copy into host memory; the bytes are there after wait(). */
+    fg_status (*to_host)(void *be, void *host, const void *src, size_t bytes, char *msg,
+                         size_t msg_size);
+    /* Copies host memory in; the host buffer may be reused when it returns. */
+    fg_status (*to_device)(void *be, void *dst, const void *host, size_t bytes, char *msg,
+                           size_t msg_size);
+    /* Sets `bytes` bytes at dst to zero. */
+    fg_status (*fill_zero)(void *be, void *dst, size_t bytes, char *msg, size_t msg_size);
+    /* Waits until every op enqueued so far has finished. */
+    fg_status (*wait)(void *be, char *msg, size_t msg_size);
+
+    /* Planning: bytes the backend needs besides the driver's buffers, for a
+     * call (e.g. the GEMM library's workspace) and for a chunk of m rows (the
+     * row ops' scratch). */
+    size_t (*call_scratch_bytes)(void *be, const fg_backend_call *c);
+    size_t (*chunk_scratch_bytes)(void *be, const fg_backend_call *c, int64_t m);
+    /* Whether the backend can run this call: 0, or FG_ERR_UNSUPPORTED with a
+     * message naming what it lacks. */
+    fg_status (*supports)(void *be, const fg_backend_call *c, char *msg, size_t msg_size);
+
+    /* The finite check of an input: rows r with mask[r] != 0 (mask NULL: every
+     * row) of x, into *out (backend memory). */
+    fg_status (*scan)(void *be, const fg_matrix *x, const uint8_t *mask, fg_backend_scan *out,
+                      char *msg, size_t msg_size);
+
+    /* The chunk work; rows [r0, r0 + m) of c->rows, m <= c->chunk_rows. */
+    fg_status (*logits)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                        size_t msg_size);
+    /* zmax, lsum, entropy, logp of the chunk's rows i = 0..m-1 (token row
+     * c->rows[r0 + i], target c->targets[r0 + i]; definitions in
+     * row_kernels.h) into c->zmax[i] ...; the lowest i whose target is
+     * outside [0, V) into row_check[0] (its logp is then NaN), the lowest
+     * whose statistics are not finite into row_check[1] (both only lowered). */
+    fg_status (*stats)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                       size_t msg_size);
+    /* dlogits from the statistics and c->g, c->e; with gb_sum, its columns
+     * summed in: gb_sum[v] += Σ_rows dlogits[r, v] (the stored values, rows
+     * in order). */
+    fg_status (*backward)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                          size_t msg_size);
+    /* GEMM 2 into the grad_hidden rows of the chunk's tokens (rounded once
+     * to a bf16 grad_hidden), GEMM 3 into gw_sum or grad_weight: overwritten
+     * when `first` (the first chunk of a call that does not accumulate),
+     * else added to. Either product is skipped when its output is NULL. */
+    fg_status (*grads)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
+                       char *msg, size_t msg_size);
+    /* After every chunk: gw_sum rounded into a bf16 grad_weight (added to it
+     * when accumulating), grad_bias = gb_sum (+ grad_bias when accumulating;
+     * rounded once for bf16), grad_hidden's rows at masked tokens (mask[r]
+     * == 0) zeroed, and grad_weight zeroed when no token is unmasked and the
+     * call does not accumulate. The driver zeroes gb_sum before the chunks. */
+    fg_status (*finish)(void *be, const fg_backend_call *c, char *msg, size_t msg_size);
+} fg_backend_ops;
+
+/* A backend instance: its ops and its state. */
+typedef struct fg_device {
+    const fg_backend_ops *ops;
+    void *state;
+} fg_device;
+
+/* The entry point a backend library exports (FG_BACKEND_ENTRY): a backend
+ * on `stream` (a cudaStream_t for CUDA; NULL: the default stream) of the
+ * current device. */
+typedef fg_status (*fg_backend_create_fn)(void *stream, fg_device *out, char *msg,
+                                          size_t msg_size);
+#define FG_BACKEND_ENTRY "fg_backend_cuda_create"
+
+/* The reference backend (backend_reference.c). */
+fg_status fg_backend_reference_create(void *stream, fg_device *out, char *msg, size_t msg_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,77 @@
+/*
+ * A request to the LM-head drivers (linear_grpo.c on the CPU, linear_device.c
+ * behind the backend seam) and the checks they share: every argument, then
+ * the bounds the inputs' largest magnitudes give the logits and gradients.
+ */
+#ifndef FG_LINEAR_REQUEST_H
+#define FG_LINEAR_REQUEST_H
+
+#include "call.h"
+#include "validate.h"
+
+/* What a call computes: the configured loss (fg_linear_grpo), or the head's
+ * log-probs alone: forward only (fg_linear_logprobs), or the backward of the
+ * caller's own loss through them (fg_linear_logprobs_backward); or a phase of
+ * a vocab-sharded call whose reductions are the caller's: a shard's row
+ * statistics (fg_linear_shard_stats), its backward from merged statistics
+ * (fg_linear_shard_backward). The head-only kinds carry a default loss
+ * config holding their temperature and a batch view of their tokens without
+ * advantages. */
+enum call_kind {
+    KIND_LOSS,
+    KIND_LOGPROBS,
+    KIND_LOGPROBS_BACKWARD,
+    KIND_SHARD_STATS,
+    KIND_SHARD_BACKWARD
+};
+
+typedef struct linear_request {
+    enum call_kind kind;
+    const fg_loss_config *cfg;
+    const fg_batch *batch;
+    const fg_tokens *tokens;          /* head-only kinds                           */
+    const float *dlogp, *dentropy;    /* KIND_LOGPROBS_BACKWARD, KIND_SHARD_BACKWARD */
+    float *stats_out;                 /* KIND_SHARD_STATS: [FG_SHARD_STATS_FLOATS(N)] */
+    const float *stats_in;            /* KIND_SHARD_BACKWARD: the merged statistics  */
+} linear_request;
+
+/* The kinds whose shards reduce through the context's communicator. */
+static inline int fg_uses_hook(enum call_kind k)
+{
+    return k != KIND_SHARD_STATS && k != KIND_SHARD_BACKWARD;
+}
+
+/* The up-front scan's findings: the inputs were scanned (the finite check
+ * on), and their largest |element|s, which bound every logit and, with the
+ * per-token derivatives, every gradient entry (fg_grad_bound). */
+typedef struct input_bounds {
+    int scanned;
+    double hidden_max, weight_max;
+    double logit_max; /* every |z| is at most this */
+} input_bounds;
+
+/* Every check of a request, without the scan of the inputs' values when
+ * `scan` is 0 (the plan query, and a device call, which scans in the
+ * backend's memory): config, views, batch or tokens (host memory),
+ * outputs, options. *n_active: the unmasked tokens. With `scan` (and the
+ * finite check on), the NaN/Inf scan and fg_linear_check_bounds. */
+fg_status fg_linear_validate(fg_call *call, const fg_linear_options *o, const linear_request *req,
+                             const fg_linear_inputs *in, const fg_linear_outputs *out, int scan,
+                             int64_t *n_active, input_bounds *ib);
+
+/* From the inputs' largest magnitudes (bias: {0, 0} when none): the
+ * logits' bound, FG_ERR_OVERFLOW beyond float range; then, for the backward
+ * kinds, the bound of the caller's derivatives (host memory). Fills *ib. */
+fg_status fg_linear_check_bounds(fg_call *call, const linear_request *req,
+                                 const fg_linear_inputs *in, const fg_linear_outputs *out,
+                                 fg_magnitude h, fg_magnitude w, fg_magnitude b, input_bounds *ib);
+
+/* The gradient bound of a call (fg_grad_bound) from its scanned inputs and
+ * the outputs it writes; all scales 0 when the inputs were not scanned. */
+fg_grad_bound fg_linear_grad_bound(const input_bounds *ib, const fg_linear_outputs *out,
+                                   double temperature, int64_t vocab);
+
+/* The weight holds a slice of a larger vocabulary. */
+int fg_linear_is_sharded(const fg_linear_inputs *in);
+
+#endif
