@@ -322,11 +322,19 @@ class Context:
     """One fg_context. A context serves one thread at a time; thread_context()
     gives each thread its own."""
 
-    def __init__(self):
+    def __init__(self, backend: int = 0, stream: int = 0):
+        """backend: BACKENDS' value (0: the CPU); stream: a cudaStream_t as an
+        int for BACKENDS["cuda"] (0: the default stream)."""
+        opts = fg_context_options()
+        lib.fg_context_options_init(ctypes.byref(opts))
+        opts.backend = backend
+        opts.stream = stream or None
         h = c_void_p()
-        st = lib.fg_context_create(None, ctypes.byref(h))
+        st = lib.fg_context_create(ctypes.byref(opts), ctypes.byref(h))
         if st != 0:
-            raise FusedGRPOError(status_name(st), "fg_context_create failed")
+            hint = ("; the CUDA backend needs libfusedgrpo_cuda.so (beside libfusedgrpo, or "
+                    "FUSEDGRPO_CUDA_LIBRARY) and a CUDA device") if backend == BACKENDS["cuda"] else ""
+            raise FusedGRPOError(status_name(st), f"fg_context_create failed{hint}")
         self.handle = h
 
     def check(self, st: int):
@@ -355,6 +363,10 @@ class Context:
 _per_thread = threading.local()
 
 
+# fg_backend: where a context's calls run (fusedgrpo.h).
+BACKENDS = {"cpu": 0, "cuda": 1, "reference": 2}
+
+
 def thread_context() -> Context:
     """The calling thread's context, made at its first call and destroyed with
     the thread. Threads and budget are per call (make_exec), so one context per
@@ -363,6 +375,19 @@ def thread_context() -> Context:
     if ctx is None:
         ctx = _per_thread.context = Context()
     return ctx
+
+
+def device_context(backend: str, stream: int = 0) -> Context:
+    """The calling thread's context on a backend behind the seam (its pointers
+    are that backend's memory), one per (backend, stream): a CUDA context is
+    bound to the stream it was made with, and to the device current then."""
+    cache = getattr(_per_thread, "devices", None)
+    if cache is None:
+        cache = _per_thread.devices = {}
+    key = (backend, stream)
+    if key not in cache:
+        cache[key] = Context(BACKENDS[backend], stream)
+    return cache[key]
 
 
 # ------------------------------------------------------------------ calls
@@ -407,11 +432,12 @@ def _linear_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_we
     return options, inputs, batch, out
 
 
-def linear_call(cfg: fg_loss_config, impl: str, exec_: fg_exec, **arrays):
+def linear_call(cfg: fg_loss_config, impl: str, exec_: fg_exec, ctx: Context = None,
+                **arrays):
     """fg_linear_grpo on raw addresses (ints; 0 = absent; see _linear_request)
     on the calling thread's context. Returns (loss, metrics)."""
     options, inputs, batch, out = _linear_request(impl, **arrays)
-    ctx = thread_context()
+    ctx = ctx or thread_context()
     ctx.check(lib.fg_linear_grpo(ctx.handle, ctypes.byref(options), ctypes.byref(cfg),
                                  ctypes.byref(inputs), ctypes.byref(batch), ctypes.byref(out),
                                  ctypes.byref(exec_)))
@@ -479,11 +505,12 @@ def _head_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_weig
     return options, inputs, fg_tokens(B, T, token_ids or None, mask or None)
 
 
-def logprobs_call(impl: str, exec_: fg_exec, temperature: float, *, logp, entropy, **arrays):
+def logprobs_call(impl: str, exec_: fg_exec, temperature: float, *, logp, entropy, ctx=None,
+                  **arrays):
     """fg_linear_logprobs on raw addresses (see _head_request) on the calling
     thread's context: writes logp / entropy [B, T] (0 = not wanted)."""
     options, inputs, tokens = _head_request(impl, **arrays)
-    ctx = thread_context()
+    ctx = ctx or thread_context()
     ctx.check(lib.fg_linear_logprobs(ctx.handle, ctypes.byref(options), float(temperature),
                                      ctypes.byref(inputs), ctypes.byref(tokens), logp or None,
                                      entropy or None, ctypes.byref(exec_)))
@@ -491,7 +518,7 @@ def logprobs_call(impl: str, exec_: fg_exec, temperature: float, *, logp, entrop
 
 def logprobs_backward_call(impl: str, exec_: fg_exec, temperature: float, *, grad_logp,
                            grad_entropy, grad_hidden, grad_weight, grad_bias, grad_dtypes,
-                           accumulate=False, **arrays):
+                           accumulate=False, ctx=None, **arrays):
     """fg_linear_logprobs_backward on raw addresses: the caller's per-token
     dL/dlogp (and dL/dentropy, 0: none) into grad_hidden / grad_weight /
     grad_bias (0: not wanted), in grad_dtypes (DTYPE_* of each)."""
@@ -500,7 +527,7 @@ def logprobs_backward_call(impl: str, exec_: fg_exec, temperature: float, *, gra
     grads = fg_linear_grads(_mat(grad_hidden, grad_dtypes[0], B * T, H, H),
                             _mat(grad_weight, grad_dtypes[1], V, H, H),
                             fg_vector(grad_bias or None, grad_dtypes[2], V), 1 if accumulate else 0)
-    ctx = thread_context()
+    ctx = ctx or thread_context()
     ctx.check(lib.fg_linear_logprobs_backward(
         ctx.handle, ctypes.byref(options), float(temperature), ctypes.byref(inputs),
         ctypes.byref(tokens), grad_logp or None, grad_entropy or None, ctypes.byref(grads),

@@ -34,15 +34,45 @@ def kind(t: Optional[Tensor]) -> Optional[str]:
     return "i"
 
 
-def check_devices(**tensors):
-    """Every tensor on the CPU: the C library reads host memory, and a tensor on
-    another device (or 'meta', which has no data) would hand it a pointer to
-    something else."""
+def check_devices(**tensors) -> torch.device:
+    """Every tensor on one device, the CPU or one CUDA device (the C library's
+    CUDA backend), which it returns: a tensor elsewhere (or on 'meta', which
+    has no data) would hand the library a pointer to something else."""
+    device = None
     for name, t in tensors.items():
-        if t is not None and t.device.type != "cpu":
+        if t is None:
+            continue
+        if t.device.type not in ("cpu", "cuda"):
             raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"{name} is on device '{t.device}'; "
-                                 "fusedgrpo.torch computes on the CPU: every tensor must be on "
-                                 "'cpu'")
+                                 "fusedgrpo.torch computes on 'cpu' or a CUDA device")
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"{name} is on device '{t.device}', "
+                                 f"the other tensors on '{device}': every tensor must be on "
+                                 "one device")
+    return device if device is not None else torch.device("cpu")
+
+
+def call_context(device: torch.device):
+    """The C context for tensors on `device`: None (the thread's CPU context),
+    or the thread's CUDA context on the device's current stream, so that the
+    call is ordered with torch's work there and uses no stream of its own."""
+    if device.type != "cuda":
+        return None
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        return _lib.device_context("cuda", stream)
+
+
+def check_mask_device(m: Tensor):
+    """check_mask_values for a mask on a CUDA device: one reduction there and
+    one read of its flag (a synchronization), never a copy of the mask."""
+    if m.dtype == torch.bool or m.numel() == 0:
+        return
+    bad = (m != 0) & (m != 1)
+    if bool(bad.any()):
+        _inputs.check_mask_values(m[bad].reshape(-1)[:1].float().cpu().numpy())
 
 
 def rows(t: Tensor, lead: int):
@@ -132,7 +162,7 @@ def head_args(hidden, weight, token_ids, mask, bias):
     """The LM-head operands as the C calls take them, checked first (devices,
     shapes, dtypes, mask values; kept alive by the caller), and the keyword
     arguments of _lib's calls pointing at them."""
-    check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask, bias=bias)
+    device = check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask, bias=bias)
     B, T, H, V = check_shapes(hidden, weight, token_ids, mask, bias)
     h = compute_dtype(hidden.detach(), "hidden")
     w = compute_dtype(weight.detach(), "weight")
@@ -144,7 +174,9 @@ def head_args(hidden, weight, token_ids, mask, bias):
     b = None if bias is None else compute_dtype(bias.detach(), "bias").to(w.dtype).contiguous()
     tok = token_ids.detach().to(torch.int64).contiguous()
     m = mask.detach()
-    if m.dtype != torch.bool:
+    if device.type == "cuda":
+        check_mask_device(m)
+    elif m.dtype != torch.bool:
         _inputs.check_mask_values(m.numpy() if m.dtype != torch.bfloat16 else m.float().numpy())
     if m.dtype == torch.bool and m.is_contiguous():
         m = m.view(torch.uint8)

@@ -3,7 +3,8 @@ with a fake kernel and autograd) and ``FusedLinearGRPOLoss``, an ``nn.Module``
 that mirrors Liger-Kernel's ``LigerFusedLinearGRPOLoss`` (same constructor
 arguments, same ``forward`` arguments, returns ``(loss, metrics)``).
 
-CPU tensors, float32 or bfloat16 (float16 is widened to float32; float64 is
+CPU or CUDA tensors (all on one device; CUDA through the library's CUDA
+backend, on torch's current stream), float32 or bfloat16 (float16 is widened to float32; float64 is
 refused: the op computes in float32 and bfloat16, so torch.autograd.gradcheck
 needs float32 inputs and a float32 tolerance). Every tensor's device, shape and
 dtype is checked before the C call (fusedgrpo._inputs, as the NumPy API).
@@ -65,7 +66,14 @@ _LINEAR_GRPO_SCHEMA = (
     "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 
 
-@torch.library.custom_op("fusedgrpo::linear_grpo", mutates_args=(), device_types="cpu",
+# CPU and CUDA tensors run the same kernel. On CUDA the library's CUDA backend
+# runs on torch's current stream (fusedgrpo.h, FG_BACKEND_CUDA); the C call
+# reads the token arrays and each chunk's log-probs back to the host, where
+# the loss math runs, so it synchronizes with the stream: twice before any
+# output (the token arrays; the NaN scan), once per chunk, once at the end;
+# loss and metrics come back as host numbers. A float mask is checked on the
+# device (one more read of a flag).
+@torch.library.custom_op("fusedgrpo::linear_grpo", mutates_args=(), device_types=("cpu", "cuda"),
                          schema=_LINEAR_GRPO_SCHEMA)
 def linear_grpo(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None,
                 ref_logp=None, is_ratio=None, sampling_logp=None, *, compute_grad_hidden=True,
@@ -83,26 +91,33 @@ def linear_grpo(hidden, weight, token_ids, mask, advantages, bias=None, old_logp
     filter_eps (gradient filtering; -1.0 is "auto", _lib.filter_eps_value)."""
     cfg = _options.loss_config(options)
     ex = _options.make_exec(threads, memory_budget)
+    dev = _ti.check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask,
+                            advantages=advantages, bias=bias, old_logp=old_logp,
+                            ref_logp=ref_logp, is_ratio=is_ratio, sampling_logp=sampling_logp)
     keep, req = _ti.head_args(hidden, weight, token_ids, mask, bias)
     B, T, H, V = (req[k] for k in "BTHV")
     adv, old, ref, isr, samp, per_seq = _ti.batch_tensors(B, T, advantages, old_logp, ref_logp,
                                                          is_ratio, sampling_logp)
     f32 = torch.float32
-    logp = torch.empty((B, T), dtype=f32)
-    ent = torch.empty((B, T), dtype=f32)
+    logp = torch.empty((B, T), dtype=f32, device=dev)
+    ent = torch.empty((B, T), dtype=f32, device=dev)
     gdt = _ti.grad_dtypes(keep[0].dtype)
-    gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0])
-    gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=gdt[1])
-    gb = torch.empty((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2])
+    gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0], device=dev)
+    gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=gdt[1], device=dev)
+    gb = torch.empty((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2],
+                     device=dev)
     p = _ti.ptr
     loss, metrics = _lib.linear_call(
-        cfg, impl, ex, **req, advantages=p(adv), old_logp=p(old), ref_logp=p(ref),
+        cfg, impl, ex, ctx=_ti.call_context(dev), **req, advantages=p(adv), old_logp=p(old),
+        ref_logp=p(ref),
         is_ratio=p(isr), is_ratio_per_sequence=per_seq, sampling_logp=p(samp), logp=p(logp),
         entropy=p(ent), grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb),
         grad_dtypes=tuple(_ti.dtype_id(d) for d in gdt), filter_eps=filter_eps)
     del keep
-    return (torch.tensor(loss, dtype=f32), torch.tensor([metrics[n] for n in METRIC_NAMES],
-                                                        dtype=f32), logp, ent, gh, gw, gb)
+    return (torch.tensor(loss, dtype=f32, device=dev),
+            torch.tensor([metrics[n] for n in METRIC_NAMES], dtype=f32, device=dev), logp, ent,
+            gh, gw, gb)
+
 
 
 @linear_grpo.register_fake
@@ -200,7 +215,8 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
 
 # ------------------------------------------------------- log-probs of the head
 
-@torch.library.custom_op("fusedgrpo::linear_logprobs", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("fusedgrpo::linear_logprobs", mutates_args=(),
+                         device_types=("cpu", "cuda"))
 def _logprobs_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
                  bias: Optional[Tensor] = None, *, temperature: float = 1.0, impl: str = "fused",
                  threads: Optional[int] = None,
@@ -211,10 +227,11 @@ def _logprobs_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor
     keep, req = _ti.head_args(hidden, weight, token_ids, mask, bias)
     p = _ti.ptr
     B, T = req["B"], req["T"]
-    logp = torch.empty((B, T), dtype=torch.float32)
-    ent = torch.empty((B, T), dtype=torch.float32)
-    _lib.logprobs_call(impl, ex, temperature, **req,
-                       logp=p(logp), entropy=p(ent))
+    dev = hidden.device
+    logp = torch.empty((B, T), dtype=torch.float32, device=dev)
+    ent = torch.empty((B, T), dtype=torch.float32, device=dev)
+    _lib.logprobs_call(impl, ex, temperature, **req, logp=p(logp), entropy=p(ent),
+                       ctx=_ti.call_context(dev))
     del keep
     return logp, ent
 
@@ -228,7 +245,7 @@ def _(hidden, weight, token_ids, mask, bias=None, **options):
 
 
 @torch.library.custom_op("fusedgrpo::linear_logprobs_backward", mutates_args=(),
-                         device_types="cpu")
+                         device_types=("cpu", "cuda"))
 def _logprobs_backward_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
                           grad_logp: Tensor, grad_entropy: Optional[Tensor] = None,
                           bias: Optional[Tensor] = None, *, temperature: float = 1.0,
@@ -244,20 +261,23 @@ def _logprobs_backward_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mas
     keep, req = _ti.head_args(hidden, weight, token_ids, mask, bias)
     p = _ti.ptr
     B, T, H, V = (req[k] for k in "BTHV")
-    _ti.check_devices(grad_logp=grad_logp, grad_entropy=grad_entropy)
+    _ti.check_devices(hidden=hidden, grad_logp=grad_logp, grad_entropy=grad_entropy)
+    dev = hidden.device
     for name, t in (("grad_logp", grad_logp), ("grad_entropy", grad_entropy)):
         if t is not None and tuple(t.shape) != (B, T):
             raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"{name} has shape {tuple(t.shape)}, "
                                  f"expected {(B, T)}")
     gdt = _ti.grad_dtypes(keep[0].dtype)
-    gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0])
-    gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=gdt[1])
-    gb = torch.empty((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2])
+    gh = torch.empty((B, T, H) if compute_grad_hidden else (0,), dtype=gdt[0], device=dev)
+    gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=gdt[1], device=dev)
+    gb = torch.empty((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2],
+                     device=dev)
     g = grad_logp.detach().to(torch.float32).contiguous()
     ge = None if grad_entropy is None else grad_entropy.detach().to(torch.float32).contiguous()
     _lib.logprobs_backward_call(impl, ex, temperature, **req, grad_logp=p(g),
                                 grad_entropy=p(ge), grad_hidden=p(gh), grad_weight=p(gw),
-                                grad_bias=p(gb), grad_dtypes=tuple(_ti.dtype_id(d) for d in gdt))
+                                grad_bias=p(gb), grad_dtypes=tuple(_ti.dtype_id(d) for d in gdt),
+                                ctx=_ti.call_context(dev))
     del keep
     return gh, gw, gb
 
@@ -289,7 +309,7 @@ def _logprobs_backward(ctx, g_logp, g_ent):
     if g_logp is None and g_ent is None:
         return None, None, None, None, None
     if g_logp is None:
-        g_logp = torch.zeros(hidden.shape[:2], dtype=torch.float32)
+        g_logp = torch.zeros(hidden.shape[:2], dtype=torch.float32, device=hidden.device)
     gh, gw, gb = _logprobs_backward_op(
         hidden, weight, token_ids, mask, g_logp, g_ent, bias,
         temperature=ctx.options.get("temperature", 1.0),
