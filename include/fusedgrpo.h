@@ -17,7 +17,8 @@
  *     grad_weight in one product (one chunk, or materialized) or in a float32
  *     [V, H] buffer of the workspace that the budget must hold beside the
  *     chunks (fg_linear_plan_info.grad_weight_sum_bytes). On CPUs with bf16
- *     GEMM kernels, when the budget cannot hold that buffer, grad_weight is
+ *     GEMM kernels and on the backends behind the seam (FG_BACKEND_CUDA),
+ *     when the budget cannot hold that buffer, grad_weight is
  *     instead rounded after each chunk's product is added to it (one rounding
  *     per chunk: on Zen 5 2.24x the error of the exact gradient rounded to
  *     bf16 at 95 one-row chunks); a budget above V*H*4 bytes avoids it.

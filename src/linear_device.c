@@ -242,17 +242,22 @@ static fg_status plan_device(device_call *D, const fg_linear_options *o,
         return FG_OK;
     }
     /* A bf16 grad_weight walked in several chunks sums in float32 and is
-     * rounded once at the end (fusedgrpo.h "Conventions"). */
+     * rounded once at the end; a budget that cannot hold those sums beside a
+     * row has GEMM 3 add each chunk into the bf16 grad_weight instead (one
+     * rounding per chunk; fusedgrpo.h "Conventions"). */
     const int bf16_gw = D->want_gw && out->grad_weight.dtype == FG_DTYPE_BF16;
+    int in_place = 0;
     if (!D->fused) {
         split(D, n_active); /* the baseline: one chunk of every row */
     } else {
         int64_t rows = fit_rows(D, D->call->budget, 0);
-        if (rows > 0 && rows < n_active && bf16_gw)
-            rows = fit_rows(D, D->call->budget, 1);
+        if (rows > 0 && rows < n_active && bf16_gw) {
+            const int64_t with_sums = fit_rows(D, D->call->budget, 1);
+            in_place = with_sums < 1;
+            rows = in_place ? rows : with_sums;
+        }
         if (rows < 1) {
-            const size_t least = fixed_bytes(D, bf16_gw && n_active > 1) + D->call_scratch +
-                                 chunk_bytes(D, 1);
+            const size_t least = fixed_bytes(D, 0) + D->call_scratch + chunk_bytes(D, 1);
             return fg_fail(err, FG_ERR_BUDGET_TOO_SMALL,
                            "the memory budget of %zu bytes cannot hold one token row on the %s "
                            "backend (%zu bytes)",
@@ -260,7 +265,7 @@ static fg_status plan_device(device_call *D, const fg_linear_options *o,
         }
         split(D, rows);
     }
-    const int gw_sum = bf16_gw && D->chunks > 1;
+    const int gw_sum = bf16_gw && D->chunks > 1 && !in_place;
     D->fixed_bytes = fixed_bytes(D, gw_sum);
     D->chunk_bytes = chunk_bytes(D, c->chunk_rows);
     c->gw_sum = gw_sum ? (float *)1 : NULL; /* placed by carve() */

@@ -40,7 +40,8 @@ static const double TOL_GRAD[2] = {2e-6, 6e-3};
 static int di(fg_dtype dt) { return dt == FG_DTYPE_BF16; }
 
 /* The smallest budget (in 256-byte steps above the least) with which the
- * fused call walks at most three chunks: two or three, with rows to spare. */
+ * fused call walks two or three chunks; else the largest that walks several
+ * (a bf16 grad_weight's float32 sums can take more than all the rows). */
 static size_t three_chunks(const fg_loss_config *cfg, const fg_linear_inputs *in,
                            const fg_batch *batch, const fg_linear_outputs *out)
 {
@@ -49,12 +50,18 @@ static size_t three_chunks(const fg_loss_config *cfg, const fg_linear_inputs *in
     fg_exec_init(&ex);
     ex.memory_budget = 1;
     fg_linear_grpo_plan(ctx_ref, NULL, cfg, in, batch, out, &ex, &info);
+    size_t several = 0;
     for (ex.memory_budget = info.min_budget_bytes; ex.memory_budget < ((size_t)1 << 30);
-         ex.memory_budget += 256)
-        if (fg_linear_grpo_plan(ctx_ref, NULL, cfg, in, batch, out, &ex, &info) == FG_OK &&
-            info.chunks <= 3)
+         ex.memory_budget += 256) {
+        if (fg_linear_grpo_plan(ctx_ref, NULL, cfg, in, batch, out, &ex, &info) != FG_OK)
+            continue;
+        if (info.chunks >= 2 && info.chunks <= 3)
             return ex.memory_budget;
-    return 0;
+        if (info.chunks < 2)
+            break;
+        several = ex.memory_budget;
+    }
+    return several;
 }
 
 static void compare(const char *tag, fg_dtype dt, const fg_loss_config *cfg, const tu_batch *tb,
@@ -156,6 +163,45 @@ static void loss_case(int lt, int lvl, fg_dtype dt)
     TOL_CHECK("backend accumulate (max abs / max)", worst / (norm > 0 ? norm : 1), 1e-6,
               "%s", tag);
     free(gw1);
+
+    /* bf16 gradient outputs: grad_hidden rows and grad_bias rounded once;
+     * grad_weight summed in float32 over the chunks, rounded at the end,
+     * onto the caller's values when accumulating. */
+    if (dt == FG_DTYPE_BF16 && lvl == 0) {
+        uint16_t *gh = tu_xmalloc((size_t)N * H * 2), *gw = tu_xmalloc((size_t)V * H * 2);
+        uint16_t *gb = tu_xmalloc((size_t)V * 2);
+        fg_linear_outputs bo = o.out;
+        bo.accumulate = 0;
+        bo.grad_hidden = fg_matrix_make(gh, FG_DTYPE_BF16, N, H);
+        bo.grad_weight = fg_matrix_make(gw, FG_DTYPE_BF16, V, H);
+        bo.grad_bias = with_bias ? fg_vector_make(gb, FG_DTYPE_BF16, V) : fg_vector_make(NULL, FG_DTYPE_BF16, V);
+        fg_exec bx = ex;
+        bx.memory_budget = three_chunks(&cfg, &in, batch, &bo);
+        st = fg_linear_grpo(ctx_ref, NULL, &cfg, &in, batch, &bo, &bx);
+        CHECK(st == FG_OK, "%s bf16 gradients: %s", tag, fg_last_error(ctx_ref));
+        fg_get_memory_stats(ctx_ref, &ms);
+        CHECK(ms.chunks >= 2, "%s bf16 gradients: %lld chunks", tag, (long long)ms.chunks);
+        fg_linear_plan_info bi;
+        fg_linear_grpo_plan(ctx_ref, NULL, &cfg, &in, batch, &bo, &bx, &bi);
+        printf("%s bf16 gradients: %lld chunks, grad_weight %s\n", tag, (long long)ms.chunks,
+               bi.grad_weight_sum_bytes ? "summed in float32" : "rounded per chunk");
+        const char *gname = "backend bf16 gradients stored in bf16";
+        TOL_CHECK(gname, tu_rel_l2(gh, FG_DTYPE_BF16, N, H, H, ref.grad_hidden), 8e-3, "%s grad_hidden", tag);
+        TOL_CHECK(gname, tu_rel_l2(gw, FG_DTYPE_BF16, V, H, H, ref.grad_weight), 8e-3, "%s grad_weight", tag);
+        if (with_bias)
+            TOL_CHECK(gname, tu_rel_l2(gb, FG_DTYPE_BF16, 1, V, V, ref.grad_bias), 8e-3, "%s grad_bias", tag);
+        bo.accumulate = 1; /* twice the gradient, within one more rounding */
+        st = fg_linear_grpo(ctx_ref, NULL, &cfg, &in, batch, &bo, &bx);
+        CHECK(st == FG_OK, "%s bf16 accumulate: %s", tag, fg_last_error(ctx_ref));
+        double *twice = tu_xmalloc((size_t)V * H * sizeof(double));
+        for (int64_t i = 0; i < V * H; i++)
+            twice[i] = 2.0 * ref.grad_weight[i];
+        TOL_CHECK(gname, tu_rel_l2(gw, FG_DTYPE_BF16, V, H, H, twice), 8e-3, "%s grad_weight accumulated", tag);
+        free(twice);
+        free(gh);
+        free(gw);
+        free(gb);
+    }
 
     /* Materialized: one chunk of every row. */
     tu_linear_outs m;
