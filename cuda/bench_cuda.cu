@@ -36,15 +36,7 @@
 #define WARMUPS 2
 #define REPS 7
 
-#define CUDA_OK(call)                                                                              \
-    do {                                                                                           \
-        const cudaError_t err_ = (call);                                                           \
-        if (err_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "bench_cuda: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,              \
-                    cudaGetErrorString(err_));                                                     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "cuda_ok.h"
 
 static char msg[512];
 

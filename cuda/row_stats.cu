@@ -20,21 +20,11 @@
 
 #include "fail.h"
 #include "row_stats.h"
+#include "storage.cuh"
 
 #define THREADS 256
 #define GROUP_ROWS 64 /* rows per backward block, and per bias partial sum */
 
-/* ---- storage types -------------------------------------------------------- */
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v)
-{
-    return __float2bfloat16_rn(v); /* round to nearest even; NaN stays NaN */
-}
 
 /* N consecutive values, loaded and stored as one vector access. */
 template <typename T, int N> struct alignas(sizeof(T) * N) Pack {

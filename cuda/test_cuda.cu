@@ -36,14 +36,7 @@
 
 static int checks_run, checks_failed;
 
-#define CUDA_OK(call)                                                                              \
-    do {                                                                                           \
-        const cudaError_t err_ = (call);                                                           \
-        if (err_ != cudaSuccess) {                                                                 \
-            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_));  \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "cuda_ok.h"
 
 /* ---- host helpers ------------------------------------------------------------- */
 

@@ -25,7 +25,9 @@
  * to_device are host memory. Ops run in order on the backend's stream and
  * may return before they finish; to_host's bytes are there after wait().
  * Every op returns an fg_status and, on failure, a message in msg (msg_size
- * bytes); none exits or aborts.
+ * bytes); none exits or aborts. An op may refuse memory the backend cannot
+ * address (a host pointer handed to CUDA) with FG_ERR_UNSUPPORTED, never
+ * fault on it.
  */
 #ifndef FG_BACKEND_H
 #define FG_BACKEND_H
@@ -84,7 +86,8 @@ typedef struct fg_backend_call {
     float *g, *e;               /* [chunk_rows] d loss/d logp, d loss/d entropy   */
     float *gw_sum;              /* [V, H] float32 sums of a bf16 grad_weight over
                                    the chunks, or NULL (summed in place)        */
-    float *gb_sum;              /* [V] grad_bias's float32 sums, or NULL          */
+    float *gb_sum;              /* [V] grad_bias's float32 sums, or NULL (while
+                                   planning: non-NULL exactly when wanted)       */
     void *scratch;              /* chunk_scratch_bytes(chunk_rows) bytes          */
     int *row_check;             /* 2 ints: the stats op's first bad chunk row (a
                                    token id outside [0, V), non-finite
@@ -142,8 +145,9 @@ typedef struct fg_backend_ops {
                           size_t msg_size);
     /* GEMM 2 into the grad_hidden rows of the chunk's tokens (rounded once
      * to a bf16 grad_hidden), GEMM 3 into gw_sum or grad_weight: overwritten
-     * when `first` (the first chunk of a call that does not accumulate),
-     * else added to. Either product is skipped when its output is NULL. */
+     * when `first` (the first chunk, unless the call accumulates straight
+     * into grad_weight), else added to. Either product is skipped when its
+     * output is NULL. */
     fg_status (*grads)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
                        char *msg, size_t msg_size);
     /* After every chunk: gw_sum rounded into a bf16 grad_weight (added to it
@@ -161,8 +165,8 @@ typedef struct fg_device {
 } fg_device;
 
 /* The entry point a backend library exports (FG_BACKEND_ENTRY): a backend
- * on `stream` (a cudaStream_t for CUDA; NULL: the default stream) of the
- * current device. */
+ * on `stream` (a cudaStream_t for CUDA: the stream's device; NULL: the
+ * default stream of the current device). */
 typedef fg_status (*fg_backend_create_fn)(void *stream, fg_device *out, char *msg,
                                           size_t msg_size);
 #define FG_BACKEND_ENTRY "fg_backend_cuda_create"

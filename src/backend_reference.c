@@ -44,7 +44,7 @@ static fg_status ref_alloc(void *be, size_t bytes, void **ptr, char *msg, size_t
 {
     (void)be;
     /* Whole 256-byte units, as the interface promises its alignment. */
-    *ptr = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    *ptr = aligned_alloc(256, bytes ? (bytes + 255) / 256 * 256 : 256);
     return *ptr ? FG_OK : say(msg, n, FG_ERR_OUT_OF_MEMORY, "aligned_alloc failed");
 }
 

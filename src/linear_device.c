@@ -223,6 +223,8 @@ static fg_status plan_device(device_call *D, const fg_linear_options *o,
     D->want_gw = out->grad_weight.data != NULL;
     D->want_gb = out->grad_bias.data != NULL;
     D->any_grad = D->want_gh || D->want_gw || D->want_gb;
+    c->gb_sum = D->want_gb ? (float *)1 : NULL; /* placed by carve(); the backend's
+                                                   scratch depends on it */
     fg_error *err = D->call->err;
     if (fg_linear_is_sharded(in))
         return fg_fail(err, FG_ERR_UNSUPPORTED,
@@ -440,7 +442,9 @@ static fg_status backward_chunk(device_call *D, int64_t k, int restore)
         }
     }
     OP(D, ops->backward(be, c, r0, m, MSG));
-    OP(D, ops->grads(be, c, r0, m, k == 0 && !c->accumulate, MSG));
+    /* grad_weight's float32 sums start afresh; the caller's values join them
+     * in finish when accumulating. */
+    OP(D, ops->grads(be, c, r0, m, k == 0 && (!c->accumulate || c->gw_sum), MSG));
     return FG_OK;
 }
 

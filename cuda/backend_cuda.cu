@@ -1,0 +1,645 @@
+/*
+ * The CUDA backend: backend.h's ops on device memory, through the row
+ * kernels (row_stats.h), the cuBLASLt products (gemm_cublaslt.h) and the
+ * small chunk kernels (chunk_ops.h). Built as libfusedgrpo_cuda.so, which
+ * the core loads at run time (fg_context_create with FG_BACKEND_CUDA); only
+ * fg_backend_cuda_create is exported.
+ *
+ * State: the caller's stream (NULL: the legacy default stream), its device
+ * (for NULL: the device current at create; every op makes it current and
+ * restores the caller's afterwards, so a thread that switched devices
+ * between calls still runs on the context's), a cuBLASLt handle and the
+ * cuBLASLt workspace.
+ *
+ * Decisions:
+ *  - The cuBLASLt workspace (fg_cuda_gemm_workspace_hint(), 32 MiB) is the
+ *    backend's own, allocated once in create (so a context that cannot get it
+ *    fails there, not in a call) and freed in destroy. call_scratch_bytes
+ *    returns its size so that the driver's plan and fg_memory_stats count it
+ *    against the budget; the driver carves nothing for it.
+ *  - Memory is stream-ordered (cudaMallocAsync / cudaFreeAsync on the stream:
+ *    no host synchronization), or cudaMalloc / cudaFree on a device without
+ *    memory pools. Sizes are rounded up to whole 256-byte units, as the
+ *    reference does.
+ *  - Every op runs asynchronously on the stream; to_host's bytes are there
+ *    after wait(). to_device returns once the host buffer may be reused: a
+ *    copy from pageable memory is staged before cudaMemcpyAsync returns; from
+ *    pinned (or managed) memory the op synchronizes the stream.
+ *  - supports also checks that each tensor of the call is memory this device
+ *    can address (device memory of this device, managed, or mapped pinned
+ *    memory), and to_host / to_device check their device side (the caller's
+ *    token arrays, logp, entropy go through them), so that a host pointer is
+ *    refused with FG_ERR_UNSUPPORTED and its name instead of faulting a
+ *    kernel (a fault would end the CUDA context).
+ *  - The GEMM 3 sums in gw_sum (the call's workspace) are overwritten by the
+ *    chunk at r0 == 0 whatever `first` says: they never hold the caller's
+ *    sums, so reading them there would read the previous call's.
+ *  - Kernels never fault on values read from device memory: row indices out
+ *    of range are skipped or give NaN rows (chunk_ops.h), token ids out of
+ *    range are recorded in the row check (row_stats.h).
+ *
+ * Every op checks its arguments first and reports failures as an fg_status
+ * with a message: launch errors and CUDA errors as FG_ERR_BACKEND with the
+ * CUDA error's name and string, allocation failures as FG_ERR_OUT_OF_MEMORY.
+ */
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <type_traits>
+
+#include "backend.h"
+#include "chunk_ops.h"
+#include "fail.h"
+#include "gemm_cublaslt.h"
+#include "row_stats.h"
+
+/* The seam's structs are the kernels' structs, byte for byte. */
+static_assert(sizeof(fg_cuda_scan) == sizeof(fg_backend_scan), "scan layout");
+static_assert(offsetof(fg_cuda_scan, top_bits) == offsetof(fg_backend_scan, top_bits), "scan");
+static_assert(offsetof(fg_cuda_scan, pad) == offsetof(fg_backend_scan, pad), "scan");
+static_assert(offsetof(fg_cuda_scan, top_row) == offsetof(fg_backend_scan, top_row), "scan");
+static_assert(offsetof(fg_cuda_scan, bad_row) == offsetof(fg_backend_scan, bad_row), "scan");
+static_assert(offsetof(fg_cuda_scan, bad_col) == offsetof(fg_backend_scan, bad_col), "scan");
+static_assert(sizeof(fg_cuda_row_check) == 2 * sizeof(int), "row_check is 2 ints");
+static_assert(offsetof(fg_cuda_row_check, bad_token_row) == 0, "row_check[0]");
+static_assert(offsetof(fg_cuda_row_check, nonfinite_row) == sizeof(int), "row_check[1]");
+static_assert(FG_BACKEND_ROW_NONE == FG_CUDA_ROW_NONE, "the same 'no bad row'");
+
+typedef struct cuda_backend {
+    cudaStream_t stream;
+    int device;
+    int pools; /* the device has stream-ordered memory pools */
+    cublasLtHandle_t lt;
+    void *workspace; /* cuBLASLt's, workspace_bytes */
+    size_t workspace_bytes;
+} cuda_backend;
+
+static cuda_backend *state(void *be) { return static_cast<cuda_backend *>(be); }
+
+static fg_status cuda_fail(fg_status st, const char *what, cudaError_t err, char *msg,
+                           size_t msg_size)
+{
+    return fail(st, msg, msg_size, "CUDA: %s: %s (%s)", what, cudaGetErrorName(err),
+                cudaGetErrorString(err));
+}
+
+/* The backend's device made current for one op, the caller's restored after.
+ * A non-sticky error that an earlier runtime call of the caller's left is
+ * cleared first, so that the op's launch checks report its own. */
+class device_scope {
+  public:
+    explicit device_scope(int device)
+    {
+        (void)cudaGetLastError();
+        if (cudaGetDevice(&prev_) == cudaSuccess && prev_ != device)
+            switched_ = cudaSetDevice(device) == cudaSuccess;
+        (void)cudaGetLastError(); /* a failed switch shows in the op's own calls */
+    }
+    ~device_scope()
+    {
+        if (switched_)
+            (void)cudaSetDevice(prev_);
+    }
+    device_scope(const device_scope &) = delete;
+    device_scope &operator=(const device_scope &) = delete;
+
+  private:
+    int prev_ = -1;
+    bool switched_ = false;
+};
+
+static fg_cuda_gemm gemm_of(const cuda_backend *s)
+{
+    fg_cuda_gemm g = {s->lt, s->stream, s->workspace, s->workspace_bytes};
+    return g;
+}
+
+static fg_cuda_row_stats stats_of(const fg_backend_call *c)
+{
+    fg_cuda_row_stats st = {c->zmax, c->lsum, c->entropy, c->logp};
+    return st;
+}
+
+/* ---- lifetime and memory ------------------------------------------------------- */
+
+static void cuda_destroy(void *be)
+{
+    cuda_backend *s = state(be);
+    if (!s)
+        return;
+    {
+        device_scope scope(s->device);
+        /* cuBLASLt may still be using the workspace on the stream. The whole
+         * device is waited for: the caller may have destroyed the stream. */
+        (void)cudaDeviceSynchronize();
+        if (s->workspace)
+            (void)cudaFree(s->workspace);
+        if (s->lt)
+            (void)cublasLtDestroy(s->lt);
+        (void)cudaGetLastError();
+    }
+    free(s);
+}
+
+static fg_status cuda_alloc(void *be, size_t bytes, void **ptr, char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    if (!s || !ptr)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "alloc: backend and ptr are required");
+    *ptr = NULL;
+    if (bytes > SIZE_MAX - 255)
+        return fail(FG_ERR_OUT_OF_MEMORY, msg, msg_size, "alloc: %zu bytes", bytes);
+    const size_t n = bytes == 0 ? 256 : (bytes + 255) / 256 * 256; /* whole 256-byte units */
+    device_scope scope(s->device);
+    const cudaError_t err = s->pools ? cudaMallocAsync(ptr, n, s->stream) : cudaMalloc(ptr, n);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+        *ptr = NULL;
+        return fail(FG_ERR_OUT_OF_MEMORY, msg, msg_size,
+                    "CUDA: allocating %zu bytes of device memory: %s (%s)", n,
+                    cudaGetErrorName(err), cudaGetErrorString(err));
+    }
+    /* The CUDA programming guide promises 256-byte alignment; the interface
+     * relies on it, so a surprise is refused rather than misaligned. */
+    if ((uintptr_t)*ptr % 256 != 0) {
+        (void)(s->pools ? cudaFreeAsync(*ptr, s->stream) : cudaFree(*ptr));
+        *ptr = NULL;
+        return fail(FG_ERR_BACKEND, msg, msg_size,
+                    "CUDA: the allocator returned memory not aligned to 256 bytes");
+    }
+    return FG_OK;
+}
+
+static void cuda_release(void *be, void *ptr)
+{
+    cuda_backend *s = state(be);
+    if (!s || !ptr)
+        return;
+    device_scope scope(s->device);
+    (void)(s->pools ? cudaFreeAsync(ptr, s->stream) : cudaFree(ptr));
+    (void)cudaGetLastError();
+}
+
+/* Whether p (if given) is memory the backend's kernels can use at that
+ * address: device memory of this device, managed memory, or mapped pinned
+ * memory. Anything else would fault a kernel, which ends the CUDA context. */
+static fg_status check_pointer(const cuda_backend *s, const char *name, const void *p, char *msg,
+                               size_t msg_size)
+{
+    if (!p)
+        return FG_OK;
+    cudaPointerAttributes a;
+    const cudaError_t err = cudaPointerGetAttributes(&a, p);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return cuda_fail(FG_ERR_UNSUPPORTED, name, err, msg, msg_size);
+    }
+    if (a.type == cudaMemoryTypeDevice && a.device != s->device)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "%s is memory of CUDA device %d; this context runs on device %d", name,
+                    a.device, s->device);
+    /* Pinned host memory is addressable when mapped at the same address (UVA). */
+    if (a.type == cudaMemoryTypeUnregistered ||
+        (a.type == cudaMemoryTypeHost && a.devicePointer != p))
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "%s is host memory that CUDA device %d cannot address: a CUDA context "
+                    "takes device (or managed) memory",
+                    name, s->device);
+    return FG_OK;
+}
+
+static fg_status cuda_to_host(void *be, void *host, const void *src, size_t bytes, char *msg,
+                              size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    if (!s || ((!host || !src) && bytes))
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "to_host: NULL pointer");
+    if (bytes == 0)
+        return FG_OK;
+    device_scope scope(s->device);
+    /* The driver copies the caller's token arrays with this op: a host
+     * pointer there is refused by name, not a failed copy. */
+    const fg_status st = check_pointer(s, "a tensor read by the host (token ids, mask, "
+                                          "advantages, log-probs)", src, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    const cudaError_t err =
+        cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, s->stream);
+    if (err != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, "copying device memory to the host", err, msg,
+                         msg_size);
+    return FG_OK;
+}
+
+/* Whether a host buffer is pageable: then cudaMemcpyAsync stages it before
+ * returning. Unknown counts as not pageable (the caller synchronizes). */
+static bool pageable(const void *host)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, host) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeUnregistered;
+}
+
+static fg_status cuda_to_device(void *be, void *dst, const void *host, size_t bytes, char *msg,
+                                size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    if (!s || ((!dst || !host) && bytes))
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "to_device: NULL pointer");
+    if (bytes == 0)
+        return FG_OK;
+    device_scope scope(s->device);
+    /* The driver writes the caller's logp and entropy with this op. */
+    const fg_status st = check_pointer(s, "an output written from the host (logp, entropy)",
+                                       dst, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    cudaError_t err = cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, s->stream);
+    /* From pinned memory the copy may still be reading the buffer. */
+    if (err == cudaSuccess && !pageable(host))
+        err = cudaStreamSynchronize(s->stream);
+    if (err != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, "copying host memory to the device", err, msg,
+                         msg_size);
+    return FG_OK;
+}
+
+static fg_status cuda_fill_zero(void *be, void *dst, size_t bytes, char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    if (!s || (!dst && bytes))
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "fill_zero: NULL pointer");
+    if (bytes == 0)
+        return FG_OK;
+    device_scope scope(s->device);
+    const cudaError_t err = cudaMemsetAsync(dst, 0, bytes, s->stream);
+    if (err != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, "zeroing device memory", err, msg, msg_size);
+    return FG_OK;
+}
+
+/* A kernel's fault surfaces here (sticky: the CUDA context is then unusable). */
+static fg_status cuda_wait(void *be, char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    if (!s)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "wait: backend is NULL");
+    device_scope scope(s->device);
+    const cudaError_t err = cudaStreamSynchronize(s->stream);
+    if (err != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, "waiting for the stream", err, msg, msg_size);
+    return FG_OK;
+}
+
+/* ---- planning ---------------------------------------------------------------------- */
+
+/* The workspace the backend holds (allocated in create), counted, not carved. */
+static size_t cuda_call_scratch_bytes(void *be, const fg_backend_call *c)
+{
+    (void)c;
+    const cuda_backend *s = state(be);
+    return s ? s->workspace_bytes : 0;
+}
+
+/* The bias column sums' partials. grad_bias.data is asked too: the driver
+ * plans before gb_sum is placed. */
+static size_t cuda_chunk_scratch_bytes(void *be, const fg_backend_call *c, int64_t m)
+{
+    (void)be;
+    if (!c || !(c->gb_sum || c->grad_bias.data))
+        return 0;
+    return fg_cuda_row_backward_scratch_bytes(m, c->V);
+}
+
+static const char *dtype_name(fg_dtype t)
+{
+    return t == FG_DTYPE_F32 ? "float32" : t == FG_DTYPE_BF16 ? "bfloat16" : "unknown";
+}
+
+static fg_status cuda_supports(void *be, const fg_backend_call *c, char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    if (!s || !c)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "supports: NULL argument");
+    if (c->in_t != FG_DTYPE_F32 && c->in_t != FG_DTYPE_BF16)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size, "the CUDA backend: inputs of dtype %d",
+                    (int)c->in_t);
+    if (!(c->logit_t == FG_DTYPE_F32 || c->logit_t == c->in_t))
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "the CUDA backend: %s logits for %s inputs (float32, or the inputs' dtype)",
+                    dtype_name(c->logit_t), dtype_name(c->in_t));
+    /* The backward products multiply dlogits with the weight / hidden rows in
+     * one dtype (gemm_cublaslt.h). */
+    if (c->dlogit_t != c->in_t)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "the CUDA backend: %s dlogits for %s inputs (the inputs' dtype only)",
+                    dtype_name(c->dlogit_t), dtype_name(c->in_t));
+    if (c->hidden.dtype != c->in_t || c->weight.dtype != c->in_t ||
+        (c->bias.data && c->bias.dtype != c->in_t))
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "the CUDA backend: hidden, weight and bias in one dtype (%s)",
+                    dtype_name(c->in_t));
+    const fg_dtype grads[3] = {c->grad_hidden.dtype, c->grad_weight.dtype, c->grad_bias.dtype};
+    const bool wanted[3] = {c->grad_hidden.data != NULL, c->grad_weight.data != NULL,
+                            c->grad_bias.data != NULL};
+    for (int i = 0; i < 3; i++)
+        if (wanted[i] && grads[i] != FG_DTYPE_F32 &&
+            !(grads[i] == FG_DTYPE_BF16 && c->in_t == FG_DTYPE_BF16))
+            return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                        "the CUDA backend: %s gradients for %s inputs", dtype_name(grads[i]),
+                        dtype_name(c->in_t));
+    /* The row kernels number a chunk's rows in int and its row groups in grid.y. */
+    if (c->chunk_rows > (int64_t)64 * 65535)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "the CUDA backend: chunks of %lld rows (at most %d)", (long long)c->chunk_rows,
+                    64 * 65535);
+    device_scope scope(s->device);
+    const struct {
+        const char *name;
+        const void *p;
+    } tensors[7] = {{"hidden", c->hidden.data},           {"weight", c->weight.data},
+                    {"bias", c->bias.data},               {"mask", c->mask},
+                    {"grad_hidden", c->grad_hidden.data}, {"grad_weight", c->grad_weight.data},
+                    {"grad_bias", c->grad_bias.data}};
+    for (const auto &t : tensors) {
+        const fg_status st = check_pointer(s, t.name, t.p, msg, msg_size);
+        if (st != FG_OK)
+            return st;
+    }
+    return FG_OK;
+}
+
+/* ---- the scan ---------------------------------------------------------------------- */
+
+static fg_status cuda_scan(void *be, const fg_matrix *x, const uint8_t *mask,
+                           fg_backend_scan *out, char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    if (!s || !x || !out)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "scan: NULL argument");
+    device_scope scope(s->device);
+    return fg_cuda_scan_matrix(x->data, x->dtype, x->rows, x->cols, x->ld, mask,
+                               reinterpret_cast<fg_cuda_scan *>(out), s->stream, msg, msg_size);
+}
+
+/* ---- the chunk ops --------------------------------------------------------------------- */
+
+/* Rows [r0, r0 + m) of the active list: 0 < m <= chunk_rows, inside n_active. */
+static fg_status check_chunk(const cuda_backend *s, const fg_backend_call *c, int64_t r0,
+                             int64_t m, const char *op, char *msg, size_t msg_size)
+{
+    if (!s || !c)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "%s: NULL argument", op);
+    if (m < 1 || m > c->chunk_rows || r0 < 0 || r0 > c->n_active - m)
+        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
+                    "%s: rows [%lld, %lld + %lld) of %lld active rows, chunks of %lld", op,
+                    (long long)r0, (long long)r0, (long long)m, (long long)c->n_active,
+                    (long long)c->chunk_rows);
+    if (!c->rows || !c->targets)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "%s: rows and targets are required",
+                    op);
+    return FG_OK;
+}
+
+/* hbuf = hidden[rows]; logits = hbuf · Wᵀ (GEMM 1); + bias. */
+static fg_status cuda_logits(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                             size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    fg_status st = check_chunk(s, c, r0, m, "logits", msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    device_scope scope(s->device);
+    /* hbuf [m, H] of in_t, row stride H: GEMM 3 reads it again. */
+    st = fg_cuda_gather_rows(c->hidden.data, c->in_t, c->hidden.rows, c->hidden.ld, c->rows + r0,
+                             m, c->H, c->hbuf, c->H, s->stream, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    const fg_cuda_gemm g = gemm_of(s);
+    st = fg_cuda_gemm_logits(&g, c->in_t, m, c->V, c->H, c->hbuf, c->H, c->weight.data,
+                             c->weight.ld, c->logits, c->logit_t, c->V, msg, msg_size);
+    if (st != FG_OK || !c->bias.data)
+        return st;
+    return fg_cuda_add_bias(c->logits, c->logit_t, m, c->V, c->V, c->bias.data, c->bias.dtype,
+                            s->stream, msg, msg_size);
+}
+
+/* zmax, lsum, entropy, logp of the chunk's rows; bad rows into row_check. */
+static fg_status cuda_stats(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                            size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    fg_status st = check_chunk(s, c, r0, m, "stats", msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    if (!c->row_check)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "stats: row_check is required");
+    device_scope scope(s->device);
+    return fg_cuda_row_stats_forward(c->logits, c->logit_t, m, c->V, c->V, c->inv_temp,
+                                     c->targets + r0, stats_of(c),
+                                     reinterpret_cast<fg_cuda_row_check *>(c->row_check),
+                                     s->stream, msg, msg_size);
+}
+
+/* dlogits from the statistics and g, e; gb_sum += their column sums. */
+static fg_status cuda_backward(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                               char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    fg_status st = check_chunk(s, c, r0, m, "backward", msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    /* In place, each element is read and written by one thread, which needs
+     * the same element size (row_stats.h). */
+    if (c->dlogits == c->logits && c->dlogit_t != c->logit_t)
+        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
+                    "backward: dlogits (%s) in place of logits (%s) of another dtype",
+                    dtype_name(c->dlogit_t), dtype_name(c->logit_t));
+    device_scope scope(s->device);
+    return fg_cuda_row_backward(c->logits, c->logit_t, c->V, c->dlogits, c->dlogit_t, c->V, m,
+                                c->V, c->inv_temp, c->targets + r0, stats_of(c), c->g, c->e,
+                                c->gb_sum, c->scratch, s->stream, msg, msg_size);
+}
+
+/* GEMM 2 into ghbuf, scattered into grad_hidden's rows; GEMM 3 into gw_sum
+ * or grad_weight. */
+static fg_status cuda_grads(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
+                            char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    fg_status st = check_chunk(s, c, r0, m, "grads", msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    device_scope scope(s->device);
+    const fg_cuda_gemm g = gemm_of(s);
+    if (c->grad_hidden.data) {
+        if (!c->ghbuf)
+            return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "grads: ghbuf is required");
+        /* ghbuf [m, H] float32 = dlogits [m, V] · W [V, H] */
+        st = fg_cuda_gemm_grad_hidden(&g, c->in_t, m, c->V, c->H, c->dlogits, c->V,
+                                      c->weight.data, c->weight.ld, c->ghbuf, FG_DTYPE_F32, c->H,
+                                      0.0f, msg, msg_size);
+        if (st == FG_OK)
+            st = fg_cuda_scatter_rows(c->ghbuf, c->H, c->rows + r0, m, c->H, c->grad_hidden.data,
+                                      c->grad_hidden.dtype, c->grad_hidden.rows,
+                                      c->grad_hidden.ld, s->stream, msg, msg_size);
+        if (st != FG_OK)
+            return st;
+    }
+    if (c->grad_weight.data) {
+        /* gw_sum is the call's workspace, never the caller's sums: its first
+         * chunk (r0 == 0) overwrites it whatever `first` says, so it is
+         * never read uninitialized. */
+        const bool overwrite = first || (c->gw_sum && r0 == 0);
+        void *out = c->gw_sum ? static_cast<void *>(c->gw_sum) : c->grad_weight.data;
+        const fg_dtype out_t = c->gw_sum ? FG_DTYPE_F32 : c->grad_weight.dtype;
+        const int64_t ld = c->gw_sum ? c->H : c->grad_weight.ld;
+        /* out [V, H] (+)= dlogits [m, V]ᵀ · hbuf [m, H] */
+        st = fg_cuda_gemm_grad_weight(&g, c->in_t, m, c->V, c->H, c->dlogits, c->V, c->hbuf, c->H,
+                                      out, out_t, ld, overwrite ? 0.0f : 1.0f, msg, msg_size);
+    }
+    return st;
+}
+
+/* After the chunks: grad_weight from gw_sum (or zero), grad_bias from gb_sum,
+ * zero grad_hidden rows at masked tokens. */
+static fg_status cuda_finish(void *be, const fg_backend_call *c, char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    if (!s || !c)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "finish: NULL argument");
+    device_scope scope(s->device);
+    fg_status st = FG_OK;
+    const fg_matrix *gw = &c->grad_weight;
+    if (gw->data && c->n_active == 0 && !c->accumulate)
+        st = fg_cuda_zero_rows(gw->data, gw->dtype, c->V, c->H, gw->ld, NULL, s->stream, msg,
+                               msg_size);
+    else if (gw->data && c->n_active > 0 && c->gw_sum) /* no chunk: gw_sum was never written */
+        st = fg_cuda_store_sums(c->gw_sum, c->H, gw->data, gw->dtype, gw->ld, c->V, c->H,
+                                c->accumulate, s->stream, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    if (c->grad_bias.data) {
+        if (!c->gb_sum)
+            return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
+                        "finish: grad_bias is wanted but gb_sum is NULL");
+        st = fg_cuda_store_sums(c->gb_sum, c->V, c->grad_bias.data, c->grad_bias.dtype, c->V, 1,
+                                c->V, c->accumulate, s->stream, msg, msg_size);
+        if (st != FG_OK)
+            return st;
+    }
+    const fg_matrix *gh = &c->grad_hidden;
+    if (gh->data && c->mask) {
+        if (gh->rows < c->N)
+            return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
+                        "finish: grad_hidden has %lld rows, the mask %lld", (long long)gh->rows,
+                        (long long)c->N);
+        st = fg_cuda_zero_rows(gh->data, gh->dtype, c->N, c->H, gh->ld, c->mask, s->stream, msg,
+                               msg_size);
+    }
+    return st;
+}
+
+/* ---- the ops table and the entry point ------------------------------------------------- */
+
+static fg_backend_ops make_ops(void)
+{
+    fg_backend_ops o = {};
+    o.abi = FG_BACKEND_ABI;
+    o.name = "cuda";
+    o.destroy = cuda_destroy;
+    o.alloc = cuda_alloc;
+    o.release = cuda_release;
+    o.to_host = cuda_to_host;
+    o.to_device = cuda_to_device;
+    o.fill_zero = cuda_fill_zero;
+    o.wait = cuda_wait;
+    o.call_scratch_bytes = cuda_call_scratch_bytes;
+    o.chunk_scratch_bytes = cuda_chunk_scratch_bytes;
+    o.supports = cuda_supports;
+    o.scan = cuda_scan;
+    o.logits = cuda_logits;
+    o.stats = cuda_stats;
+    o.backward = cuda_backward;
+    o.grads = cuda_grads;
+    o.finish = cuda_finish;
+    return o;
+}
+
+static const fg_backend_ops cuda_ops = make_ops();
+
+/* The cuBLASLt handle and workspace, made on the backend's device. */
+static fg_status cuda_open(cuda_backend *s, char *msg, size_t msg_size)
+{
+    device_scope scope(s->device);
+    if (cudaDeviceGetAttribute(&s->pools, cudaDevAttrMemoryPoolsSupported, s->device) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        s->pools = 0;
+    }
+    const cublasStatus_t ls = cublasLtCreate(&s->lt);
+    if (ls != CUBLAS_STATUS_SUCCESS) {
+        s->lt = NULL;
+        return fail(FG_ERR_BACKEND, msg, msg_size, "cuBLASLt: creating the handle: %s",
+                    cublasLtGetStatusName(ls));
+    }
+    s->workspace_bytes = fg_cuda_gemm_workspace_hint();
+    const cudaError_t err = cudaMalloc(&s->workspace, s->workspace_bytes);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        s->workspace = NULL;
+        return fail(FG_ERR_OUT_OF_MEMORY, msg, msg_size,
+                    "CUDA: allocating the cuBLASLt workspace (%zu bytes) on device %d: %s (%s)",
+                    s->workspace_bytes, s->device, cudaGetErrorName(err),
+                    cudaGetErrorString(err));
+    }
+    return FG_OK;
+}
+
+extern "C" __attribute__((visibility("default"))) fg_status
+fg_backend_cuda_create(void *stream, fg_device *out, char *msg, size_t msg_size)
+{
+    if (!out)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "fg_backend_cuda_create: out is NULL");
+    out->ops = NULL;
+    out->state = NULL;
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        return err != cudaSuccess
+                   ? cuda_fail(FG_ERR_UNSUPPORTED, "no usable CUDA device", err, msg, msg_size)
+                   : fail(FG_ERR_UNSUPPORTED, msg, msg_size, "CUDA: no device");
+    }
+    cuda_backend *s = static_cast<cuda_backend *>(calloc(1, sizeof *s));
+    if (!s)
+        return fail(FG_ERR_OUT_OF_MEMORY, msg, msg_size, "cannot allocate the CUDA backend");
+    s->stream = static_cast<cudaStream_t>(stream);
+    fg_status st = FG_OK;
+    /* The stream's device (a caller's stream need not be on the current
+     * device), else the current one. */
+    if (!s->stream || cudaStreamGetDevice(s->stream, &s->device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if ((err = cudaGetDevice(&s->device)) != cudaSuccess)
+            st = cuda_fail(FG_ERR_BACKEND, "the current device", err, msg, msg_size);
+    }
+    if (st == FG_OK)
+        st = cuda_open(s, msg, msg_size);
+    if (st != FG_OK) {
+        cuda_destroy(s);
+        return st;
+    }
+    out->ops = &cuda_ops;
+    out->state = s;
+    return FG_OK;
+}
+
+/* The entry point has the type the loader casts it to. */
+static_assert(std::is_same<decltype(&fg_backend_cuda_create), fg_backend_create_fn>::value,
+              "fg_backend_cuda_create matches fg_backend_create_fn");

@@ -1,0 +1,907 @@
+/* The C API's CUDA path (FG_BACKEND_CUDA) against its CPU path.
+ *
+ * Without a CUDA device: fg_context_create with FG_BACKEND_CUDA must refuse
+ * with FG_ERR_UNSUPPORTED (the backend library loads, finds no device, and
+ * says so); then "skipped: <reason>" and exit 77. With one:
+ *
+ *   - A random LM-head problem of odd sizes (B = 3, T = 37, H = 96, V = 1031;
+ *     a third of the tokens masked, their ids out of range on purpose; hidden
+ *     and weight rows padded with NaN that must never be read), the same
+ *     inputs on the host and, copied with cudaMalloc/cudaMemcpy, on the
+ *     device: hidden, weight, bias, every fg_batch array, and every output.
+ *   - fg_linear_grpo on a CUDA context (its own non-blocking stream) against
+ *     the CPU context on the host copies: every loss type, both levels,
+ *     fused with a small budget (several chunks; a bf16 grad_weight summed
+ *     in float32, found with the plan query) and materialized; float32
+ *     inputs with float32 gradients, bf16 inputs with bf16 gradients (and
+ *     once with float32 gradients, once at the least budget, where a bf16
+ *     grad_weight is summed in place); accumulate = 1 once per input dtype
+ *     (and in place); fg_linear_logprobs once per dtype. The status must match; on success
+ *     loss, metrics, logp, entropy and the gradients must agree within the
+ *     tolerances below, masked tokens' logp/entropy and grad_hidden rows be
+ *     exact zeros, and grad_hidden's padding columns untouched.
+ *   - Refusals: an unmasked token id = V (FG_ERR_TOKEN_OUT_OF_RANGE) and a
+ *     NaN in an unmasked hidden row (FG_ERR_NONFINITE_INPUT), fused and
+ *     materialized, accumulating or not: the same status as the CPU and every
+ *     device output (and loss, metrics) bitwise unchanged. A NaN in a masked
+ *     hidden row is not read: the call succeeds and matches the CPU's.
+ *
+ * The CPU path is the reference (CI checks it against the float64 oracle).
+ * Each check prints its worst error as a fraction of its tolerance.
+ *
+ * Tolerances (|got − want| <= tol per value; M = max |want| over the array):
+ *   loss, metrics:       1e-4 · (1 + |want|). Both paths take the same float32
+ *                        logp into the same host loss code; what differs is
+ *                        the logits' summation order (~1e-6 relative).
+ *   logp, entropy:       2e-5 · (1 + |want|): the float32 logits of two GEMMs
+ *                        summing H = 96 products in different orders.
+ *   gradients, float32 inputs (true float32 on both, no TF32):
+ *                        1e-4 · |want| + 2e-5 · M.
+ *   gradients, bf16 inputs: 2^-7 · |want| + 2^-7 · M. The GPU's backward
+ *                        products run on tensor cores with dlogits rounded to
+ *                        bf16 (2^-9 relative each; the CPU rounds them too only
+ *                        where it has bf16 kernels), float32 accumulation, and
+ *                        bf16 outputs are rounded once more on each side
+ *                        (2^-9 |want| each).
+ * Clip metrics count tokens: a token whose log-ratio sat within float error of
+ * a clip bound could count on one side only; the test prints the smallest
+ * distance of any token's log-ratio to the default bounds so that such a
+ * failure is recognized (the seeds are fixed). */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "fusedgrpo.h"
+
+static int checks_run, checks_failed;
+
+#include "cuda_ok.h"
+
+static void check_true(const char *what, bool ok)
+{
+    checks_run++;
+    checks_failed += !ok;
+    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+}
+
+/* ---- problem sizes and tolerances ------------------------------------------------- */
+
+enum { B = 3, T = 37, H = 96, V = 1031, N = B * T };
+static const int64_t LDH = H + 8;  /* hidden and weight rows: 8 NaN columns each */
+static const int64_t LDGH = H + 4; /* grad_hidden: 4 padding columns, untouched  */
+static const int64_t LDGW = H + 8; /* grad_weight                                */
+static const double TEMPERATURE = 0.9;
+
+struct Tol {
+    double rel, abs_of_max;
+};
+static const Tol TOL_SCALAR = {1e-4, 0};       /* loss, metrics: · (1 + |want|) */
+static const Tol TOL_TOKEN = {2e-5, 0};        /* logp, entropy: · (1 + |want|) */
+static const Tol TOL_GRAD_F32 = {1e-4, 2e-5};  /* · |want| + · M                */
+static const Tol TOL_GRAD_BF16 = {0x1p-7, 0x1p-7};
+
+/* ---- host helpers ----------------------------------------------------------------- */
+
+static uint64_t rng_state;
+static double uniform(void) /* [0, 1), splitmix64 */
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+}
+static double normal(void)
+{
+    const double u = uniform(), v = uniform();
+    return sqrt(-2.0 * log(1.0 - u)) * cos(6.283185307179586 * v);
+}
+
+static size_t dsize(fg_dtype t) { return t == FG_DTYPE_BF16 ? 2 : 4; }
+static const char *dname(fg_dtype t) { return t == FG_DTYPE_BF16 ? "bf16" : "f32"; }
+
+static double load(const std::vector<unsigned char> &b, fg_dtype t, size_t i)
+{
+    if (t == FG_DTYPE_BF16) {
+        uint16_t h;
+        memcpy(&h, &b[2 * i], 2);
+        return fg_bf16_to_f32(h);
+    }
+    float f;
+    memcpy(&f, &b[4 * i], 4);
+    return f;
+}
+static void store(std::vector<unsigned char> &b, fg_dtype t, size_t i, double v)
+{
+    if (t == FG_DTYPE_BF16) {
+        const uint16_t h = fg_f32_to_bf16((float)v);
+        memcpy(&b[2 * i], &h, 2);
+    } else {
+        const float f = (float)v;
+        memcpy(&b[4 * i], &f, 4);
+    }
+}
+
+/* cudaMemcpy from pageable memory may return before the bytes reach the
+ * device, and the CUDA context's stream is non-blocking (not ordered after
+ * the legacy stream): every upload waits for the device. */
+static void upload(void *dst, const void *host, size_t bytes)
+{
+    CUDA_OK(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());
+}
+
+template <typename T> static T *device_copy(const T *host, size_t n)
+{
+    T *d = NULL;
+    CUDA_OK(cudaMalloc(&d, n * sizeof(T) + 1)); /* + 1: never a zero-byte allocation */
+    if (n)
+        upload(d, host, n * sizeof(T));
+    return d;
+}
+template <typename T> static std::vector<T> host_copy(const T *d, size_t n)
+{
+    std::vector<T> v(n);
+    if (n)
+        CUDA_OK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+/* ---- the problem -------------------------------------------------------------------- */
+
+struct Problem {
+    fg_dtype dtype;
+    std::vector<unsigned char> hidden, weight, bias; /* stored, rows LDH apart */
+    std::vector<int64_t> tokens;
+    std::vector<uint8_t> mask;
+    std::vector<float> adv, old_logp, ref_logp, is_ratio;
+};
+
+/* The same values before rounding for both dtypes (one seed). */
+static Problem problem_make(fg_dtype dtype)
+{
+    Problem p;
+    p.dtype = dtype;
+    rng_state = 20240917;
+    const size_t es = dsize(dtype);
+    p.hidden.assign((size_t)N * LDH * es, 0xff); /* padding: NaN in both dtypes */
+    p.weight.assign((size_t)V * LDH * es, 0xff);
+    p.bias.assign((size_t)V * es, 0);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < H; k++)
+            store(p.hidden, dtype, (size_t)(n * LDH + k), normal());
+    const double ws = 3.0 / sqrt((double)H); /* logits of a few units */
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t k = 0; k < H; k++)
+            store(p.weight, dtype, (size_t)(v * LDH + k), ws * normal());
+    for (int64_t v = 0; v < V; v++)
+        store(p.bias, dtype, (size_t)v, 0.5 * normal());
+    /* Completions of lengths T, 25 and 12 (right padding), two holes in the
+     * first: 72 of 111 tokens unmasked. Masked ids are out of range. */
+    const int64_t len[B] = {T, 25, 12};
+    p.tokens.resize(N);
+    p.mask.resize(N);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t n = b * T + t;
+            p.mask[n] = t < len[b] && !(b == 0 && (t == 5 || t == 6));
+            p.tokens[n] = p.mask[n] ? (int64_t)(uniform() * V) % V : (n % 2 ? V + 11 : -7);
+        }
+    p.adv = {0.8f, -1.1f, 0.5f};
+    p.old_logp.assign(N, -1e30f); /* hostile where masked: never read */
+    p.ref_logp.assign(N, -1e30f);
+    p.is_ratio.assign(N, 1e30f);
+    return p;
+}
+
+static fg_linear_inputs host_inputs(Problem &p)
+{
+    fg_linear_inputs in;
+    memset(&in, 0, sizeof in);
+    in.hidden = {p.hidden.data(), p.dtype, N, H, LDH};
+    in.weight = {p.weight.data(), p.dtype, V, H, LDH};
+    in.bias = {p.bias.data(), p.dtype, V};
+    return in;
+}
+
+static fg_batch host_batch(Problem &p)
+{
+    fg_batch b;
+    memset(&b, 0, sizeof b);
+    b.batch = B;
+    b.seq_len = T;
+    b.token_ids = p.tokens.data();
+    b.mask = p.mask.data();
+    b.advantages = p.adv.data();
+    b.old_logp = p.old_logp.data();
+    b.ref_logp = p.ref_logp.data();
+    b.is_ratio = p.is_ratio.data();
+    return b;
+}
+
+/* old_logp, ref_logp, is_ratio around the CPU's own log-probs, so that the
+ * ratios straddle the clip bounds. */
+static void fill_logp(fg_context *cpu, Problem &p)
+{
+    std::vector<float> logp(N);
+    fg_linear_inputs in = host_inputs(p);
+    const fg_tokens tok = {B, T, p.tokens.data(), p.mask.data()};
+    const fg_status st = fg_linear_logprobs(cpu, NULL, TEMPERATURE, &in, &tok, logp.data(), NULL,
+                                            NULL);
+    if (st != FG_OK) {
+        printf("FAIL the CPU's log-probs: %s\n", fg_last_error(cpu));
+        exit(1);
+    }
+    double closest = INFINITY; /* to log(1 ± 0.2), the default clip bounds */
+    for (int64_t n = 0; n < N; n++) {
+        if (!p.mask[n])
+            continue;
+        p.old_logp[n] = logp[n] + (float)(0.25 * normal());
+        p.ref_logp[n] = logp[n] + (float)(0.2 * normal());
+        p.is_ratio[n] = (float)(0.5 + uniform());
+        const double r = (double)logp[n] - p.old_logp[n];
+        closest = fmin(closest, fmin(fabs(r - log(1.2)), fabs(r - log(0.8))));
+    }
+    printf("     %s: the closest token log-ratio to a default clip bound is %.3g away\n",
+           dname(p.dtype), closest);
+}
+
+/* The problem's arrays in device memory. */
+struct DeviceProblem {
+    void *hidden, *weight, *bias;
+    int64_t *tokens;
+    uint8_t *mask;
+    float *adv, *old_logp, *ref_logp, *is_ratio;
+};
+
+static DeviceProblem device_problem(const Problem &p)
+{
+    DeviceProblem d;
+    d.hidden = device_copy(p.hidden.data(), p.hidden.size());
+    d.weight = device_copy(p.weight.data(), p.weight.size());
+    d.bias = device_copy(p.bias.data(), p.bias.size());
+    d.tokens = device_copy(p.tokens.data(), p.tokens.size());
+    d.mask = device_copy(p.mask.data(), p.mask.size());
+    d.adv = device_copy(p.adv.data(), p.adv.size());
+    d.old_logp = device_copy(p.old_logp.data(), p.old_logp.size());
+    d.ref_logp = device_copy(p.ref_logp.data(), p.ref_logp.size());
+    d.is_ratio = device_copy(p.is_ratio.data(), p.is_ratio.size());
+    return d;
+}
+
+static void device_problem_free(DeviceProblem &d)
+{
+    void *all[9] = {d.hidden, d.weight, d.bias, d.tokens, d.mask, d.adv,
+                    d.old_logp, d.ref_logp, d.is_ratio};
+    for (void *q : all)
+        CUDA_OK(cudaFree(q));
+}
+
+static fg_linear_inputs device_inputs(const DeviceProblem &d, fg_dtype t)
+{
+    fg_linear_inputs in;
+    memset(&in, 0, sizeof in);
+    in.hidden = {d.hidden, t, N, H, LDH};
+    in.weight = {d.weight, t, V, H, LDH};
+    in.bias = {d.bias, t, V};
+    return in;
+}
+
+static fg_batch device_batch(const DeviceProblem &d)
+{
+    fg_batch b;
+    memset(&b, 0, sizeof b);
+    b.batch = B;
+    b.seq_len = T;
+    b.token_ids = d.tokens;
+    b.mask = d.mask;
+    b.advantages = d.adv;
+    b.old_logp = d.old_logp;
+    b.ref_logp = d.ref_logp;
+    b.is_ratio = d.is_ratio;
+    return b;
+}
+
+/* ---- outputs ---------------------------------------------------------------------- */
+
+/* Host copies of a call's outputs. */
+struct Outputs {
+    fg_dtype gdt;
+    double loss;
+    fg_metrics metrics;
+    std::vector<float> logp, entropy;
+    std::vector<unsigned char> gh, gw, gb; /* [N, LDGH], [V, LDGW], [V] of gdt */
+};
+
+/* Earlier contents, finite and distinct: what an accumulating caller holds,
+ * scaled by `scale`; the non-accumulating calls must overwrite them. */
+static Outputs outputs_make(fg_dtype gdt, double scale)
+{
+    Outputs o;
+    o.gdt = gdt;
+    o.loss = 12.5;
+    memset(&o.metrics, 0x5a, sizeof o.metrics);
+    o.logp.resize(N);
+    o.entropy.resize(N);
+    for (int64_t n = 0; n < N; n++)
+        o.logp[n] = o.entropy[n] = -1.0f - (float)n;
+    o.gh.resize((size_t)N * LDGH * dsize(gdt));
+    o.gw.resize((size_t)V * LDGW * dsize(gdt));
+    o.gb.resize((size_t)V * dsize(gdt));
+    for (size_t i = 0; i < (size_t)N * LDGH; i++)
+        store(o.gh, gdt, i, scale * (0.5 * (double)(i % 5) - 1.0));
+    for (size_t i = 0; i < (size_t)V * LDGW; i++)
+        store(o.gw, gdt, i, scale * (0.125 * (double)(i % 13) - 0.75) / 0.75);
+    for (size_t i = 0; i < (size_t)V; i++)
+        store(o.gb, gdt, i, scale * (0.25 * (double)(i % 7) - 0.75) / 0.75);
+    return o;
+}
+
+static fg_linear_outputs outputs_view(Outputs &o, int accumulate)
+{
+    fg_linear_outputs out;
+    memset(&out, 0, sizeof out);
+    out.loss = o.loss;
+    out.metrics = o.metrics;
+    out.logp = o.logp.data();
+    out.entropy = o.entropy.data();
+    out.grad_hidden = {o.gh.data(), o.gdt, N, H, LDGH};
+    out.grad_weight = {o.gw.data(), o.gdt, V, H, LDGW};
+    out.grad_bias = {o.gb.data(), o.gdt, V};
+    out.accumulate = accumulate;
+    return out;
+}
+
+/* The same outputs in device memory. */
+struct DeviceOutputs {
+    fg_dtype gdt;
+    float *logp, *entropy;
+    unsigned char *gh, *gw, *gb;
+    size_t gh_bytes, gw_bytes, gb_bytes;
+};
+
+static DeviceOutputs device_outputs(const Outputs &o)
+{
+    DeviceOutputs d;
+    d.gdt = o.gdt;
+    d.logp = device_copy(o.logp.data(), o.logp.size());
+    d.entropy = device_copy(o.entropy.data(), o.entropy.size());
+    d.gh = device_copy(o.gh.data(), o.gh.size());
+    d.gw = device_copy(o.gw.data(), o.gw.size());
+    d.gb = device_copy(o.gb.data(), o.gb.size());
+    d.gh_bytes = o.gh.size();
+    d.gw_bytes = o.gw.size();
+    d.gb_bytes = o.gb.size();
+    return d;
+}
+
+static void device_outputs_free(DeviceOutputs &d)
+{
+    void *all[5] = {d.logp, d.entropy, d.gh, d.gw, d.gb};
+    for (void *q : all)
+        CUDA_OK(cudaFree(q));
+}
+
+static fg_linear_outputs device_view(const DeviceOutputs &d, const Outputs &host_fields,
+                                     int accumulate)
+{
+    fg_linear_outputs out;
+    memset(&out, 0, sizeof out);
+    out.loss = host_fields.loss;
+    out.metrics = host_fields.metrics;
+    out.logp = d.logp;
+    out.entropy = d.entropy;
+    out.grad_hidden = {d.gh, d.gdt, N, H, LDGH};
+    out.grad_weight = {d.gw, d.gdt, V, H, LDGW};
+    out.grad_bias = {d.gb, d.gdt, V};
+    out.accumulate = accumulate;
+    return out;
+}
+
+/* The device outputs, and the host fields of `out`, as host copies. */
+static Outputs outputs_read(const DeviceOutputs &d, const fg_linear_outputs &out)
+{
+    Outputs o;
+    o.gdt = d.gdt;
+    o.loss = out.loss;
+    o.metrics = out.metrics;
+    o.logp = host_copy(d.logp, N);
+    o.entropy = host_copy(d.entropy, N);
+    o.gh = host_copy(d.gh, d.gh_bytes);
+    o.gw = host_copy(d.gw, d.gw_bytes);
+    o.gb = host_copy(d.gb, d.gb_bytes);
+    return o;
+}
+
+static bool outputs_same(const Outputs &a, const Outputs &b)
+{
+    return memcmp(&a.loss, &b.loss, sizeof a.loss) == 0 &&
+           memcmp(&a.metrics, &b.metrics, sizeof a.metrics) == 0 && a.logp == b.logp &&
+           a.entropy == b.entropy && a.gh == b.gh && a.gw == b.gw && a.gb == b.gb;
+}
+
+/* ---- comparisons ---------------------------------------------------------------------- */
+
+/* The worst |got − want| / tol of one quantity. */
+struct Worst {
+    double ratio = 0, got = 0, want = 0;
+    size_t at = 0;
+};
+
+static void consider(Worst &w, size_t i, double got, double want, double tol)
+{
+    double r;
+    if (isnan(got) || isnan(want))
+        r = isnan(got) && isnan(want) ? 0 : INFINITY;
+    else
+        r = fabs(got - want) / fmax(tol, 1e-300);
+    if (r > w.ratio || (w.ratio == 0 && i == 0)) {
+        w.ratio = r;
+        w.at = i;
+        w.got = got;
+        w.want = want;
+    }
+}
+
+static void scalar(Worst &w, size_t i, double got, double want, Tol t)
+{
+    consider(w, i, got, want, t.rel * (1 + fabs(want)));
+}
+
+/* Element (r, c < cols) of a [rows, ld] array of dtype t. */
+static Worst compare_matrix(const std::vector<unsigned char> &got,
+                            const std::vector<unsigned char> &want, fg_dtype t, int64_t rows,
+                            int64_t cols, int64_t ld, Tol tol)
+{
+    double M = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            M = fmax(M, fabs(load(want, t, (size_t)(r * ld + c))));
+    Worst w;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            const size_t i = (size_t)(r * ld + c);
+            const double g = load(got, t, i), x = load(want, t, i);
+            consider(w, i, g, x, tol.rel * fabs(x) + tol.abs_of_max * M);
+        }
+    return w;
+}
+
+/* One call's results against the CPU's; prints one line of worst fractions
+ * (and the offending value of any over 1). */
+static void compare_outputs(const char *label, const Outputs &got, const Outputs &want,
+                            const Outputs &before, const Problem &p, bool grads)
+{
+    Worst loss, tok[2];
+    scalar(loss, 0, got.loss, want.loss, TOL_SCALAR);
+    const double *gm = &got.metrics.kl, *wm = &want.metrics.kl;
+    for (size_t i = 0; i < sizeof(fg_metrics) / sizeof(double); i++)
+        scalar(loss, i + 1, gm[i], wm[i], TOL_SCALAR);
+    for (int64_t n = 0; n < N; n++) {
+        scalar(tok[0], (size_t)n, got.logp[n], want.logp[n], TOL_TOKEN);
+        scalar(tok[1], (size_t)n, got.entropy[n], want.entropy[n], TOL_TOKEN);
+    }
+    Worst gr[3];
+    const Tol gt = p.dtype == FG_DTYPE_BF16 ? TOL_GRAD_BF16 : TOL_GRAD_F32;
+    bool zeros = true, padding = true;
+    if (grads) {
+        gr[0] = compare_matrix(got.gh, want.gh, got.gdt, N, H, LDGH, gt);
+        gr[1] = compare_matrix(got.gw, want.gw, got.gdt, V, H, LDGW, gt);
+        gr[2] = compare_matrix(got.gb, want.gb, got.gdt, 1, V, V, gt);
+        const size_t es = dsize(got.gdt);
+        for (int64_t n = 0; n < N; n++) {
+            const unsigned char *row = &got.gh[(size_t)(n * LDGH) * es];
+            if (!p.mask[n])
+                for (size_t b = 0; b < (size_t)H * es; b++)
+                    zeros = zeros && row[b] == 0;
+            padding = padding && memcmp(row + H * es, &before.gh[(size_t)(n * LDGH + H) * es],
+                                        (size_t)(LDGH - H) * es) == 0;
+        }
+        for (int64_t v = 0; v < V; v++)
+            padding = padding && memcmp(&got.gw[(size_t)(v * LDGW + H) * es],
+                                        &before.gw[(size_t)(v * LDGW + H) * es],
+                                        (size_t)(LDGW - H) * es) == 0;
+    }
+    for (int64_t n = 0; n < N; n++)
+        if (!p.mask[n])
+            zeros = zeros && got.logp[n] == 0 && got.entropy[n] == 0;
+    const Worst *all[6] = {&loss, &tok[0], &tok[1], &gr[0], &gr[1], &gr[2]};
+    const char *names[6] = {"loss/metrics", "logp", "entropy", "grad_hidden", "grad_weight",
+                            "grad_bias"};
+    bool bad = !zeros || !padding;
+    for (int i = 0; i < 6; i++)
+        bad = bad || !(all[i]->ratio <= 1);
+    checks_run++;
+    checks_failed += bad;
+    printf("%s %-40s loss %.3f logp %.3f ent %.3f", bad ? "FAIL" : "ok  ", label, loss.ratio,
+           tok[0].ratio, tok[1].ratio);
+    if (grads)
+        printf(" gh %.3f gw %.3f gb %.3f", gr[0].ratio, gr[1].ratio, gr[2].ratio);
+    printf(" of tol\n");
+    for (int i = 0; i < 6; i++)
+        if (!(all[i]->ratio <= 1))
+            printf("       %s: at %zu got %.9g want %.9g (%.3g of tol)\n", names[i], all[i]->at,
+                   all[i]->got, all[i]->want, all[i]->ratio);
+    if (!zeros)
+        printf("       masked tokens: logp/entropy or grad_hidden rows are not exact zeros\n");
+    if (!padding)
+        printf("       padding columns of grad_hidden / grad_weight were written\n");
+}
+
+/* ---- the calls ------------------------------------------------------------------------ */
+
+struct Contexts {
+    fg_context *cpu, *gpu;
+    cudaStream_t stream;
+};
+
+static fg_loss_config config(int loss, int level)
+{
+    fg_loss_config c;
+    fg_loss_config_init(&c);
+    c.loss_type = (fg_loss_type)loss;
+    c.importance_sampling_level = (fg_is_level)level;
+    c.temperature = TEMPERATURE;
+    c.beta = 0.04;
+    c.entropy_coef = 0.01;
+    return c;
+}
+
+static fg_linear_options options(fg_impl impl)
+{
+    fg_linear_options o;
+    memset(&o, 0, sizeof o);
+    o.impl = impl;
+    return o;
+}
+
+/* A fused call's budget, its chunks, and whether a bf16 grad_weight is
+ * summed in the float32 buffer (else in place, rounded per chunk). */
+struct Budget {
+    size_t bytes;
+    int64_t chunks;
+    bool sums;
+};
+
+/* The least budget (grown from the least that runs, by the plan query) that
+ * gives the CUDA context's fused call at most 6 chunks and, with
+ * `want_sums`, a bf16 grad_weight's float32 sums. */
+static Budget fused_budget(const Contexts &cx, const DeviceProblem &d, fg_dtype in_t,
+                           const DeviceOutputs &dout, const Outputs &fields, bool want_sums)
+{
+    const fg_loss_config cfg = config(FG_LOSS_GRPO, FG_LEVEL_TOKEN);
+    const fg_linear_options o = options(FG_IMPL_FUSED);
+    const fg_linear_inputs in = device_inputs(d, in_t);
+    const fg_batch b = device_batch(d);
+    const fg_linear_outputs out = device_view(dout, fields, 0);
+    fg_linear_plan_info info;
+    fg_status st = fg_linear_grpo_plan(cx.gpu, &o, &cfg, &in, &b, &out, NULL, &info);
+    if (st != FG_OK) {
+        printf("FAIL the CUDA plan query: %s: %s\n", fg_status_name(st), fg_last_error(cx.gpu));
+        exit(1);
+    }
+    const bool bf16_gw = dout.gdt == FG_DTYPE_BF16;
+    const size_t step = (size_t)V * 8 + (size_t)H * 16 + 256; /* about a row */
+    Budget r = {info.min_budget_bytes, 0, false};
+    for (int i = 0; i < 4000; i++, r.bytes += step) {
+        fg_exec e;
+        fg_exec_init(&e);
+        e.memory_budget = r.bytes;
+        st = fg_linear_grpo_plan(cx.gpu, &o, &cfg, &in, &b, &out, &e, &info);
+        if (st == FG_OK && info.chunks <= 6 &&
+            (!want_sums || !bf16_gw || info.grad_weight_sum_bytes > 0))
+            break;
+    }
+    r.chunks = info.chunks;
+    r.sums = info.grad_weight_sum_bytes > 0;
+    return r;
+}
+
+/* " (k chunks ...)" for a label. */
+static void budget_note(char *label, size_t size, const Budget &bu, fg_dtype gdt)
+{
+    const size_t len = strlen(label);
+    snprintf(label + len, size - len, " (%lld chunks%s)", (long long)bu.chunks,
+             gdt != FG_DTYPE_BF16 ? ""
+             : bu.sums           ? ", f32 grad_weight sums"
+                                 : ", grad_weight summed in bf16");
+}
+
+/* fg_linear_grpo on both contexts from the same earlier outputs; returns the
+ * CPU's status, writes both results. */
+static void run_pair(const Contexts &cx, Problem &p, const DeviceProblem &d, fg_impl impl,
+                     size_t budget, const fg_loss_config &cfg, const Outputs &before,
+                     int accumulate, fg_status *st_cpu, fg_status *st_gpu, Outputs *cpu_out,
+                     Outputs *gpu_out)
+{
+    const fg_linear_options o = options(impl);
+    fg_exec e;
+    fg_exec_init(&e);
+    e.memory_budget = budget;
+
+    *cpu_out = before;
+    fg_linear_inputs hin = host_inputs(p);
+    const fg_batch hb = host_batch(p);
+    fg_linear_outputs hout = outputs_view(*cpu_out, accumulate);
+    *st_cpu = fg_linear_grpo(cx.cpu, &o, &cfg, &hin, &hb, &hout, NULL);
+    cpu_out->loss = hout.loss;
+    cpu_out->metrics = hout.metrics;
+
+    DeviceOutputs dout = device_outputs(before);
+    const fg_linear_inputs din = device_inputs(d, p.dtype);
+    const fg_batch db = device_batch(d);
+    fg_linear_outputs gout = device_view(dout, before, accumulate);
+    *st_gpu = fg_linear_grpo(cx.gpu, &o, &cfg, &din, &db, &gout, impl == FG_IMPL_FUSED ? &e : NULL);
+    CUDA_OK(cudaStreamSynchronize(cx.stream));
+    *gpu_out = outputs_read(dout, gout);
+    device_outputs_free(dout);
+}
+
+/* Every loss type and level (or GRPO token-level only), one impl, against
+ * the CPU; bu NULL: materialized. */
+static void test_losses(const Contexts &cx, Problem &p, const DeviceProblem &d, const Budget *bu,
+                        fg_dtype gdt, bool all_losses)
+{
+    const fg_impl impl = bu ? FG_IMPL_FUSED : FG_IMPL_MATERIALIZED;
+    const Outputs before = outputs_make(gdt, 1.0);
+    for (int loss = 0; loss < (all_losses ? (int)FG_LOSS_TYPE_COUNT : 1); loss++)
+        for (int level = 0; level < (all_losses ? (int)FG_LEVEL_COUNT : 1); level++) {
+            const fg_loss_config cfg = config(loss, level);
+            fg_status sc, sg;
+            Outputs co, go;
+            run_pair(cx, p, d, impl, bu ? bu->bytes : 0, cfg, before, 0, &sc, &sg, &co, &go);
+            char label[160];
+            snprintf(label, sizeof label, "%s->%s %s %s/%s", dname(p.dtype), dname(gdt),
+                     bu ? "fused" : "materialized", fg_loss_type_name((fg_loss_type)loss),
+                     fg_is_level_name((fg_is_level)level));
+            if (bu)
+                budget_note(label, sizeof label, *bu, gdt);
+            if (sc != FG_OK || sg != FG_OK) {
+                char what[512];
+                snprintf(what, sizeof what, "%s: statuses CPU %s, CUDA %s (%s)", label,
+                         fg_status_name(sc), fg_status_name(sg),
+                         sg != FG_OK ? fg_last_error(cx.gpu) : fg_last_error(cx.cpu));
+                check_true(what, sc == sg);
+                continue;
+            }
+            compare_outputs(label, go, co, before, p, true);
+        }
+}
+
+/* accumulate = 1 onto earlier sums of the gradients' own size. */
+static void test_accumulate(const Contexts &cx, Problem &p, const DeviceProblem &d,
+                            const Budget &bu, fg_dtype gdt)
+{
+    const fg_loss_config cfg = config(FG_LOSS_DAPO, FG_LEVEL_TOKEN);
+    fg_status sc, sg;
+    Outputs co, go;
+    run_pair(cx, p, d, FG_IMPL_FUSED, bu.bytes, cfg, outputs_make(gdt, 1.0), 0, &sc, &sg, &co,
+             &go);
+    double M = 0;
+    for (size_t i = 0; i < (size_t)V * LDGW; i++)
+        M = fmax(M, fabs(load(co.gw, gdt, i)));
+    const Outputs before = outputs_make(gdt, M > 0 ? M : 1.0);
+    run_pair(cx, p, d, FG_IMPL_FUSED, bu.bytes, cfg, before, 1, &sc, &sg, &co, &go);
+    char label[160];
+    snprintf(label, sizeof label, "%s->%s fused dapo/token accumulate", dname(p.dtype),
+             dname(gdt));
+    budget_note(label, sizeof label, bu, gdt);
+    if (sc != FG_OK || sg != FG_OK) {
+        char what[512];
+        snprintf(what, sizeof what, "%s: statuses CPU %s, CUDA %s (%s)", label,
+                 fg_status_name(sc), fg_status_name(sg), fg_last_error(cx.gpu));
+        check_true(what, false);
+        return;
+    }
+    compare_outputs(label, go, co, before, p, true);
+}
+
+/* fg_linear_logprobs: logp and entropy alone. */
+static void test_logprobs(const Contexts &cx, Problem &p, const DeviceProblem &d)
+{
+    std::vector<float> cl(N, 7.0f), ce(N, 7.0f);
+    float *dl = device_copy(cl.data(), N), *de = device_copy(ce.data(), N); /* 7: unwritten */
+    fg_linear_inputs hin = host_inputs(p);
+    const fg_tokens ht = {B, T, p.tokens.data(), p.mask.data()};
+    const fg_status sc =
+        fg_linear_logprobs(cx.cpu, NULL, TEMPERATURE, &hin, &ht, cl.data(), ce.data(), NULL);
+    const fg_linear_inputs din = device_inputs(d, p.dtype);
+    const fg_tokens dt = {B, T, d.tokens, d.mask};
+    const fg_status sg = fg_linear_logprobs(cx.gpu, NULL, TEMPERATURE, &din, &dt, dl, de, NULL);
+    CUDA_OK(cudaStreamSynchronize(cx.stream));
+    const std::vector<float> gl = host_copy(dl, N), ge = host_copy(de, N);
+    CUDA_OK(cudaFree(dl));
+    CUDA_OK(cudaFree(de));
+    char label[160];
+    snprintf(label, sizeof label, "%s fg_linear_logprobs", dname(p.dtype));
+    if (sc != FG_OK || sg != FG_OK) {
+        char what[512];
+        snprintf(what, sizeof what, "%s: statuses CPU %s, CUDA %s (%s)", label,
+                 fg_status_name(sc), fg_status_name(sg), fg_last_error(cx.gpu));
+        check_true(what, false);
+        return;
+    }
+    Worst w[2];
+    for (int64_t n = 0; n < N; n++) {
+        scalar(w[0], (size_t)n, gl[n], cl[n], TOL_TOKEN);
+        scalar(w[1], (size_t)n, ge[n], ce[n], TOL_TOKEN);
+    }
+    const bool bad = !(w[0].ratio <= 1 && w[1].ratio <= 1);
+    checks_run++;
+    checks_failed += bad;
+    printf("%s %-40s logp %.3f ent %.3f of tol\n", bad ? "FAIL" : "ok  ", label, w[0].ratio,
+           w[1].ratio);
+}
+
+/* ---- refusals ------------------------------------------------------------------------- */
+
+/* One refused call: the CPU's status and the CUDA context's, every device
+ * output (and loss, metrics) bitwise unchanged. */
+static void refused(const Contexts &cx, Problem &p, const DeviceProblem &d, fg_impl impl,
+                    size_t budget, int accumulate, fg_status want, const char *what)
+{
+    const fg_loss_config cfg = config(FG_LOSS_DAPO, FG_LEVEL_TOKEN);
+    const Outputs before = outputs_make(p.dtype, 1.0);
+    fg_status sc, sg;
+    Outputs co, go;
+    run_pair(cx, p, d, impl, budget, cfg, before, accumulate, &sc, &sg, &co, &go);
+    char label[512];
+    snprintf(label, sizeof label, "%s %s%s: %s: CPU %s, CUDA %s (%s)", dname(p.dtype),
+             impl == FG_IMPL_FUSED ? "fused" : "materialized", accumulate ? " accumulate" : "",
+             what, fg_status_name(sc), fg_status_name(sg), fg_last_error(cx.gpu));
+    check_true(label, sc == want && sg == want);
+    check_true("     every output unchanged", outputs_same(go, before));
+}
+
+static void test_refusals(const Contexts &cx, Problem &p, DeviceProblem &d, size_t budget)
+{
+    /* The last unmasked token: in the last chunk. */
+    int64_t last = N - 1, masked = -1;
+    while (!p.mask[last])
+        last--;
+    for (int64_t n = 0; n < N && masked < 0; n++)
+        if (!p.mask[n])
+            masked = n;
+    const fg_impl impls[2] = {FG_IMPL_FUSED, FG_IMPL_MATERIALIZED};
+
+    /* An unmasked id = V. */
+    const int64_t id = p.tokens[last];
+    p.tokens[last] = V;
+    upload(d.tokens + last, &p.tokens[last], sizeof(int64_t));
+    for (fg_impl impl : impls)
+        for (int acc = 0; acc < 2; acc++)
+            refused(cx, p, d, impl, budget, acc, FG_ERR_TOKEN_OUT_OF_RANGE, "token id = V");
+    p.tokens[last] = id;
+    upload(d.tokens + last, &id, sizeof(int64_t));
+
+    /* A NaN in an unmasked hidden row (its last column), then in a masked one. */
+    const size_t es = dsize(p.dtype);
+    for (int pass = 0; pass < 2; pass++) {
+        const int64_t row = pass == 0 ? last : masked;
+        const size_t at = (size_t)(row * LDH + H - 1) * es;
+        std::vector<unsigned char> keep(p.hidden.begin() + at, p.hidden.begin() + at + es);
+        store(p.hidden, p.dtype, (size_t)(row * LDH + H - 1), NAN);
+        unsigned char *dh = static_cast<unsigned char *>(d.hidden);
+        upload(dh + at, &p.hidden[at], es);
+        if (pass == 0) {
+            for (fg_impl impl : impls)
+                for (int acc = 0; acc < 2; acc++)
+                    refused(cx, p, d, impl, budget, acc, FG_ERR_NONFINITE_INPUT,
+                            "NaN in an unmasked hidden row");
+        } else {
+            fg_status sc, sg;
+            Outputs co, go;
+            const Outputs before = outputs_make(p.dtype, 1.0);
+            run_pair(cx, p, d, FG_IMPL_FUSED, budget, config(FG_LOSS_DAPO, FG_LEVEL_TOKEN),
+                     before, 0, &sc, &sg, &co, &go);
+            char label[256];
+            snprintf(label, sizeof label, "%s NaN in a masked hidden row: CPU %s, CUDA %s",
+                     dname(p.dtype), fg_status_name(sc), fg_status_name(sg));
+            check_true(label, sc == FG_OK && sg == FG_OK);
+            if (sc == FG_OK && sg == FG_OK)
+                compare_outputs("     ... and the same results", go, co, before, p, true);
+        }
+        memcpy(&p.hidden[at], keep.data(), es);
+        upload(dh + at, keep.data(), es);
+    }
+}
+
+/* ---- main ----------------------------------------------------------------------------- */
+
+static fg_context *cuda_context(cudaStream_t stream, fg_status *st)
+{
+    fg_context_options o;
+    fg_context_options_init(&o);
+    o.backend = FG_BACKEND_CUDA;
+    o.stream = stream;
+    fg_context *ctx = NULL;
+    *st = fg_context_create(&o, &ctx);
+    return ctx;
+}
+
+/* One input dtype: the problem, every loss, the refusals. */
+static void test_dtype(const Contexts &cx, fg_dtype dtype)
+{
+    Problem p = problem_make(dtype);
+    fill_logp(cx.cpu, p);
+    DeviceProblem d = device_problem(p);
+    const Outputs fields = outputs_make(dtype, 1.0);
+    DeviceOutputs dout = device_outputs(fields);
+    /* The float32 sums of a bf16 grad_weight, and (the least budget) maybe
+     * its sums in place. */
+    const Budget bu = fused_budget(cx, d, dtype, dout, fields, true);
+    const Budget least = fused_budget(cx, d, dtype, dout, fields, false);
+    device_outputs_free(dout);
+    char what[160];
+    snprintf(what, sizeof what, "%s: a budget of %zu bytes gives the fused CUDA call %lld chunks",
+             dname(dtype), bu.bytes, (long long)bu.chunks);
+    check_true(what, bu.chunks >= 2 && (dtype != FG_DTYPE_BF16 || bu.sums));
+
+    test_losses(cx, p, d, &bu, dtype, true);
+    test_losses(cx, p, d, NULL, dtype, true);
+    test_accumulate(cx, p, d, bu, dtype);
+    if (dtype == FG_DTYPE_BF16) {
+        test_losses(cx, p, d, &bu, FG_DTYPE_F32, false); /* bf16 inputs, float32 gradients */
+        if (!least.sums && least.chunks >= 2) {
+            test_losses(cx, p, d, &least, dtype, false);
+            test_accumulate(cx, p, d, least, dtype);
+        }
+    }
+    test_logprobs(cx, p, d);
+    test_refusals(cx, p, d, bu.bytes);
+    device_problem_free(d);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0); /* every line reaches a log even if a check crashes */
+    int devices = 0;
+    const cudaError_t err = cudaGetDeviceCount(&devices);
+    if (err != cudaSuccess || devices == 0) {
+        (void)cudaGetLastError();
+        /* The backend loads and refuses: no fault, a status and a message. */
+        fg_status st;
+        fg_context *ctx = cuda_context(NULL, &st);
+        char what[512];
+        snprintf(what, sizeof what,
+                 "without a device fg_context_create(FG_BACKEND_CUDA) refuses: %s",
+                 fg_status_name(st));
+        check_true(what, st == FG_ERR_UNSUPPORTED && ctx == NULL);
+        fg_context_destroy(ctx);
+        printf("skipped: %s\n",
+               err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device is present");
+        return checks_failed ? 1 : 77;
+    }
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+
+    Contexts cx;
+    CUDA_OK(cudaStreamCreateWithFlags(&cx.stream, cudaStreamNonBlocking));
+    fg_status st = fg_context_create(NULL, &cx.cpu);
+    if (st != FG_OK) {
+        printf("FAIL the CPU context: %s\n", fg_status_name(st));
+        return 1;
+    }
+    cx.gpu = cuda_context(cx.stream, &st);
+    if (st != FG_OK) {
+        printf("FAIL fg_context_create(FG_BACKEND_CUDA) on a machine with a device: %s\n",
+               fg_status_name(st));
+        return 1;
+    }
+
+    test_dtype(cx, FG_DTYPE_F32);
+    test_dtype(cx, FG_DTYPE_BF16);
+
+    fg_context_destroy(cx.gpu);
+    fg_context_destroy(cx.cpu);
+    CUDA_OK(cudaStreamDestroy(cx.stream));
+    /* A fault in any kernel would surface here at the latest. */
+    check_true("no CUDA error pending at the end", cudaDeviceSynchronize() == cudaSuccess);
+    printf("%d checks, %d failed\n", checks_run, checks_failed);
+    return checks_failed ? 1 : 0;
+}
