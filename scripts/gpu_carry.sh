@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Copies this machine's oneDNN into .gpu-carry/onednn/{include,lib} so that
-# the GPU machine (which has no oneDNN) can build the whole project with the
-# CUDA backend: scripts/gpu_test.sh passes DNNL_INCLUDE_DIR / DNNL_LIBRARY
-# from there, and LD_LIBRARY_PATH for the run. The folder travels with the
-# device tool's `carry` (64 MiB at most; this is ~41 MB):
+# Fills .gpu-carry, the folder a GPU machine gets beside the working tree
+# (the device tool's `carry`, 64 MiB at most with the tree; this script
+# refuses more than 60 MiB):
 #   bash scripts/gpu_carry.sh
+# - .gpu-carry/onednn/{include,lib} (~41 MB): this machine's oneDNN, so that
+#   the GPU machine (which has none) can build the whole project with the
+#   CUDA backend: scripts/gpu_test.sh passes DNNL_INCLUDE_DIR / DNNL_LIBRARY
+#   from there, and LD_LIBRARY_PATH for the run.
+# - .gpu-carry/wheels (~2 MB): pytest and its pure-Python dependencies from
+#   PyPI, for gpu_test.sh's Python tests on a machine without pytest or a
+#   package registry; bench/peers/carry_wheels.sh, where it exists, adds the
+#   peers' wheels.
 # Headers: oneapi/dnnl/ (1 MB). Library: libdnnl.so.2.6 once, libdnnl.so.2
 # and libdnnl.so as symlinks beside it (gpu_test.sh makes them again if a
 # transfer dropped them), and libOpenCL.so.1, which libdnnl.so.2 needs and a
@@ -45,4 +51,28 @@ ocl=$(readlink -f /lib/x86_64-linux-gnu/libOpenCL.so.1 2>/dev/null || true)
 if [ -n "$ocl" ] && [ -f "$ocl" ]; then
   cp "$ocl" "$dest/lib/libOpenCL.so.1"
 fi
-echo "gpu_carry: $(du -sh .gpu-carry | cut -f1) in .gpu-carry (headers from $header, $base)"
+echo "gpu_carry: oneDNN: headers from $header, $base"
+
+# pytest 9 needs pluggy, iniconfig, packaging and pygments (exceptiongroup and
+# tomli only below Python 3.11); all are py3-none-any wheels.
+wheels=.gpu-carry/wheels
+rm -rf "$wheels"
+mkdir -p "$wheels"
+if ! python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+       -d "$wheels" pytest pluggy iniconfig packaging pygments; then
+  echo "gpu_carry: downloading the pytest wheels failed" >&2
+  exit 1
+fi
+echo "gpu_carry: wheels: $(cd "$wheels" && ls | tr '\n' ' ')"
+
+if [ -f bench/peers/carry_wheels.sh ]; then
+  echo "gpu_carry: bench/peers/carry_wheels.sh"
+  bash bench/peers/carry_wheels.sh
+fi
+
+kib=$(du -sk .gpu-carry | cut -f1)
+echo "gpu_carry: $((kib / 1024)) MiB in .gpu-carry ($(du -sh .gpu-carry/* | tr '\t\n' ': '))"
+if [ "$kib" -gt $((60 * 1024)) ]; then
+  echo "gpu_carry: .gpu-carry holds more than 60 MiB: it would not travel with the tree" >&2
+  exit 1
+fi

@@ -1,0 +1,895 @@
+/* The GPU benchmark of the C API: a whole fused step through fg_linear_grpo
+ * on an FG_BACKEND_CUDA context, as a framework calls it, against the bare
+ * products and the materialized baseline, in one process.
+ *
+ * The shape (the seeds' headline): B = 1, T = 8192 and T = 32768 tokens,
+ * H = 4096, V = 151936; hidden ~ N(0, 1) and weight ~ N(0, 1)/sqrt(H) in
+ * bf16 (logits of about unit size), no bias; random token ids, ~90% of the
+ * tokens unmasked; DAPO with epsilon_high 0.28 and beta 0.04, old_logp and
+ * ref_logp within ~0.1 of the policy's own log-probs (one fg_linear_logprobs
+ * call makes them), so that some ratios clip. Forward and backward to
+ * grad_hidden and grad_weight in bf16 (what torch keeps for bf16
+ * parameters), with logp and entropy.
+ *
+ * Rows of each shape:
+ *   (a) floor         the three bare cuBLASLt products at full shape, bf16
+ *                     outputs (as torch.mm runs them): logits [N, V],
+ *                     grad_hidden [N, H], grad_weight [V, H]; each alone and
+ *                     the three together (the floor every ratio divides by),
+ *                     and the three on the unmasked rows only, which is what
+ *                     the library multiplies;
+ *   (b) fused         fg_linear_grpo at each memory budget (fg_exec), planned
+ *                     first with fg_linear_grpo_plan (chunks, working bytes,
+ *                     whether a bf16 grad_weight is summed in float32); a
+ *                     budget the plan refuses is a row with its message; once
+ *                     more at the largest budget with float32 gradients;
+ *   (c) materialized  FG_IMPL_MATERIALIZED on the same context (whole [N, V]
+ *                     logits and dlogits), unless cudaMemGetInfo says its
+ *                     working memory cannot fit.
+ *
+ * Timing: each row is the median of --reps calls (default 7) after 2
+ * warm-ups, with min and max, in host wall time from an idle stream to the
+ * call's return followed by cudaStreamSynchronize (fg_linear_grpo already
+ * waits for its stream before it returns; the host's share of the step, the
+ * loss math and the per-chunk waits, is part of the time).
+ *
+ * Memory of each library row:
+ *   peak    fg_memory_stats.peak_bytes over the row's calls after
+ *           fg_release_workspace and fg_reset_peak_memory: the library's
+ *           counted working memory (the device workspace, and its few MiB of
+ *           host scratch); the cuBLASLt workspace the context holds since
+ *           create (32 MiB) is planned against the budget but not counted;
+ *   pool    the high-water mark of the device's default memory pool over the
+ *           row (cudaMemPoolAttrUsedMemHigh): the backend allocates its
+ *           workspace there (cudaMallocAsync), this program never does;
+ *   held    cudaMemGetInfo's free bytes before the row's first call minus
+ *           after its last (the workspace the context keeps for reuse).
+ *
+ * usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]]
+ *                       [--reps R] [--quick]
+ * Budgets: a number of MiB, or with a K/M/G suffix (binary). Writes
+ * DIR/bench_api.json and DIR/bench_api.txt (a markdown table with the
+ * command line and the GPU on top). Exit 77 ("skipped: <reason>") without a
+ * CUDA device; 1 on any failure (the library's message from fg_last_error);
+ * 2 on bad arguments. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "cuda_ok.h"
+#include "fusedgrpo.h"
+#include "gemm_cublaslt.h"
+
+#define WARMUPS 2
+
+static const double MiB = 1024.0 * 1024.0, GiB = 1024.0 * MiB;
+
+/* ---- arguments -------------------------------------------------------------------- */
+
+struct Options {
+    std::string out, command;
+    std::vector<int64_t> tokens;
+    std::vector<size_t> budgets;
+    int reps = 7;
+    bool quick = false;
+};
+
+static void usage(const char *why)
+{
+    fprintf(stderr,
+            "bench_cuda_api: %s\n"
+            "usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]] "
+            "[--reps R] [--quick]\n"
+            "  budgets: MiB, or with a K/M/G suffix (512M,1G); defaults: tokens 8192,32768, "
+            "budgets 512M,1G,2G,3G, reps 7\n",
+            why);
+    exit(2);
+}
+
+/* "512", "512M", "512MiB", "1G", "1.5G": bytes; 0 when malformed. */
+static size_t parse_bytes(const std::string &s)
+{
+    char *end = NULL;
+    const double x = strtod(s.c_str(), &end);
+    if (end == s.c_str() || !(x > 0))
+        return 0;
+    std::string unit(end);
+    double scale = MiB;
+    if (!unit.empty()) {
+        const char u = (char)toupper((unsigned char)unit[0]);
+        scale = u == 'K' ? 1024.0 : u == 'M' ? MiB : u == 'G' ? GiB : 0;
+        const std::string rest = unit.substr(1);
+        if (scale == 0 || !(rest.empty() || rest == "B" || rest == "iB"))
+            return 0;
+    }
+    return (size_t)(x * scale);
+}
+
+static std::vector<std::string> split_list(const char *s)
+{
+    std::vector<std::string> items;
+    std::string cur;
+    for (const char *p = s;; p++) {
+        if (*p == ',' || *p == '\0') {
+            if (!cur.empty())
+                items.push_back(cur);
+            cur.clear();
+            if (*p == '\0')
+                break;
+        } else if (*p != ' ') {
+            cur += *p;
+        }
+    }
+    return items;
+}
+
+static Options parse_args(int argc, char **argv)
+{
+    Options o;
+    for (int i = 0; i < argc; i++)
+        o.command += (i ? " " : "") + std::string(argv[i]);
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        const bool has_value = i + 1 < argc;
+        if (a == "--quick") {
+            o.quick = true;
+        } else if (a == "--out" && has_value) {
+            o.out = argv[++i];
+        } else if (a == "--tokens" && has_value) {
+            for (const std::string &t : split_list(argv[++i])) {
+                char *end = NULL;
+                const long long n = strtoll(t.c_str(), &end, 10);
+                if (*end != '\0' || n < 1)
+                    usage(("bad token count: " + t).c_str());
+                o.tokens.push_back(n);
+            }
+        } else if (a == "--budgets" && has_value) {
+            for (const std::string &b : split_list(argv[++i])) {
+                const size_t bytes = parse_bytes(b);
+                if (!bytes)
+                    usage(("bad budget: " + b).c_str());
+                o.budgets.push_back(bytes);
+            }
+        } else if (a == "--reps" && has_value) {
+            o.reps = atoi(argv[++i]);
+            if (o.reps < 1)
+                usage("--reps must be at least 1");
+        } else {
+            usage(("unknown or incomplete argument: " + a).c_str());
+        }
+    }
+    if (o.out.empty())
+        usage("--out DIR is required");
+    /* The quick shape is small (H = 1024, V = 32000): its budgets hold
+     * several chunks of it. Each budget includes the 32 MiB cuBLASLt
+     * workspace. */
+    if (o.tokens.empty())
+        o.tokens = o.quick ? std::vector<int64_t>{2048} : std::vector<int64_t>{8192, 32768};
+    if (o.budgets.empty())
+        o.budgets = o.quick ? std::vector<size_t>{(size_t)(48 * MiB), (size_t)(64 * MiB),
+                                                  (size_t)(128 * MiB), (size_t)(256 * MiB)}
+                            : std::vector<size_t>{(size_t)(512 * MiB), (size_t)GiB,
+                                                  (size_t)(2 * GiB), (size_t)(3 * GiB)};
+    return o;
+}
+
+/* ---- failures --------------------------------------------------------------------- */
+
+/* A library call that must succeed: its status and fg_last_error, exit 1. */
+static void lib_ok(const fg_context *ctx, fg_status st, const char *what)
+{
+    if (st != FG_OK) {
+        printf("FAIL %s: %s: %s\n", what, fg_status_name(st), ctx ? fg_last_error(ctx) : "");
+        exit(1);
+    }
+}
+
+/* The products' own status and message (gemm_cublaslt.h). */
+static void gemm_ok(fg_status st, const char *msg)
+{
+    if (st != FG_OK) {
+        printf("FAIL cuBLASLt product: %s: %s\n", fg_status_name(st), msg);
+        exit(1);
+    }
+}
+
+/* ---- device data -------------------------------------------------------------------- */
+
+__device__ static uint64_t splitmix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A standard normal from element i of stream `seed` (Box-Muller on the two
+ * 32-bit halves of one hash; u1 in (0, 1] keeps the log finite). */
+__device__ static float normal_at(int64_t i, uint64_t seed)
+{
+    const uint64_t h = splitmix64((uint64_t)i ^ (seed << 40));
+    const float u1 = ((float)(uint32_t)(h >> 40) + 1.0f) * 0x1p-24f;
+    const float u2 = (float)((uint32_t)h >> 8) * 0x1p-24f;
+    return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+__global__ void fill_normal_bf16(__nv_bfloat16 *x, int64_t n, uint64_t seed, float scale)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = __float2bfloat16_rn(scale * normal_at(i, seed));
+}
+
+/* Token ids uniform in [0, V); mask 1 for ~9 tokens in 10. */
+__global__ void fill_tokens(int64_t *tokens, uint8_t *mask, int64_t n, int64_t V)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        tokens[i] = (int64_t)(splitmix64((uint64_t)i ^ (11ull << 40)) % (uint64_t)V);
+        mask[i] = splitmix64((uint64_t)i ^ (12ull << 40)) % 10 != 0;
+    }
+}
+
+/* old_logp, ref_logp [N] = logp + 0.1 · N(0, 1): ratios near 1, some clipped. */
+__global__ void fill_near(const float *logp, float *old_logp, float *ref_logp, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        old_logp[i] = logp[i] + 0.1f * normal_at(i, 13);
+        ref_logp[i] = logp[i] + 0.1f * normal_at(i, 14);
+    }
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
+    return p;
+}
+
+/* ---- timing ------------------------------------------------------------------------- */
+
+static cudaStream_t stream;
+
+struct Timing {
+    double median, min, max; /* ms */
+};
+
+/* WARMUPS calls, then `reps` timed ones: host wall time from an idle stream
+ * until the call returned and the stream is idle again. */
+template <typename F> static Timing time_calls(int reps, F call)
+{
+    for (int i = 0; i < WARMUPS; i++)
+        call();
+    std::vector<double> ms;
+    for (int i = 0; i < reps; i++) {
+        CUDA_OK(cudaStreamSynchronize(stream));
+        const auto t0 = std::chrono::steady_clock::now();
+        call();
+        CUDA_OK(cudaStreamSynchronize(stream));
+        const auto t1 = std::chrono::steady_clock::now();
+        ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const size_t n = ms.size();
+    const double median = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+    return Timing{median, ms.front(), ms.back()};
+}
+
+/* ---- device memory watch ------------------------------------------------------------- */
+
+static cudaMemPool_t pool; /* the device's default pool; NULL without pools */
+
+struct MemWatch {
+    size_t free_before;
+};
+
+static size_t free_bytes(void)
+{
+    size_t f = 0, t = 0;
+    CUDA_OK(cudaDeviceSynchronize()); /* frees done, the pool trimmed */
+    CUDA_OK(cudaMemGetInfo(&f, &t));
+    return f;
+}
+
+static MemWatch watch_start(void)
+{
+    MemWatch w;
+    w.free_before = free_bytes();
+    if (pool) {
+        uint64_t zero = 0; /* the only value the mark can be set to */
+        CUDA_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    }
+    return w;
+}
+
+/* pool: the pool's high-water mark since watch_start (0 without pools);
+ * held: the bytes less free than at watch_start. */
+static void watch_end(const MemWatch &w, double *pool_peak, double *held)
+{
+    const size_t f = free_bytes();
+    *held = (double)w.free_before - (double)f;
+    *pool_peak = 0;
+    if (pool) {
+        uint64_t high = 0;
+        CUDA_OK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+        *pool_peak = (double)high;
+    }
+}
+
+/* ---- rows --------------------------------------------------------------------------- */
+
+struct Row {
+    std::string kind, name, note; /* note: why it did not run, or a remark */
+    bool ran = false;
+    size_t budget = 0;
+    std::string grads;
+    Timing t = {0, 0, 0};
+    double ratio = 0; /* median / the floor's */
+    int64_t chunks = 0, chunk_rows = 0;
+    double working = 0, gemm_scratch = 0, gw_sum = 0; /* the plan's bytes */
+    double peak = 0, pool_peak = 0, held = 0;         /* measured bytes */
+    double loss = NAN;
+};
+
+struct ShapeResult {
+    int64_t B, T, H, V, unmasked;
+    double floor_ms = 0, floor_active_ms = 0;
+    std::vector<Row> rows;
+};
+
+static std::string mib(double bytes)
+{
+    char s[32];
+    snprintf(s, sizeof s, "%.0f", bytes / MiB);
+    return s;
+}
+
+static std::string budget_name(size_t b)
+{
+    char s[32];
+    if (b % (size_t)GiB == 0)
+        snprintf(s, sizeof s, "%zu GiB", b / (size_t)GiB);
+    else
+        snprintf(s, sizeof s, "%.0f MiB", (double)b / MiB);
+    return s;
+}
+
+static void print_row(const Row &r)
+{
+    if (!r.ran) {
+        printf("%-13s %-44s skipped: %s\n", r.kind.c_str(), r.name.c_str(), r.note.c_str());
+        return;
+    }
+    printf("%-13s %-44s %9.2f %9.2f %9.2f", r.kind.c_str(), r.name.c_str(), r.t.median, r.t.min,
+           r.t.max);
+    if (r.ratio > 0)
+        printf("  %.3fx floor", r.ratio);
+    if (r.kind != "floor")
+        printf("  %lld chunks, peak %s MiB, pool %s MiB, held %s MiB, loss %.6g",
+               (long long)r.chunks, mib(r.peak).c_str(), mib(r.pool_peak).c_str(),
+               mib(r.held).c_str(), r.loss);
+    printf("\n");
+}
+
+/* ---- one shape ------------------------------------------------------------------------ */
+
+struct Problem {
+    int64_t B, T, H, V, N;
+    void *hidden, *weight;
+    int64_t *tokens;
+    uint8_t *mask;
+    float *adv, *old_logp, *ref_logp, *logp, *entropy;
+    void *gh, *gw; /* bf16 gradients */
+};
+
+static Problem problem_make(int64_t B, int64_t T, int64_t H, int64_t V)
+{
+    Problem p;
+    p.B = B;
+    p.T = T;
+    p.H = H;
+    p.V = V;
+    p.N = B * T;
+    p.hidden = dev_alloc((size_t)p.N * H * 2);
+    p.weight = dev_alloc((size_t)V * H * 2);
+    p.tokens = (int64_t *)dev_alloc((size_t)p.N * 8);
+    p.mask = (uint8_t *)dev_alloc((size_t)p.N);
+    p.adv = (float *)dev_alloc((size_t)B * 4);
+    p.old_logp = (float *)dev_alloc((size_t)p.N * 4);
+    p.ref_logp = (float *)dev_alloc((size_t)p.N * 4);
+    p.logp = (float *)dev_alloc((size_t)p.N * 4);
+    p.entropy = (float *)dev_alloc((size_t)p.N * 4);
+    p.gh = dev_alloc((size_t)p.N * H * 2);
+    p.gw = dev_alloc((size_t)V * H * 2);
+    fill_normal_bf16<<<4096, 256, 0, stream>>>((__nv_bfloat16 *)p.hidden, p.N * H, 1, 1.0f);
+    fill_normal_bf16<<<4096, 256, 0, stream>>>((__nv_bfloat16 *)p.weight, V * H, 2,
+                                               (float)(1.0 / sqrt((double)H)));
+    fill_tokens<<<1024, 256, 0, stream>>>(p.tokens, p.mask, p.N, V);
+    CUDA_OK(cudaGetLastError());
+    std::vector<float> adv((size_t)B);
+    for (int64_t b = 0; b < B; b++)
+        adv[(size_t)b] = b % 2 ? -0.6f : 0.8f; /* one group's advantages of both signs */
+    CUDA_OK(cudaMemcpyAsync(p.adv, adv.data(), adv.size() * 4, cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    return p;
+}
+
+static void problem_free(Problem &p)
+{
+    void *all[] = {p.hidden, p.weight, p.tokens,  p.mask, p.adv, p.old_logp,
+                   p.ref_logp, p.logp, p.entropy, p.gh,   p.gw};
+    for (void *q : all)
+        CUDA_OK(cudaFree(q));
+}
+
+static fg_linear_inputs inputs_of(const Problem &p)
+{
+    fg_linear_inputs in;
+    memset(&in, 0, sizeof in);
+    in.hidden = fg_matrix_make(p.hidden, FG_DTYPE_BF16, p.N, p.H);
+    in.weight = fg_matrix_make(p.weight, FG_DTYPE_BF16, p.V, p.H);
+    in.bias = fg_vector_make(NULL, FG_DTYPE_BF16, 0);
+    return in;
+}
+
+static fg_batch batch_of(const Problem &p)
+{
+    fg_batch b;
+    memset(&b, 0, sizeof b);
+    b.batch = p.B;
+    b.seq_len = p.T;
+    b.token_ids = p.tokens;
+    b.mask = p.mask;
+    b.advantages = p.adv;
+    b.old_logp = p.old_logp;
+    b.ref_logp = p.ref_logp;
+    return b;
+}
+
+static fg_loss_config dapo_config(void)
+{
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    cfg.loss_type = FG_LOSS_DAPO;
+    cfg.epsilon_low = 0.2;
+    cfg.epsilon_high = 0.28;
+    cfg.beta = 0.04;
+    return cfg;
+}
+
+/* The outputs: logp, entropy, and gradients in gdt (gh, gw of that dtype). */
+static fg_linear_outputs outputs_of(const Problem &p, fg_dtype gdt, void *gh, void *gw)
+{
+    fg_linear_outputs out;
+    memset(&out, 0, sizeof out);
+    out.logp = p.logp;
+    out.entropy = p.entropy;
+    out.grad_hidden = fg_matrix_make(gh, gdt, p.N, p.H);
+    out.grad_weight = fg_matrix_make(gw, gdt, p.V, p.H);
+    out.grad_bias = fg_vector_make(NULL, gdt, 0);
+    return out;
+}
+
+/* (a) The three bare products at full shape, bf16 outputs, on this
+ * program's own cuBLASLt handle; and on the unmasked rows only. */
+static void run_floor(const Problem &p, int reps, ShapeResult &res)
+{
+    cublasLtHandle_t lt;
+    if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) {
+        printf("FAIL cublasLtCreate\n");
+        exit(1);
+    }
+    fg_cuda_gemm g = {lt, stream, NULL, fg_cuda_gemm_workspace_hint()};
+    g.workspace = dev_alloc(g.workspace_bytes);
+    const int64_t N = p.N, H = p.H, V = p.V;
+    /* The logits double as dlogits: the products' speed does not depend on
+     * what the values mean. */
+    void *z = dev_alloc((size_t)N * V * 2), *gh = dev_alloc((size_t)N * H * 2),
+         *gw = dev_alloc((size_t)V * H * 2);
+    fill_normal_bf16<<<4096, 256, 0, stream>>>((__nv_bfloat16 *)z, N * V, 3, 0.01f);
+    CUDA_OK(cudaGetLastError());
+    const fg_dtype BF16 = FG_DTYPE_BF16;
+    char msg[512] = "";
+    auto gemm1 = [&](int64_t M) {
+        gemm_ok(fg_cuda_gemm_logits(&g, BF16, M, V, H, p.hidden, H, p.weight, H, z, BF16, V, msg,
+                                    sizeof msg),
+                msg);
+    };
+    auto gemm2 = [&](int64_t M) {
+        gemm_ok(fg_cuda_gemm_grad_hidden(&g, BF16, M, V, H, z, V, p.weight, H, gh, BF16, H, 0.0f,
+                                         msg, sizeof msg),
+                msg);
+    };
+    auto gemm3 = [&](int64_t M) {
+        gemm_ok(fg_cuda_gemm_grad_weight(&g, BF16, M, V, H, z, V, p.hidden, H, gw, BF16, H, 0.0f,
+                                         msg, sizeof msg),
+                msg);
+    };
+    const char *names[3] = {"GEMM 1 logits [N, V] (bf16 out)",
+                            "GEMM 2 grad_hidden [N, H] (bf16 out)",
+                            "GEMM 3 grad_weight [V, H] (bf16 out)"};
+    for (int k = 0; k < 3; k++) {
+        Row r;
+        r.kind = "floor";
+        r.name = names[k];
+        r.t = time_calls(reps, [&] { k == 0 ? gemm1(N) : k == 1 ? gemm2(N) : gemm3(N); });
+        r.ran = true;
+        print_row(r);
+        res.rows.push_back(r);
+    }
+    Row all;
+    all.kind = "floor";
+    all.name = "three products (the floor)";
+    all.t = time_calls(reps, [&] { gemm1(N); gemm2(N); gemm3(N); });
+    all.ran = true;
+    res.floor_ms = all.t.median;
+    all.ratio = 1.0;
+    print_row(all);
+    res.rows.push_back(all);
+    Row act;
+    act.kind = "floor";
+    act.name = "three products, unmasked rows only";
+    const int64_t M = res.unmasked;
+    if (M > 0) {
+        act.t = time_calls(reps, [&] { gemm1(M); gemm2(M); gemm3(M); });
+        act.ran = true;
+        act.ratio = act.t.median / res.floor_ms;
+        res.floor_active_ms = act.t.median;
+    } else {
+        act.note = "no unmasked token";
+    }
+    print_row(act);
+    res.rows.push_back(act);
+    for (void *q : {z, gh, gw, g.workspace})
+        CUDA_OK(cudaFree(q));
+    cublasLtDestroy(lt);
+}
+
+/* (b), (c): one library row; plan first, then the timed calls. */
+static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, size_t budget,
+                            fg_dtype gdt, int reps, ShapeResult &res)
+{
+    Row r;
+    r.kind = impl == FG_IMPL_FUSED ? "fused" : "materialized";
+    r.budget = impl == FG_IMPL_FUSED ? budget : 0;
+    r.grads = gdt == FG_DTYPE_BF16 ? "bf16" : "f32";
+    r.name = impl == FG_IMPL_FUSED ? "fg_linear_grpo, budget " + budget_name(budget)
+                                   : std::string("fg_linear_grpo, materialized");
+    r.name += ", " + r.grads + " grads";
+
+    const size_t gh_bytes = (size_t)p.N * p.H * (gdt == FG_DTYPE_BF16 ? 2 : 4);
+    const size_t gw_bytes = (size_t)p.V * p.H * (gdt == FG_DTYPE_BF16 ? 2 : 4);
+    void *gh = p.gh, *gw = p.gw;
+    if (gdt != FG_DTYPE_BF16) {
+        gh = dev_alloc(gh_bytes);
+        gw = dev_alloc(gw_bytes);
+    }
+    const fg_linear_options opts = {impl, 0, 0.0};
+    const fg_loss_config cfg = dapo_config();
+    const fg_linear_inputs in = inputs_of(p);
+    const fg_batch batch = batch_of(p);
+    fg_exec exec;
+    fg_exec_init(&exec);
+    exec.memory_budget = budget;
+
+    fg_release_workspace(ctx); /* each row allocates its own workspace */
+    fg_linear_outputs out = outputs_of(p, gdt, gh, gw);
+    fg_linear_plan_info plan;
+    memset(&plan, 0, sizeof plan);
+    const fg_status pst = fg_linear_grpo_plan(ctx, &opts, &cfg, &in, &batch, &out, &exec, &plan);
+    if (pst == FG_ERR_BUDGET_TOO_SMALL) {
+        r.note = fg_last_error(ctx);
+        printf("plan %s: refused: %s\n", r.name.c_str(), r.note.c_str());
+    } else {
+        lib_ok(ctx, pst, "fg_linear_grpo_plan");
+        r.chunks = plan.chunks;
+        r.chunk_rows = plan.chunk_rows;
+        r.working = (double)plan.working_bytes;
+        r.gemm_scratch = (double)plan.gemm_scratch_bytes;
+        r.gw_sum = (double)plan.grad_weight_sum_bytes;
+        printf("plan %s: %lld chunks of %lld rows; working %.1f MiB (fixed %.1f, chunk %.1f), "
+               "GEMM scratch %.1f MiB, grad_weight %s\n",
+               r.name.c_str(), (long long)plan.chunks, (long long)plan.chunk_rows,
+               (double)plan.working_bytes / MiB, (double)plan.fixed_bytes / MiB,
+               (double)plan.chunk_bytes / MiB, (double)plan.gemm_scratch_bytes / MiB,
+               plan.grad_weight_sum_bytes ? "summed in float32 (rounded once)"
+               : gdt == FG_DTYPE_BF16 && plan.chunks > 1 ? "rounded to bf16 per chunk"
+                                                         : "written directly");
+        /* A whole-shape row can exceed the device: say so instead of failing. */
+        const size_t margin = (size_t)(256 * MiB);
+        const size_t free_now = free_bytes();
+        if (plan.working_bytes + plan.gemm_scratch_bytes + margin > free_now) {
+            char why[160];
+            snprintf(why, sizeof why, "needs %.2f GiB of working memory, %.2f GiB free",
+                     (double)(plan.working_bytes + plan.gemm_scratch_bytes) / GiB,
+                     (double)free_now / GiB);
+            r.note = why;
+        } else {
+            const MemWatch w = watch_start();
+            fg_reset_peak_memory(ctx);
+            double loss = NAN;
+            r.t = time_calls(reps, [&] {
+                fg_linear_outputs o = outputs_of(p, gdt, gh, gw);
+                lib_ok(ctx, fg_linear_grpo(ctx, &opts, &cfg, &in, &batch, &o, &exec),
+                       "fg_linear_grpo");
+                loss = o.loss;
+            });
+            fg_memory_stats ms;
+            lib_ok(ctx, fg_get_memory_stats(ctx, &ms), "fg_get_memory_stats");
+            watch_end(w, &r.pool_peak, &r.held);
+            r.ran = true;
+            r.peak = (double)ms.peak_bytes;
+            r.chunks = ms.chunks;
+            r.chunk_rows = ms.chunk_rows;
+            r.loss = loss;
+            r.ratio = res.floor_ms > 0 ? r.t.median / res.floor_ms : 0;
+        }
+    }
+    print_row(r);
+    res.rows.push_back(r);
+    fg_release_workspace(ctx);
+    if (gdt != FG_DTYPE_BF16) {
+        CUDA_OK(cudaFree(gh));
+        CUDA_OK(cudaFree(gw));
+    }
+}
+
+static ShapeResult run_shape(fg_context *ctx, const Options &o, int64_t T)
+{
+    const int64_t B = 1, H = o.quick ? 1024 : 4096, V = o.quick ? 32000 : 151936;
+    ShapeResult res;
+    res.B = B;
+    res.T = T;
+    res.H = H;
+    res.V = V;
+    printf("\n## B %lld, T %lld, H %lld, V %lld, bf16\n", (long long)B, (long long)T,
+           (long long)H, (long long)V);
+    Problem p = problem_make(B, T, H, V);
+    std::vector<uint8_t> mask((size_t)p.N);
+    CUDA_OK(cudaMemcpy(mask.data(), p.mask, mask.size(), cudaMemcpyDeviceToHost));
+    res.unmasked = (int64_t)std::count_if(mask.begin(), mask.end(), [](uint8_t m) { return m; });
+    printf("%lld of %lld tokens unmasked\n", (long long)res.unmasked, (long long)p.N);
+
+    /* The policy's own log-probs, then old and reference log-probs near them. */
+    {
+        const fg_linear_inputs in = inputs_of(p);
+        const fg_tokens tok = {p.B, p.T, p.tokens, p.mask};
+        fg_exec exec;
+        fg_exec_init(&exec);
+        exec.memory_budget = *std::max_element(o.budgets.begin(), o.budgets.end());
+        const auto t0 = std::chrono::steady_clock::now();
+        lib_ok(ctx, fg_linear_logprobs(ctx, NULL, 1.0, &in, &tok, p.logp, NULL, &exec),
+               "fg_linear_logprobs");
+        const auto t1 = std::chrono::steady_clock::now();
+        printf("fg_linear_logprobs (old/ref log-probs, first call): %.1f ms\n",
+               std::chrono::duration<double, std::milli>(t1 - t0).count());
+        fill_near<<<1024, 256, 0, stream>>>(p.logp, p.old_logp, p.ref_logp, p.N);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaStreamSynchronize(stream));
+        fg_release_workspace(ctx);
+    }
+
+    printf("%-13s %-44s %9s %9s %9s\n", "row", "what", "median", "min", "max");
+    run_floor(p, o.reps, res);
+    for (size_t b : o.budgets)
+        run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, o.reps, res);
+    /* float32 gradients once, at the largest budget that runs. */
+    size_t largest = 0;
+    for (const Row &r : res.rows)
+        if (r.kind == "fused" && r.ran)
+            largest = std::max(largest, r.budget);
+    if (largest)
+        run_library_row(ctx, p, FG_IMPL_FUSED, largest, FG_DTYPE_F32, o.reps, res);
+    run_library_row(ctx, p, FG_IMPL_MATERIALIZED, 0, FG_DTYPE_BF16, o.reps, res);
+    problem_free(p);
+    return res;
+}
+
+/* ---- the report ---------------------------------------------------------------------- */
+
+static std::string json_str(const std::string &s)
+{
+    std::string r = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') {
+            r += '\\';
+            r += c;
+        } else if ((unsigned char)c < 0x20) {
+            char u[8];
+            snprintf(u, sizeof u, "\\u%04x", (unsigned)c);
+            r += u;
+        } else {
+            r += c;
+        }
+    }
+    return r + "\"";
+}
+
+static std::string json_num(double x)
+{
+    if (!isfinite(x))
+        return "null";
+    char s[40];
+    snprintf(s, sizeof s, "%.6g", x);
+    return s;
+}
+
+static FILE *open_out(const std::string &path)
+{
+    FILE *f = fopen(path.c_str(), "w");
+    if (!f) {
+        printf("FAIL cannot write %s: %s\n", path.c_str(), strerror(errno));
+        exit(1);
+    }
+    return f;
+}
+
+static void write_json(const std::string &path, const Options &o, const std::string &device,
+                       const std::vector<ShapeResult> &shapes)
+{
+    FILE *f = open_out(path);
+    fprintf(f, "{\n  \"command\": %s,\n  \"device\": %s,\n", json_str(o.command).c_str(),
+            json_str(device).c_str());
+    fprintf(f, "  \"warmups\": %d, \"reps\": %d,\n", WARMUPS, o.reps);
+    fprintf(f, "  \"timing\": \"host wall time per call, idle stream to return + "
+               "cudaStreamSynchronize; median, min, max in ms\",\n");
+    fprintf(f, "  \"loss\": \"dapo, epsilon 0.2 / 0.28, beta 0.04, old_logp and ref_logp, "
+               "no bias, bf16 inputs\",\n  \"shapes\": [\n");
+    for (size_t s = 0; s < shapes.size(); s++) {
+        const ShapeResult &sh = shapes[s];
+        fprintf(f,
+                "    {\"B\": %lld, \"T\": %lld, \"H\": %lld, \"V\": %lld, \"unmasked\": %lld, "
+                "\"floor_ms\": %s, \"floor_unmasked_ms\": %s,\n     \"rows\": [\n",
+                (long long)sh.B, (long long)sh.T, (long long)sh.H, (long long)sh.V,
+                (long long)sh.unmasked, json_num(sh.floor_ms).c_str(),
+                json_num(sh.floor_active_ms).c_str());
+        for (size_t i = 0; i < sh.rows.size(); i++) {
+            const Row &r = sh.rows[i];
+            fprintf(f,
+                    "      {\"kind\": %s, \"name\": %s, \"ran\": %s, \"note\": %s, "
+                    "\"budget_bytes\": %zu, \"grads\": %s, \"median_ms\": %s, \"min_ms\": %s, "
+                    "\"max_ms\": %s, \"ratio_to_floor\": %s, \"chunks\": %lld, "
+                    "\"chunk_rows\": %lld, \"working_bytes\": %s, \"gemm_scratch_bytes\": %s, "
+                    "\"grad_weight_sum_bytes\": %s, \"peak_bytes\": %s, "
+                    "\"pool_peak_bytes\": %s, \"held_bytes\": %s, \"loss\": %s}%s\n",
+                    json_str(r.kind).c_str(), json_str(r.name).c_str(),
+                    r.ran ? "true" : "false", json_str(r.note).c_str(), r.budget,
+                    json_str(r.grads).c_str(), json_num(r.ran ? r.t.median : NAN).c_str(),
+                    json_num(r.ran ? r.t.min : NAN).c_str(),
+                    json_num(r.ran ? r.t.max : NAN).c_str(),
+                    json_num(r.ran && r.ratio > 0 ? r.ratio : NAN).c_str(), (long long)r.chunks,
+                    (long long)r.chunk_rows, json_num(r.working).c_str(),
+                    json_num(r.gemm_scratch).c_str(), json_num(r.gw_sum).c_str(),
+                    json_num(r.peak).c_str(), json_num(r.pool_peak).c_str(),
+                    json_num(r.held).c_str(), json_num(r.loss).c_str(),
+                    i + 1 < sh.rows.size() ? "," : "");
+        }
+        fprintf(f, "    ]}%s\n", s + 1 < shapes.size() ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    fclose(f);
+}
+
+static void write_table(const std::string &path, const Options &o, const std::string &device,
+                        const std::vector<ShapeResult> &shapes)
+{
+    FILE *f = open_out(path);
+    fprintf(f, "# bench_cuda_api\n\n`%s`\n\nGPU: %s\n\n", o.command.c_str(), device.c_str());
+    fprintf(f, "DAPO (epsilon 0.2 / 0.28, beta 0.04, old and reference log-probs), bf16 "
+               "hidden and weight, no bias, ~90%% of the tokens unmasked; forward and backward "
+               "to grad_hidden and grad_weight. Median of %d calls after %d warm-ups (min, max) "
+               "in host wall time per call. The floor is the three bare cuBLASLt products at "
+               "full shape with bf16 outputs (all N rows; the library multiplies the unmasked "
+               "rows only). peak: fg_memory_stats.peak_bytes; pool: the device memory pool's "
+               "high-water mark; held: cudaMemGetInfo's drop over the row.\n",
+            o.reps, WARMUPS);
+    for (const ShapeResult &sh : shapes) {
+        fprintf(f, "\n## B %lld, T %lld, H %lld, V %lld (%lld tokens unmasked)\n\n",
+                (long long)sh.B, (long long)sh.T, (long long)sh.H, (long long)sh.V,
+                (long long)sh.unmasked);
+        fprintf(f, "| row | grads | median ms | min | max | x floor | chunks x rows | "
+                   "working MiB (plan) | peak MiB | pool MiB | held MiB | loss |\n");
+        fprintf(f, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                   "| ---: |\n");
+        for (const Row &r : sh.rows) {
+            if (!r.ran) {
+                fprintf(f, "| %s | %s | skipped: %s | | | | | | | | | |\n", r.name.c_str(),
+                        r.grads.c_str(), r.note.c_str());
+                continue;
+            }
+            fprintf(f, "| %s | %s | %.2f | %.2f | %.2f | %s |", r.name.c_str(), r.grads.c_str(),
+                    r.t.median, r.t.min, r.t.max,
+                    r.ratio > 0 ? (json_num(r.ratio) + "x").c_str() : "");
+            if (r.kind == "floor")
+                fprintf(f, " | | | | | |\n");
+            else
+                fprintf(f, " %lld x %lld | %s | %s | %s | %s | %.6g |\n", (long long)r.chunks,
+                        (long long)r.chunk_rows, mib(r.working + r.gemm_scratch).c_str(),
+                        mib(r.peak).c_str(), mib(r.pool_peak).c_str(), mib(r.held).c_str(),
+                        r.loss);
+        }
+    }
+    fclose(f);
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0); /* every row reaches the log as it is measured */
+    const Options o = parse_args(argc, argv);
+#ifdef FG_CUDA_LIBRARY_PATH
+    /* The backend built beside this program, unless the caller names one. */
+    setenv("FUSEDGRPO_CUDA_LIBRARY", FG_CUDA_LIBRARY_PATH, 0);
+#endif
+    int devices = 0;
+    const cudaError_t err = cudaGetDeviceCount(&devices);
+    if (err != cudaSuccess || devices == 0) {
+        (void)cudaGetLastError();
+        printf("skipped: %s\n",
+               err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device is present");
+        return 77;
+    }
+    if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) {
+        printf("FAIL cannot create %s: %s\n", o.out.c_str(), strerror(errno));
+        return 1;
+    }
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    int driver = 0, runtime = 0, pools = 0;
+    CUDA_OK(cudaDriverGetVersion(&driver));
+    CUDA_OK(cudaRuntimeGetVersion(&runtime));
+    CUDA_OK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0));
+    if (pools)
+        CUDA_OK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    char device[768];
+    snprintf(device, sizeof device, "%s (sm_%d%d, %d SMs, %.1f GiB; CUDA driver %d.%d, runtime %d.%d)",
+             prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+             (double)prop.totalGlobalMem / GiB, driver / 1000, driver % 1000 / 10,
+             runtime / 1000, runtime % 1000 / 10);
+    printf("%s\ndevice: %s\n", o.command.c_str(), device);
+    printf("timing: host wall time per call (idle stream to return + cudaStreamSynchronize), "
+           "median of %d after %d warm-ups\n",
+           o.reps, WARMUPS);
+
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    fg_context_options co;
+    fg_context_options_init(&co);
+    co.backend = FG_BACKEND_CUDA;
+    co.stream = stream;
+    fg_context *ctx = NULL;
+    const fg_status st = fg_context_create(&co, &ctx);
+    if (st != FG_OK) {
+        /* No context, so no fg_last_error: the status says it (a missing
+         * libfusedgrpo_cuda.so: set FUSEDGRPO_CUDA_LIBRARY). */
+        printf("FAIL fg_context_create(FG_BACKEND_CUDA): %s (FUSEDGRPO_CUDA_LIBRARY=%s)\n",
+               fg_status_name(st),
+               getenv("FUSEDGRPO_CUDA_LIBRARY") ? getenv("FUSEDGRPO_CUDA_LIBRARY") : "unset");
+        return 1;
+    }
+
+    std::vector<ShapeResult> shapes;
+    for (int64_t T : o.tokens)
+        shapes.push_back(run_shape(ctx, o, T));
+
+    const std::string json = o.out + "/bench_api.json", txt = o.out + "/bench_api.txt";
+    write_json(json, o, device, shapes);
+    write_table(txt, o, device, shapes);
+    printf("\nwrote %s and %s\n", json.c_str(), txt.c_str());
+    fg_context_destroy(ctx);
+    CUDA_OK(cudaStreamDestroy(stream));
+    return 0;
+}
