@@ -24,11 +24,23 @@
 # The handler only speaks XLA's versioned FFI C API (no jaxlib symbols), so a
 # handler built against one jaxlib's headers runs with other jaxlib versions
 # that accept that API version.
+#
+# Its CUDA targets (the one-call loss and the head's log-probs on GPU devices,
+# _jax_ffi.cc "device handlers") are always compiled: they need no CUDA header
+# and link no CUDA library (the stream is an opaque pointer handed to the C
+# library, whose CUDA backend makes the calls; the handler's few copies of host
+# numbers go through the driver, libcuda.so.1, opened with dlopen on the first
+# GPU call). So a package built on a machine without CUDA serves GPUs too.
+# Where cuda.h is found (FG_JAX_FFI_CUDA_INCLUDE_DIR, the CUDA toolkit's
+# include directory, /usr/local/cuda/include), the handler's declarations of
+# those driver entry points are checked against it at compile time.
 
 set(FG_JAX_FFI AUTO CACHE STRING "Build the JAX FFI handler into the Python package: AUTO, ON or OFF")
 set_property(CACHE FG_JAX_FFI PROPERTY STRINGS AUTO ON OFF)
 set(FG_JAX_FFI_INCLUDE_DIR "" CACHE PATH
     "Directory of jaxlib's FFI headers (xla/ffi/api/ffi.h); empty: ask jax.ffi.include_dir()")
+set(FG_JAX_FFI_CUDA_INCLUDE_DIR "" CACHE PATH
+    "Directory of cuda.h, to check the JAX handler's CUDA driver declarations; empty: search")
 
 function(fg_jax_ffi_skip why)
   if(FG_JAX_FFI STREQUAL "ON")
@@ -100,7 +112,22 @@ else()
   # Portable: no -march flags here, whatever FG_NATIVE says.
   target_include_directories(fusedgrpo_jax_ffi SYSTEM PRIVATE "${_fg_jax_inc}")
   target_compile_options(fusedgrpo_jax_ffi PRIVATE -O2 -Wall -Wextra)
-  target_link_libraries(fusedgrpo_jax_ffi PRIVATE fusedgrpo)
+  target_link_libraries(fusedgrpo_jax_ffi PRIVATE fusedgrpo ${CMAKE_DL_LIBS})
+  # cuda.h only checks the driver declarations of the CUDA targets (nothing is
+  # linked); CUDAToolkit_INCLUDE_DIRS is set where the project found CUDA.
+  find_path(_fg_jax_cuda_h cuda.h
+            HINTS ${FG_JAX_FFI_CUDA_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS}
+                  "$ENV{CUDA_HOME}/include" "$ENV{CUDA_PATH}/include"
+            PATHS /usr/local/cuda/include)
+  mark_as_advanced(_fg_jax_cuda_h)
+  if(_fg_jax_cuda_h)
+    message(STATUS "fusedgrpo: the JAX FFI handler's CUDA targets, checked against ${_fg_jax_cuda_h}/cuda.h")
+    target_include_directories(fusedgrpo_jax_ffi SYSTEM PRIVATE "${_fg_jax_cuda_h}")
+    target_compile_definitions(fusedgrpo_jax_ffi PRIVATE FG_JAX_FFI_CUDA_H)
+  else()
+    message(STATUS "fusedgrpo: the JAX FFI handler's CUDA targets, built without cuda.h "
+                   "(their driver declarations unchecked)")
+  endif()
   target_link_options(fusedgrpo_jax_ffi PRIVATE -Wl,--no-undefined)
   install(TARGETS fusedgrpo_jax_ffi LIBRARY DESTINATION fusedgrpo COMPONENT fusedgrpo_python)
 endif()

@@ -222,6 +222,39 @@ for w in sys.argv[2:]:
   [ -n "$pylib" ] && rm -rf "$pylib"
 }
 
+# tests/python/test_jax_cuda.py: the JAX handler's CUDA targets against the
+# CPU path (rc in $jax_rc; 77: skipped). The handler is built here from
+# python/fusedgrpo/_jax_ffi.cc against this machine's jax (it links no CUDA
+# library; its copies go through libcuda.so.1, opened at run time).
+run_jax_tests() {
+  local log=$out/jax_cuda.txt py=${PYTHON:-python3} inc
+  jax_rc=0
+  if [ "$full_ok" -ne 1 ]; then
+    echo "gpu_test: the whole project did not build: JAX tests not run" | tee "$log"
+    jax_rc=1
+    return
+  fi
+  if ! inc=$("$py" -c 'import jax.ffi; print(jax.ffi.include_dir())' 2>/dev/null); then
+    echo "gpu_test: skipped: jax (with jax.ffi) is not importable" | tee "$log"
+    jax_rc=77
+    return
+  fi
+  if ! g++ -std=c++17 -O2 -Wall -Wextra -Werror -fPIC -shared -DFG_JAX_FFI_CUDA_H \
+         -isystem /usr/local/cuda/include -Iinclude -isystem "$inc" python/fusedgrpo/_jax_ffi.cc \
+         -o "$full_dir/libfusedgrpo_jax_ffi.so" -L"$full_dir" -lfusedgrpo -ldl \
+         -Wl,--no-undefined -Wl,-rpath,"$full_dir" >"$out/jax_ffi_build.txt" 2>&1; then
+    echo "gpu_test: the JAX handler did not build:" | tee "$log"
+    tail -20 "$out/jax_ffi_build.txt" | tee -a "$log"
+    jax_rc=1
+    return
+  fi
+  run_logged 240 "$log" env PYTHONPATH="$PWD/python" PYTHONDONTWRITEBYTECODE=1 \
+    FUSEDGRPO_LIBRARY="$full_dir/libfusedgrpo.so" FUSEDGRPO_CUDA_LIBRARY="$cuda_lib" \
+    FUSEDGRPO_JAX_FFI_LIBRARY="$full_dir/libfusedgrpo_jax_ffi.so" \
+    "$py" tests/python/test_jax_cuda.py
+  jax_rc=$rc
+}
+
 # bench_cuda_api at T = 8192 and 32768 (rc in $rc; 77: skipped). Writes
 # OUTDIR/bench_api.json and OUTDIR/bench_api.txt.
 run_bench_api() {
@@ -288,12 +321,17 @@ step "Python: tests/python/test_device_backends.py (the torch op on CUDA tensors
 run_python_tests
 [ "$py_rc" -ne 0 ] && [ "$py_rc" -ne 125 ] && failed=1
 
+step "Python: tests/python/test_jax_cuda.py (the JAX handler's CUDA targets)"
+run_jax_tests
+[ "$jax_rc" -ne 0 ] && [ "$jax_rc" -ne 77 ] && [ "$jax_rc" -ne 125 ] && failed=1
+
 summary() {
   step "summary"
   grep -E "^(FAIL|[0-9]+ checks)" "$out/test_cuda.txt" "$out/test_cuda_api.txt"
   [ -f "$out/pytest_device.txt" ] && tail -1 "$out/pytest_device.txt"
   [ ${#not_run[@]} -gt 0 ] && echo "gpu_test: not run (deadline ${deadline}s): ${not_run[*]}"
-  echo "gpu_test: test_cuda rc $test_rc, test_cuda_api rc $api_rc, pytest rc $py_rc;" \
+  echo "gpu_test: test_cuda rc $test_rc, test_cuda_api rc $api_rc, pytest rc $py_rc," \
+       "jax rc ${jax_rc:-not run};" \
        "$([ $failed -eq 0 ] && echo passed || echo FAILED) in ${SECONDS}s; output in $out"
   exit $failed
 }

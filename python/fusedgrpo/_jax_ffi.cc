@@ -1,4 +1,4 @@
-// XLA FFI handlers (CPU) for fusedgrpo: thin C++ shims over the C library.
+// XLA FFI handlers (CPU, and CUDA) for fusedgrpo: thin C++ shims over the C library.
 //
 // Built with the Python package (python/jax_ffi.cmake, when jax is present at
 // build time) against the headers of jax.ffi.include_dir() and
@@ -16,6 +16,10 @@
 //   fusedgrpo_loss_from_logp   (c) fg_grpo_loss_from_logp
 //   fusedgrpo_shard_backward   (d) fg_linear_shard_backward
 //   fusedgrpo_check            raises the status the shards agreed on
+// and, for the CUDA platform (see "device handlers" below):
+//   fusedgrpo_linear_grpo_cuda                 fg_linear_grpo on device buffers
+//   fusedgrpo_linear_logprobs_cuda             fg_linear_logprobs
+//   fusedgrpo_linear_logprobs_backward_cuda    fg_linear_logprobs_backward
 //
 // Operands (optional ones are zero-sized when absent; see each binding):
 //   hidden [B,T,H] f32|bf16, weight [Vb,H] (same dtype), bias [Vb] | [0],
@@ -58,8 +62,15 @@
 #include <utility>
 #include <vector>
 
+#include <dlfcn.h>
+
+#include <type_traits>
+
 #include "fusedgrpo.h"
 #include "xla/ffi/api/ffi.h"
+#ifdef FG_JAX_FFI_CUDA_H
+#include <cuda.h>  // only to check the driver declarations below (nothing linked)
+#endif
 
 namespace ffi = xla::ffi;
 using Buf = ffi::AnyBuffer;
@@ -87,29 +98,50 @@ void AddCallTotals(const fg_context *ctx) {
 // XLA may run custom calls on several threads at once (one per host device);
 // a context serves one at a time, so calls take one from a pool and put it
 // back. Threads and budget are per call (fg_exec): any context serves any call.
+// A device context is bound to its stream (fg_context_options.stream) and
+// keeps its device workspace between calls, so the pool holds a free list per
+// (backend, stream): a call takes a context of its own stream, made for it on
+// first use, and a thread that finds every context of its stream busy (several
+// threads on one stream) gets a new one. The CPU's list is (FG_BACKEND_CPU,
+// NULL). A stream is assumed to outlive the process's calls on it (XLA's
+// streams live as long as its client); its contexts are never destroyed.
+using PoolKey = std::pair<int, void *>;  // (fg_backend, stream)
 std::mutex g_pool_mu;
-std::vector<fg_context *> g_pool;
+std::map<PoolKey, std::vector<fg_context *>> g_pool;
+
+fg_status CreateContext(fg_backend backend, void *stream, fg_context **out) {
+    if (backend == FG_BACKEND_CPU)
+        return fg_context_create(nullptr, out);
+    fg_context_options opts;
+    fg_context_options_init(&opts);
+    opts.backend = backend;
+    opts.stream = stream;
+    return fg_context_create(&opts, out);
+}
 
 struct PooledContext {
     fg_context *ctx = nullptr;
     fg_status status = FG_OK;
-    PooledContext() {
+    PoolKey key;
+    explicit PooledContext(fg_backend backend = FG_BACKEND_CPU, void *stream = nullptr)
+        : key((int)backend, stream) {
         {
             std::lock_guard<std::mutex> lock(g_pool_mu);
-            if (!g_pool.empty()) {
-                ctx = g_pool.back();
-                g_pool.pop_back();
+            auto &free = g_pool[key];
+            if (!free.empty()) {
+                ctx = free.back();
+                free.pop_back();
                 return;
             }
         }
-        status = fg_context_create(nullptr, &ctx);
+        status = CreateContext(backend, stream, &ctx);  // a failed one leaves ctx NULL
     }
     ~PooledContext() {
         if (!ctx)
             return;
         AddCallTotals(ctx);
         std::lock_guard<std::mutex> lock(g_pool_mu);
-        g_pool.push_back(ctx);
+        g_pool[key].push_back(ctx);
     }
     PooledContext(const PooledContext &) = delete;
     PooledContext &operator=(const PooledContext &) = delete;
@@ -331,8 +363,7 @@ bool DecodeHeadAttrs(const ffi::Dictionary &a, fg_linear_options *lo, fg_exec *e
 // The loss config: the fg_loss_config's bytes that fusedgrpo._options built and
 // checked (attribute "config", u8[sizeof(fg_loss_config)]), with the run-time
 // num_items_in_batch and entropy_coef of `scalars` in place of its own.
-bool DecodeLossConfig(const ffi::Dictionary &a, const Buf &scalars, fg_loss_config *cfg,
-                      Failure *f) {
+bool DecodeConfigBytes(const ffi::Dictionary &a, fg_loss_config *cfg, Failure *f) {
     ffi::Span<const uint8_t> bytes;
     if (!GetAttr(a, "config", &bytes, f))
         return false;
@@ -342,8 +373,19 @@ bool DecodeLossConfig(const ffi::Dictionary &a, const Buf &scalars, fg_loss_conf
                                               " bytes, fg_loss_config " +
                                               std::to_string(sizeof *cfg));
     std::memcpy(cfg, bytes.begin(), sizeof *cfg);
+    return true;
+}
+
+bool ScalarsSized(const Buf &scalars, Failure *f) {
     if (scalars.element_type() != ffi::DataType::F32 || scalars.element_count() != 2)
         return f->Set(FG_ERR_SHAPE_MISMATCH, "scalars must be f32[2]");
+    return true;
+}
+
+bool DecodeLossConfig(const ffi::Dictionary &a, const Buf &scalars, fg_loss_config *cfg,
+                      Failure *f) {
+    if (!DecodeConfigBytes(a, cfg, f) || !ScalarsSized(scalars, f))
+        return false;
     const float *sc = static_cast<const float *>(scalars.untyped_data());
     cfg->num_items_in_batch = sc[0];
     cfg->entropy_coef = sc[1];
@@ -714,6 +756,513 @@ ffi::Error CheckImpl(Buf status, Buf shard, ffi::RemainingArgs results, ffi::Rem
     return Raise(f);
 }
 
+// ------------------------------------------------------------ device handlers
+//
+// fusedgrpo_linear_grpo_cuda, fusedgrpo_linear_logprobs_cuda and
+// fusedgrpo_linear_logprobs_backward_cuda: the one-call loss and the head's
+// log-probs (forward, backward) on a GPU. Every operand and result is device
+// memory. The C call runs on a context created with FG_BACKEND_CUDA on the
+// call's stream (the pool above: one free list per stream), whose backend
+// (libfusedgrpo_cuda.so) makes every CUDA call of the work: kernels, cuBLASLt,
+// the staging of the token arrays and its waits. Its scratch is device memory
+// that the context reserves on its first call and keeps for the next ones
+// (fg_exec.workspace stays NULL: XLA's scratch allocator would need the plan's
+// size before the call), taken from the CUDA memory pool, outside XLA's own
+// allocator (which holds 75% of the device by default).
+//
+// Around the call, three kinds of host numbers cross between host and device,
+// and the C API moves none of them: the run-time scalars (num_items_in_batch,
+// entropy_coef: host doubles of fg_loss_config) are read from their device
+// operand before it, and the loss, metrics and status (host numbers of
+// fg_linear_outputs) go into their device results after it. Decision: the
+// handler copies these 2 + 12 floats itself through the CUDA driver API
+// (libcuda.so.1, opened with dlopen on the first device call; nothing linked):
+//  - XLA allocates every result of a GPU custom call in device memory and the
+//    FFI has no copy of its own, so some CUDA call has to write them;
+//  - the copies go on the call's stream after the C call, which has already
+//    waited for its own work (the loss is a host number only at its end), so
+//    they add no wait; the scalars' read adds one, just before the C call's
+//    first step, which waits for the stream anyway;
+//  - a host callback instead (the handler leaves loss and metrics in a side
+//    table that a jax.pure_callback reads) needs a second custom call per
+//    loss, a table keyed by call that holds under vmap and concurrent
+//    devices, and device-host round trips of its own: more code, more waits;
+//  - the driver, not libcudart: libcuda.so.1 has kept its soname and these
+//    entry points for every CUDA version, every process running JAX on a GPU
+//    already has it loaded, and it serves whichever runtime version jaxlib and
+//    libfusedgrpo_cuda.so were built with, where a libcudart would have to
+//    match one of them (.so.12, .so.13). The handler library itself links no
+//    CUDA, so it loads, and its CPU handlers run, where there is none.
+// The source of a host-to-device copy is pageable memory (the handler's
+// stack): the driver stages it before cuMemcpyHtoDAsync returns, so it may go
+// out of scope at once. The handlers never carry XLA's command-buffer trait:
+// the C call waits for the stream on the host, which a CUDA graph cannot hold.
+//
+// Operands are fusedgrpo_linear_grpo's, except that token_ids are the C API's
+// int64 ids, s64 [B,T] or s32 [B,T,2] (each id's two 32-bit words, low first:
+// the little-endian int64 layout, which jax.py builds on the device without
+// x64 mode), since the handler cannot widen int32 ids that it cannot read;
+// shard is [0] and soft_fail 0 (the vocab-sharded phases are host-only). A
+// failure raises (JaxRuntimeError "fusedgrpo: FG_ERR_...: ...").
+//
+// The same bodies run over the C library's reference backend on host memory
+// (Fg*OnReference, copies by memcpy, registered by tests for the CPU), so that
+// a machine without a GPU exercises the device code path through XLA
+// (tests/python/test_jax_cuda.py).
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "s32 [B,T,2] token ids are read as little-endian int64");
+
+namespace cu {  // the few driver entry points the device handlers use
+
+#ifdef FG_JAX_FFI_CUDA_H
+using Result = CUresult;
+using DevicePtr = CUdeviceptr;
+using Stream = CUstream;
+using Context = CUcontext;
+#else  // the same ABI: an enum returned as int, a 64-bit address, opaque handles
+using Result = int;
+using DevicePtr = unsigned long long;
+using Stream = void *;
+using Context = void *;
+#endif
+static_assert(sizeof(DevicePtr) == 8 && sizeof(Stream) == sizeof(void *), "64-bit CUDA ABI");
+
+using StreamGetCtxFn = Result (*)(Stream, Context *);
+using CtxPushFn = Result (*)(Context);
+using CtxPopFn = Result (*)(Context *);
+using HtoDFn = Result (*)(DevicePtr, const void *, size_t, Stream);
+using DtoHFn = Result (*)(void *, DevicePtr, size_t, Stream);
+using SyncFn = Result (*)(Stream);
+using ErrorNameFn = Result (*)(Result, const char **);
+
+#ifdef FG_JAX_FFI_CUDA_H  // the declarations above, checked against cuda.h where it is found
+static_assert(std::is_same<StreamGetCtxFn, decltype(&::cuStreamGetCtx)>::value, "cuStreamGetCtx");
+static_assert(std::is_same<CtxPushFn, decltype(&::cuCtxPushCurrent)>::value, "cuCtxPushCurrent");
+static_assert(std::is_same<CtxPopFn, decltype(&::cuCtxPopCurrent)>::value, "cuCtxPopCurrent");
+static_assert(std::is_same<HtoDFn, decltype(&::cuMemcpyHtoDAsync)>::value, "cuMemcpyHtoDAsync");
+static_assert(std::is_same<DtoHFn, decltype(&::cuMemcpyDtoHAsync)>::value, "cuMemcpyDtoHAsync");
+static_assert(std::is_same<SyncFn, decltype(&::cuStreamSynchronize)>::value, "cuStreamSynchronize");
+static_assert(std::is_same<ErrorNameFn, decltype(&::cuGetErrorName)>::value, "cuGetErrorName");
+#endif
+
+struct Api {
+    StreamGetCtxFn stream_get_ctx = nullptr;
+    CtxPushFn ctx_push = nullptr;
+    CtxPopFn ctx_pop = nullptr;
+    HtoDFn htod = nullptr;
+    DtoHFn dtoh = nullptr;
+    SyncFn sync = nullptr;
+    ErrorNameFn error_name = nullptr;
+    std::string error;  // why the driver is not usable; "" when it is
+};
+
+template <typename Fn>
+bool Symbol(void *lib, const char *name, Fn *out, std::string *error) {
+    *out = reinterpret_cast<Fn>(dlsym(lib, name));
+    if (!*out)
+        *error = std::string("the CUDA driver libcuda.so.1 has no ") + name;
+    return *out != nullptr;
+}
+
+// The exported names are cuda.h's expansions (the _v2 entry points).
+Api Load() {
+    Api a;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);  // kept open: the process's driver
+    if (!lib) {
+        const char *why = dlerror();
+        a.error = std::string("cannot load the CUDA driver libcuda.so.1: ") + (why ? why : "?");
+        return a;
+    }
+    if (Symbol(lib, "cuStreamGetCtx", &a.stream_get_ctx, &a.error) &&
+        Symbol(lib, "cuCtxPushCurrent_v2", &a.ctx_push, &a.error) &&
+        Symbol(lib, "cuCtxPopCurrent_v2", &a.ctx_pop, &a.error) &&
+        Symbol(lib, "cuMemcpyHtoDAsync_v2", &a.htod, &a.error) &&
+        Symbol(lib, "cuMemcpyDtoHAsync_v2", &a.dtoh, &a.error) &&
+        Symbol(lib, "cuStreamSynchronize", &a.sync, &a.error))
+        Symbol(lib, "cuGetErrorName", &a.error_name, &a.error);
+    return a;
+}
+
+const Api &Driver() {
+    static const Api api = Load();  // once, thread-safe
+    return api;
+}
+
+std::string Name(const Api &a, Result r) {
+    const char *name = nullptr;
+    if (a.error_name)
+        a.error_name(r, &name);
+    return name ? name : "CUresult " + std::to_string((int)r);
+}
+
+// One copy on `stream`, in the stream's own CUDA context (made current for
+// it: XLA's calling thread need not have it current). to_host also waits for
+// it, so the host bytes are there on return.
+bool Copy(bool to_device, void *stream, void *dst, const void *src, size_t bytes, Failure *f) {
+    const Api &a = Driver();
+    if (!a.error.empty())
+        return f->Set(FG_ERR_UNSUPPORTED, a.error);
+    Stream s = static_cast<Stream>(stream);
+    Context ctx = nullptr;
+    const char *what = "cuStreamGetCtx";
+    Result r = a.stream_get_ctx(s, &ctx);
+    if ((int)r == 0) {
+        what = "cuCtxPushCurrent";
+        r = a.ctx_push(ctx);
+    }
+    if ((int)r != 0)
+        return f->Set(FG_ERR_BACKEND, std::string(what) + ": " + Name(a, r));
+    if (to_device) {
+        what = "cuMemcpyHtoDAsync";
+        r = a.htod((DevicePtr)(uintptr_t)dst, src, bytes, s);
+    } else {
+        what = "cuMemcpyDtoHAsync";
+        r = a.dtoh(dst, (DevicePtr)(uintptr_t)src, bytes, s);
+        if ((int)r == 0) {
+            what = "cuStreamSynchronize";
+            r = a.sync(s);
+        }
+    }
+    Context popped = nullptr;
+    const Result rp = a.ctx_pop(&popped);
+    if ((int)r == 0 && (int)rp != 0) {
+        what = "cuCtxPopCurrent";
+        r = rp;
+    }
+    return (int)r == 0 || f->Set(FG_ERR_BACKEND, std::string(what) + ": " + Name(a, r));
+}
+
+}  // namespace cu
+
+// Where a device handler's memory lives: the backend of its contexts, and the
+// copies of the host numbers (the host buffer may be reused when they return).
+struct DeviceMemory {
+    fg_backend backend;
+    const char *name;
+    bool (*to_host)(void *stream, void *host, const void *dev, size_t bytes, Failure *f);
+    bool (*to_device)(void *stream, void *dev, const void *host, size_t bytes, Failure *f);
+};
+
+bool CudaToHost(void *stream, void *host, const void *dev, size_t bytes, Failure *f) {
+    return cu::Copy(false, stream, host, dev, bytes, f);
+}
+
+bool CudaToDevice(void *stream, void *dev, const void *host, size_t bytes, Failure *f) {
+    return cu::Copy(true, stream, dev, host, bytes, f);
+}
+
+bool HostCopy(void *, void *dst, const void *src, size_t bytes, Failure *) {
+    std::memcpy(dst, src, bytes);
+    return true;
+}
+
+const DeviceMemory kCuda = {FG_BACKEND_CUDA, "CUDA", CudaToHost, CudaToDevice};
+const DeviceMemory kReference = {FG_BACKEND_REFERENCE, "reference", HostCopy, HostCopy};
+
+// The pooled context of a device call, or false with why there is none (the C
+// library keeps no message for a context it could not create).
+bool DeviceContext(const DeviceMemory &mem, const PooledContext &pc, Failure *f) {
+    if (pc.status == FG_OK)
+        return true;
+    std::string why = std::string("cannot create a context on the ") + mem.name + " backend";
+    if (mem.backend == FG_BACKEND_CUDA)
+        why += ": it needs libfusedgrpo_cuda.so (beside libfusedgrpo, or FUSEDGRPO_CUDA_LIBRARY) "
+               "and a CUDA device";
+    return f->Set(pc.status, why);
+}
+
+// token_ids s64 [B,T] or s32 [B,T,2] (the words of int64 ids, low first) and
+// mask [B,T]: their addresses only, nothing read.
+bool DecodeDeviceTokens(const Buf &ids, const Buf &mask, fg_tokens *t, Failure *f) {
+    auto md = mask.dimensions();
+    auto d = ids.dimensions();
+    if (md.size() != 2)
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "mask must be [B,T]");
+    const bool bt = d.size() >= 2 && d[0] == md[0] && d[1] == md[1];
+    const bool s64 = bt && d.size() == 2 && ids.element_type() == ffi::DataType::S64;
+    const bool words = bt && d.size() == 3 && d[2] == 2 && ids.element_type() == ffi::DataType::S32;
+    if (!s64 && !words)
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "token_ids on a device must be int64 [B,T], or "
+                                             "int32 [B,T,2]: the int64 ids' words, low first");
+    const auto mt = mask.element_type();
+    if (mt != ffi::DataType::U8 && mt != ffi::DataType::PRED && mt != ffi::DataType::S8)
+        return f->Set(FG_ERR_SHAPE_MISMATCH, "mask must be uint8 or bool");
+    t->batch = md[0];
+    t->seq_len = md[1];
+    t->token_ids = static_cast<const int64_t *>(ids.untyped_data());
+    t->mask = static_cast<const uint8_t *>(mask.untyped_data());
+    return true;
+}
+
+// Gradient views over whole buffers (no shard: no padding rows to zero).
+void DeviceGradViews(const Head &h, Out &gh, Out &gw, Out &gb, fg_matrix *mh, fg_matrix *mw,
+                     fg_vector *vb) {
+    if (gh->element_count())
+        *mh = fg_matrix_make(gh->untyped_data(), DtypeOf(gh), h.N, h.H);
+    if (gw->element_count())
+        *mw = fg_matrix_make(gw->untyped_data(), DtypeOf(gw), h.in.weight.rows, h.H);
+    if (gb->element_count())
+        *vb = fg_vector_make(gb->untyped_data(), DtypeOf(gb), h.in.weight.rows);
+}
+
+bool F32Sized(Out &b, int64_t n, const char *what, Failure *f) {
+    if (b->element_type() != ffi::DataType::F32 || (int64_t)b->element_count() != n)
+        return f->Set(FG_ERR_SHAPE_MISMATCH,
+                      std::string(what) + " must be f32[" + std::to_string(n) + "]");
+    return true;
+}
+
+bool F32Sized(const Buf &b, int64_t n, const char *what, Failure *f) {
+    if (b.element_type() != ffi::DataType::F32 || (int64_t)b.element_count() != n)
+        return f->Set(FG_ERR_SHAPE_MISMATCH,
+                      std::string(what) + " must be f32[" + std::to_string(n) + "]");
+    return true;
+}
+
+// A device call is one whole call: no shard of a vocab-sharded mesh, no soft failure.
+bool WholeCall(const Buf &shard, const ffi::Dictionary &attrs, Failure *f) {
+    int64_t soft = 0;
+    if (!GetAttr(attrs, "soft_fail", &soft, f))
+        return false;
+    if (shard.element_count() != 0 || soft != 0)
+        return f->Set(FG_ERR_UNSUPPORTED, "the calls of a sharded loss (shard_map) run on CPU "
+                                          "devices only");
+    return true;
+}
+
+// The head, its attributes and the tokens of a device call.
+bool DecodeDeviceHead(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask,
+                      const ffi::Dictionary &attrs, Tokens *tk, Head *h, fg_linear_options *lo,
+                      fg_exec *ex, Failure *f) {
+    return DecodeDeviceTokens(token_ids, mask, &tk->t, f) &&
+           DecodeHead(hidden, weight, bias, Shard(), 0, h, f) && DecodeHeadAttrs(attrs, lo, ex, f);
+}
+
+bool LinearGrpoDevice(const DeviceMemory &mem, void *stream, Buf hidden, Buf weight, Buf bias,
+                      Buf token_ids, Buf mask, Buf advantages, Buf old_logp, Buf ref_logp,
+                      Buf is_ratio, Buf sampling_logp, Buf scalars, Buf shard, Out &loss,
+                      Out &metrics, Out &logp, Out &entropy, Out &gh, Out &gw, Out &gb,
+                      Out &status, const ffi::Dictionary &attrs, Failure *f) {
+    Tokens tk;
+    Head h;
+    fg_batch bt;
+    fg_loss_config cfg;
+    fg_linear_options lo;
+    fg_exec ex;
+    if (!WholeCall(shard, attrs, f) ||
+        !DecodeDeviceHead(hidden, weight, bias, token_ids, mask, attrs, &tk, &h, &lo, &ex, f) ||
+        !DecodeBatch(tk, advantages, old_logp, ref_logp, is_ratio, sampling_logp, &bt, f) ||
+        !DecodeConfigBytes(attrs, &cfg, f) || !ScalarsSized(scalars, f) ||
+        !F32Sized(loss, 1, "loss", f) || !F32Sized(metrics, 10, "metrics", f) ||
+        !F32Sized(status, 1, "status", f) || !F32Sized(logp, h.N, "logp", f) ||
+        !F32Sized(entropy, h.N, "entropy", f))
+        return false;
+    float sc[2];  // num_items_in_batch (< 0: default), entropy_coef
+    if (!mem.to_host(stream, sc, scalars.untyped_data(), sizeof sc, f))
+        return false;
+    cfg.num_items_in_batch = sc[0];
+    cfg.entropy_coef = sc[1];
+    fg_linear_outputs out;
+    std::memset(&out, 0, sizeof out);
+    out.logp = F32(logp);
+    out.entropy = F32(entropy);
+    DeviceGradViews(h, gh, gw, gb, &out.grad_hidden, &out.grad_weight, &out.grad_bias);
+    PooledContext pc(mem.backend, stream);
+    if (!DeviceContext(mem, pc, f))
+        return false;
+    const fg_status st = fg_linear_grpo(pc.ctx, &lo, &cfg, &h.in, &bt, &out, &ex);
+    if (st != FG_OK)
+        return f->SetFrom(st, pc.ctx);
+    const float host_loss = (float)out.loss, host_status = 0.0f;
+    float host_metrics[10];
+    WriteMetrics(out.metrics, host_metrics);
+    return mem.to_device(stream, loss->untyped_data(), &host_loss, sizeof host_loss, f) &&
+           mem.to_device(stream, metrics->untyped_data(), host_metrics, sizeof host_metrics, f) &&
+           mem.to_device(stream, status->untyped_data(), &host_status, sizeof host_status, f);
+}
+
+ffi::Error LinearGrpoOn(const DeviceMemory &mem, void *stream, Buf hidden, Buf weight, Buf bias,
+                        Buf token_ids, Buf mask, Buf advantages, Buf old_logp, Buf ref_logp,
+                        Buf is_ratio, Buf sampling_logp, Buf scalars, Buf shard, Out loss,
+                        Out metrics, Out logp, Out entropy, Out gh, Out gw, Out gb, Out status,
+                        ffi::Dictionary attrs) {
+    Failure f;
+    if (LinearGrpoDevice(mem, stream, hidden, weight, bias, token_ids, mask, advantages, old_logp,
+                         ref_logp, is_ratio, sampling_logp, scalars, shard, loss, metrics, logp,
+                         entropy, gh, gw, gb, status, attrs, &f))
+        return ffi::Error::Success();
+    return Raise(f);
+}
+
+// fg_linear_logprobs: logp, entropy [B,T] (entropy [0]: not wanted).
+bool LogprobsDevice(const DeviceMemory &mem, void *stream, Buf hidden, Buf weight, Buf bias,
+                    Buf token_ids, Buf mask, Out &logp, Out &entropy,
+                    const ffi::Dictionary &attrs, Failure *f) {
+    Tokens tk;
+    Head h;
+    fg_linear_options lo;
+    fg_exec ex;
+    double temperature = 1.0;
+    if (!DecodeDeviceHead(hidden, weight, bias, token_ids, mask, attrs, &tk, &h, &lo, &ex, f) ||
+        !GetAttr(attrs, "temperature", &temperature, f) || !F32Sized(logp, h.N, "logp", f) ||
+        (entropy->element_count() && !F32Sized(entropy, h.N, "entropy", f)))
+        return false;
+    PooledContext pc(mem.backend, stream);
+    if (!DeviceContext(mem, pc, f))
+        return false;
+    const fg_status st =
+        fg_linear_logprobs(pc.ctx, &lo, temperature, &h.in, &tk.t, F32(logp),
+                           entropy->element_count() ? F32(entropy) : nullptr, &ex);
+    return st == FG_OK || f->SetFrom(st, pc.ctx);
+}
+
+ffi::Error LogprobsOn(const DeviceMemory &mem, void *stream, Buf hidden, Buf weight, Buf bias,
+                      Buf token_ids, Buf mask, Out logp, Out entropy, ffi::Dictionary attrs) {
+    Failure f;
+    if (LogprobsDevice(mem, stream, hidden, weight, bias, token_ids, mask, logp, entropy, attrs,
+                       &f))
+        return ffi::Error::Success();
+    return Raise(f);
+}
+
+// fg_linear_logprobs_backward: grad_logp, grad_entropy [B,T] (grad_entropy
+// [0]: 0) into grad_hidden [B,T,H], grad_weight [V,H], grad_bias [V] | [0].
+bool LogprobsBackwardDevice(const DeviceMemory &mem, void *stream, Buf hidden, Buf weight,
+                            Buf bias, Buf token_ids, Buf mask, Buf grad_logp, Buf grad_entropy,
+                            Out &gh, Out &gw, Out &gb, const ffi::Dictionary &attrs, Failure *f) {
+    Tokens tk;
+    Head h;
+    fg_linear_options lo;
+    fg_exec ex;
+    double temperature = 1.0;
+    if (!DecodeDeviceHead(hidden, weight, bias, token_ids, mask, attrs, &tk, &h, &lo, &ex, f) ||
+        !GetAttr(attrs, "temperature", &temperature, f) ||
+        !F32Sized(grad_logp, h.N, "grad_logp", f) ||
+        (grad_entropy.element_count() && !F32Sized(grad_entropy, h.N, "grad_entropy", f)))
+        return false;
+    fg_linear_grads g;
+    std::memset(&g, 0, sizeof g);
+    DeviceGradViews(h, gh, gw, gb, &g.grad_hidden, &g.grad_weight, &g.grad_bias);
+    PooledContext pc(mem.backend, stream);
+    if (!DeviceContext(mem, pc, f))
+        return false;
+    const fg_status st =
+        fg_linear_logprobs_backward(pc.ctx, &lo, temperature, &h.in, &tk.t, F32In(grad_logp),
+                                    OptF32(grad_entropy), &g, &ex);
+    return st == FG_OK || f->SetFrom(st, pc.ctx);
+}
+
+ffi::Error LogprobsBackwardOn(const DeviceMemory &mem, void *stream, Buf hidden, Buf weight,
+                              Buf bias, Buf token_ids, Buf mask, Buf grad_logp, Buf grad_entropy,
+                              Out gh, Out gw, Out gb, ffi::Dictionary attrs) {
+    Failure f;
+    if (LogprobsBackwardDevice(mem, stream, hidden, weight, bias, token_ids, mask, grad_logp,
+                               grad_entropy, gh, gw, gb, attrs, &f))
+        return ffi::Error::Success();
+    return Raise(f);
+}
+
+// The handlers' entry points: on the CUDA platform with the call's stream, and
+// over the reference backend (host memory, no stream) for tests on the CPU.
+ffi::Error LinearGrpoCudaImpl(void *stream, Buf hidden, Buf weight, Buf bias, Buf token_ids,
+                              Buf mask, Buf advantages, Buf old_logp, Buf ref_logp, Buf is_ratio,
+                              Buf sampling_logp, Buf scalars, Buf shard, Out loss, Out metrics,
+                              Out logp, Out entropy, Out gh, Out gw, Out gb, Out status,
+                              ffi::Dictionary attrs) {
+    return LinearGrpoOn(kCuda, stream, hidden, weight, bias, token_ids, mask, advantages,
+                        old_logp, ref_logp, is_ratio, sampling_logp, scalars, shard, loss,
+                        metrics, logp, entropy, gh, gw, gb, status, attrs);
+}
+
+ffi::Error LinearGrpoOnReferenceImpl(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask,
+                                     Buf advantages, Buf old_logp, Buf ref_logp, Buf is_ratio,
+                                     Buf sampling_logp, Buf scalars, Buf shard, Out loss,
+                                     Out metrics, Out logp, Out entropy, Out gh, Out gw, Out gb,
+                                     Out status, ffi::Dictionary attrs) {
+    return LinearGrpoOn(kReference, nullptr, hidden, weight, bias, token_ids, mask, advantages,
+                        old_logp, ref_logp, is_ratio, sampling_logp, scalars, shard, loss,
+                        metrics, logp, entropy, gh, gw, gb, status, attrs);
+}
+
+ffi::Error LogprobsCudaImpl(void *stream, Buf hidden, Buf weight, Buf bias, Buf token_ids,
+                            Buf mask, Out logp, Out entropy, ffi::Dictionary attrs) {
+    return LogprobsOn(kCuda, stream, hidden, weight, bias, token_ids, mask, logp, entropy, attrs);
+}
+
+ffi::Error LogprobsOnReferenceImpl(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask,
+                                   Out logp, Out entropy, ffi::Dictionary attrs) {
+    return LogprobsOn(kReference, nullptr, hidden, weight, bias, token_ids, mask, logp, entropy,
+                      attrs);
+}
+
+ffi::Error LogprobsBackwardCudaImpl(void *stream, Buf hidden, Buf weight, Buf bias,
+                                    Buf token_ids, Buf mask, Buf grad_logp, Buf grad_entropy,
+                                    Out gh, Out gw, Out gb, ffi::Dictionary attrs) {
+    return LogprobsBackwardOn(kCuda, stream, hidden, weight, bias, token_ids, mask, grad_logp,
+                              grad_entropy, gh, gw, gb, attrs);
+}
+
+ffi::Error LogprobsBackwardOnReferenceImpl(Buf hidden, Buf weight, Buf bias, Buf token_ids,
+                                           Buf mask, Buf grad_logp, Buf grad_entropy, Out gh,
+                                           Out gw, Out gb, ffi::Dictionary attrs) {
+    return LogprobsBackwardOn(kReference, nullptr, hidden, weight, bias, token_ids, mask,
+                              grad_logp, grad_entropy, gh, gw, gb, attrs);
+}
+
+// The operand lists of the device handlers, after the stream (if any).
+template <typename B>
+auto BindLinearGrpo(B b) {
+    return std::move(b).template Arg<Buf>()  // hidden
+        .template Arg<Buf>()        // weight
+        .template Arg<Buf>()        // bias
+        .template Arg<Buf>()        // token_ids: s64 [B,T] | s32 [B,T,2]
+        .template Arg<Buf>()        // mask
+        .template Arg<Buf>()        // advantages
+        .template Arg<Buf>()        // old_logp
+        .template Arg<Buf>()        // ref_logp
+        .template Arg<Buf>()        // is_ratio
+        .template Arg<Buf>()        // sampling_logp
+        .template Arg<Buf>()        // scalars
+        .template Arg<Buf>()        // shard ([0])
+        .template Ret<Buf>()        // loss
+        .template Ret<Buf>()        // metrics
+        .template Ret<Buf>()        // logp
+        .template Ret<Buf>()        // entropy
+        .template Ret<Buf>()        // grad_hidden
+        .template Ret<Buf>()        // grad_weight
+        .template Ret<Buf>()        // grad_bias
+        .template Ret<Buf>()        // status (0)
+        .Attrs();
+}
+
+template <typename B>
+auto BindLogprobs(B b) {
+    return std::move(b).template Arg<Buf>()  // hidden
+        .template Arg<Buf>()        // weight
+        .template Arg<Buf>()        // bias
+        .template Arg<Buf>()        // token_ids: s64 [B,T] | s32 [B,T,2]
+        .template Arg<Buf>()        // mask
+        .template Ret<Buf>()        // logp
+        .template Ret<Buf>()        // entropy
+        .Attrs();
+}
+
+template <typename B>
+auto BindLogprobsBackward(B b) {
+    return std::move(b).template Arg<Buf>()  // hidden
+        .template Arg<Buf>()        // weight
+        .template Arg<Buf>()        // bias
+        .template Arg<Buf>()        // token_ids: s64 [B,T] | s32 [B,T,2]
+        .template Arg<Buf>()        // mask
+        .template Arg<Buf>()        // grad_logp
+        .template Arg<Buf>()        // grad_entropy
+        .template Ret<Buf>()        // grad_hidden [B,T,H] f32
+        .template Ret<Buf>()        // grad_weight [V,H] f32
+        .template Ret<Buf>()        // grad_bias [V] | [0] f32
+        .Attrs();
+}
+
 }  // namespace
 
 // Time spent inside the C library by every call of these handlers so far:
@@ -824,3 +1373,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FgCheck, CheckImpl,
                                   .Arg<Buf>()  // shard
                                   .RemainingArgs()    // the call's results
                                   .RemainingRets());  // ... the same (aliased)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLinearGrpoCuda, LinearGrpoCudaImpl,
+                              BindLinearGrpo(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void *>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLinearLogprobsCuda, LogprobsCudaImpl,
+                              BindLogprobs(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void *>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FgLinearLogprobsBackwardCuda, LogprobsBackwardCudaImpl,
+    BindLogprobsBackward(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void *>>()));
+
+// The device handlers' bodies over the reference backend on host memory, for
+// the CPU platform (tests only: jax.py registers them on request).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLinearGrpoOnReference, LinearGrpoOnReferenceImpl,
+                              BindLinearGrpo(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLinearLogprobsOnReference, LogprobsOnReferenceImpl,
+                              BindLogprobs(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FgLinearLogprobsBackwardOnReference,
+                              LogprobsBackwardOnReferenceImpl,
+                              BindLogprobsBackward(ffi::Ffi::Bind()));

@@ -1,4 +1,4 @@
-"""JAX front end: the fused loss as XLA FFI custom calls on the CPU.
+"""JAX front end: the fused loss as XLA FFI custom calls on the CPU (and CUDA GPUs).
 
 The handlers (``_jax_ffi.cc``, C++ over the C library, written against
 ``jax.ffi.include_dir()``'s ``xla/ffi/api/ffi.h``) are built with the package
@@ -35,6 +35,14 @@ may span processes (``jax.distributed``; CPU collectives over gloo):
 
 Like ``fused_linear_grpo_loss`` it is a ``jax.custom_vjp``: the sharded forward
 computes the gradients too, the backward scales them.
+
+On GPU devices (CUDA), ``fused_linear_grpo_loss`` and ``linear_logprobs`` run
+the handler's CUDA targets (``*_cuda``: the same C calls on device memory, on
+XLA's stream, through the C library's CUDA backend), ``jit`` and ``grad``
+included; which targets a call uses is decided when XLA lowers it for its
+platform (``lax.platform_dependent``), so arrays on CPU devices of the same
+process keep the CPU path. ``fused_linear_grpo_loss_sharded`` stays on CPU
+devices (the CUDA backend has no phase API yet) and refuses a mesh of GPUs.
 """
 from __future__ import annotations
 
@@ -64,10 +72,25 @@ _TARGETS = {
     "fusedgrpo_shard_backward": "FgShardBackward",
     "fusedgrpo_check": "FgCheck",
 }
+# The device handlers (_jax_ffi.cc "device handlers"), registered for the CUDA
+# platform: custom-call target -> symbol.
+_CUDA_TARGETS = {
+    "fusedgrpo_linear_grpo_cuda": "FgLinearGrpoCuda",
+    "fusedgrpo_linear_logprobs_cuda": "FgLinearLogprobsCuda",
+    "fusedgrpo_linear_logprobs_backward_cuda": "FgLinearLogprobsBackwardCuda",
+}
+# The same bodies over the C library's reference backend on host memory, for
+# the CPU platform: tests only (_device_path_on_cpu).
+_REFERENCE_TARGETS = {
+    "fusedgrpo_linear_grpo_on_reference": "FgLinearGrpoOnReference",
+    "fusedgrpo_linear_logprobs_on_reference": "FgLinearLogprobsOnReference",
+    "fusedgrpo_linear_logprobs_backward_on_reference": "FgLinearLogprobsBackwardOnReference",
+}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HANDLER = "libfusedgrpo_jax_ffi.so"
 _BACKENDS = ("ffi", "callback")
-_state = {"backend": None, "so": None, "lib": None}
+_state = {"backend": None, "so": None, "lib": None, "cuda": False, "gpu": None,
+          "reference_on_cpu": False}
 
 
 def handler_path() -> str:
@@ -96,6 +119,14 @@ def _load_handler():
         for target, symbol in _TARGETS.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
                                         platform="cpu")
+        # The CUDA targets: registering them needs no GPU (nor starts a backend);
+        # XLA calls them only where it lowers for CUDA. A handler built before
+        # them has none: GPU arrays then fail at XLA's compile (no target).
+        if all(hasattr(lib, symbol) for symbol in _CUDA_TARGETS.values()):
+            for target, symbol in _CUDA_TARGETS.items():
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                            platform="CUDA")
+            _state["cuda"] = True
     except Exception as e:  # noqa: BLE001 - re-raised with the path and the remedy
         raise ImportError(f"fusedgrpo.jax: cannot load the JAX FFI handler {so}: {e}; "
                           "reinstall fusedgrpo with jax present (python/README.md), or set "
@@ -197,6 +228,93 @@ def _empty(dtype=jnp.float32):
     return jnp.zeros((0,), dtype)
 
 
+# ------------------------------------------------------------------ devices
+
+# The device handlers' targets by role, per platform of lax.platform_dependent.
+_DEVICE_ROLES = {"cuda": {"grpo": "fusedgrpo_linear_grpo_cuda",
+                          "logprobs": "fusedgrpo_linear_logprobs_cuda",
+                          "logprobs_backward": "fusedgrpo_linear_logprobs_backward_cuda"}}
+_ON_REFERENCE = {"grpo": "fusedgrpo_linear_grpo_on_reference",
+                 "logprobs": "fusedgrpo_linear_logprobs_on_reference",
+                 "logprobs_backward": "fusedgrpo_linear_logprobs_backward_on_reference"}
+
+
+def _cuda_present() -> bool:
+    """Whether this process has CUDA devices: asked at the first call, never at
+    import (jax starts its backends then, which must wait for a later
+    jax.distributed.initialize)."""
+    if _state["gpu"] is None:
+        try:
+            _state["gpu"] = len(jax.devices("cuda")) > 0
+        except RuntimeError:  # no CUDA backend in this jax
+            _state["gpu"] = False
+    return _state["gpu"]
+
+
+def _committed_platform(args):
+    """The platform ("cpu", "gpu") that the arrays among args are committed to,
+    when they are all concrete and one platform holds the committed ones; else
+    None (traced values: the lowering decides)."""
+    platforms = set()
+    for x in jax.tree_util.tree_leaves(args):
+        if isinstance(x, jax.core.Tracer):
+            return None
+        if isinstance(x, jax.Array) and x.committed:
+            platforms.update(d.platform for d in x.devices())
+    return platforms.pop() if len(platforms) == 1 else None
+
+
+def _per_platform(host, device, *args):
+    """host(*args) where the call runs on a CPU device, device(roles, *args)
+    where it runs on a CUDA device (roles: _DEVICE_ROLES["cuda"]). The choice
+    is made where XLA lowers the call for its platform (lax.platform_dependent:
+    only the chosen branch is lowered), or by the arrays' devices for an eager
+    call on committed arrays (platform_dependent would ask the default device).
+    Without CUDA devices, the CUDA targets, or the FFI backend, host(*args) as
+    always. Both must return tuples of the same arrays."""
+    if _state["reference_on_cpu"]:
+        return device(_ON_REFERENCE, *args)
+    if backend() != "ffi" or not _state["cuda"] or not _cuda_present():
+        return host(*args)
+    cuda = functools.partial(device, _DEVICE_ROLES["cuda"])
+    platform = _committed_platform(args)
+    if platform == "cpu":
+        return host(*args)
+    if platform == "gpu":
+        return cuda(*args)
+    return lax.platform_dependent(*args, cpu=host, cuda=cuda)
+
+
+def _int64_ids(tok):
+    """Token ids as the device handlers take them, the C API's int64: int64 as
+    they are, others as int32 [B, T, 2], each id's low and high 32-bit words
+    (the little-endian int64 layout), made on the device: no x64 mode needed,
+    and the handler, which cannot read device memory, need not widen them."""
+    if tok.dtype == jnp.int64:
+        return tok
+    tok = tok.astype(jnp.int32)
+    return jnp.stack([tok, lax.shift_right_arithmetic(tok, jnp.int32(31))], axis=-1)
+
+
+def _mask_bytes(mask):
+    """A mask as the handlers read it (one byte per token, nonzero: a token)."""
+    return mask if mask.dtype in (jnp.bool_, jnp.uint8, jnp.int8) else mask != 0
+
+
+def _device_path_on_cpu(on: bool = True):
+    """For tests on machines without a GPU: calls that would take the CUDA
+    targets take, on the CPU, the same handler bodies over the C library's
+    reference backend (host memory, slow) instead: the device path's operands,
+    host-number copies and C calls then run through XLA. on=False: back to the
+    CPU path. Traces made before the switch keep their path."""
+    if on and not _state.get("reference_registered"):
+        for target, symbol in _REFERENCE_TARGETS.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(_state["lib"], symbol)),
+                                        platform="cpu")
+        _state["reference_registered"] = True
+    _state["reference_on_cpu"] = bool(on)
+
+
 def _grad_dtypes(dtype):
     """grad_hidden, grad_weight, grad_bias dtypes (fusedgrpo.grad_storage_dtypes)."""
     import fusedgrpo
@@ -271,13 +389,22 @@ def _prim(cfg, need, hidden, weight, bias, batch, scalars, shard=None, soft=Fals
     need = (need[0], need[1], need[2] and has_bias)
     gdts = _grad_dtypes(hidden.dtype) if gdts is None else gdts
     bias = bias if has_bias else _empty(hidden.dtype)
+    sharded = shard is not None
     shard = jnp.zeros((0,), jnp.int32) if shard is None else shard
     types = _out_types(B, T, H, V, need, gdts)
     args = (hidden, weight, bias) + _batch_operands(B, T, *batch) + (scalars, shard)
     if backend() == "ffi":
-        return _ffi("fusedgrpo_linear_grpo", types, *args, **_loss_attrs(cfg),
-                    impl=cfg.impl, filter_eps=np.float64(cfg.filter_eps),
-                    soft_fail=np.int64(soft))
+        attrs = dict(_loss_attrs(cfg), impl=cfg.impl, filter_eps=np.float64(cfg.filter_eps),
+                     soft_fail=np.int64(soft))
+
+        def host(*a):
+            return tuple(_ffi("fusedgrpo_linear_grpo", types, *a, **attrs))
+
+        def device(roles, *a):  # the token ids (operand 3) as int64
+            return tuple(_ffi(roles["grpo"], types, *a[:3], _int64_ids(a[3]), *a[4:], **attrs))
+        if sharded:  # shard_map: CPU devices only (fused_linear_grpo_loss_sharded)
+            return host(*args)
+        return _per_platform(host, device, *args)
     return jax.pure_callback(functools.partial(_callback_impl, cfg, need, gdts), types, *args,
                              vmap_method="sequential")
 
@@ -678,6 +805,13 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
     shard of every process with the same status (jax.errors.JaxRuntimeError
     naming the FG_ERR_ status), after the call's collectives: none waits on a
     shard that failed."""
+    platforms = sorted({d.platform for d in mesh.devices.flat})
+    if platforms != ["cpu"]:
+        raise NotImplementedError(
+            f"fusedgrpo.jax: fused_linear_grpo_loss_sharded runs on CPU devices only; this mesh "
+            f"holds {', '.join(platforms)} devices. The C library's CUDA backend has no "
+            "vocab-sharded phases (the phase API) yet, so neither shard_map nor the multi-process "
+            "call runs on GPUs: on a GPU, call fused_linear_grpo_loss on each device's batch.")
     cfg = _static(options, impl, threads, memory_budget, filter_eps)
     nb = mesh.shape[batch_axis] if batch_axis else 1
     nv = mesh.shape[vocab_axis] if vocab_axis else 1
@@ -699,10 +833,12 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
 
 # ------------------------------------------------------- log-probs of the head
 #
-# Through jax.pure_callback over the NumPy functions (fg_linear_logprobs and
-# fg_linear_logprobs_backward), on the CPU; not yet an FFI target: under jit it
-# is one host callback per pass, and it does not take part in shard_map
-# collectives (the phase API's FFI targets would).
+# On CPU devices through jax.pure_callback over the NumPy functions
+# (fg_linear_logprobs and fg_linear_logprobs_backward), not yet an FFI target:
+# under jit it is one host callback per pass, and it does not take part in
+# shard_map collectives (the phase API's FFI targets would). On CUDA devices
+# through the handler's CUDA targets (_per_platform): the same C calls on
+# device memory, float32 gradients as the callback's.
 
 def _np(x):
     return None if x is None else np.asarray(x)
@@ -726,12 +862,30 @@ def _logprobs_bwd_cb(temperature, opts, hidden, weight, bias, tok, mask, g_lp, g
     return g["grad_hidden"], g["grad_weight"], gb
 
 
+def _logprobs_attrs(temperature, opts):
+    """The device handlers' attributes (_jax_ffi.cc DecodeHeadAttrs, temperature)."""
+    o = dict(opts)
+    impl = o.get("impl", "fused")
+    if impl not in _lib.IMPLS:
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}")
+    ex = _options.make_exec(o.get("threads"), o.get("memory_budget"))
+    return dict(impl=impl, filter_eps=np.float64(0.0), temperature=np.float64(temperature),
+                threads=np.int64(ex.threads), memory_budget=np.int64(ex.memory_budget))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _logprobs(temperature, opts, hidden, weight, bias, tok, mask):
     B, T, _ = hidden.shape
     f = jax.ShapeDtypeStruct((B, T), jnp.float32)
-    return jax.pure_callback(functools.partial(_logprobs_cb, temperature, dict(opts)), (f, f),
-                             hidden, weight, bias, tok, mask)
+
+    def host(*a):
+        return tuple(jax.pure_callback(functools.partial(_logprobs_cb, temperature, dict(opts)),
+                                       (f, f), *a))
+
+    def device(roles, h, w, b, t, m):
+        return tuple(_ffi(roles["logprobs"], (f, f), h, w, b, _int64_ids(t), _mask_bytes(m),
+                          **_logprobs_attrs(temperature, opts)))
+    return _per_platform(host, device, hidden, weight, bias, tok, mask)
 
 
 def _logprobs_fwd(temperature, opts, hidden, weight, bias, tok, mask):
@@ -745,9 +899,16 @@ def _logprobs_bwd(temperature, opts, res, ct):
     S = jax.ShapeDtypeStruct
     shapes = (S(hidden.shape, jnp.float32), S(weight.shape, jnp.float32),
               S(bias.shape, jnp.float32))
-    gh, gw, gb = jax.pure_callback(functools.partial(_logprobs_bwd_cb, temperature, dict(opts)),
-                                   shapes, hidden, weight, bias, tok, mask,
-                                   g_lp.astype(jnp.float32), g_ent.astype(jnp.float32))
+
+    def host(*a):
+        return tuple(jax.pure_callback(functools.partial(_logprobs_bwd_cb, temperature,
+                                                         dict(opts)), shapes, *a))
+
+    def device(roles, h, w, b, t, m, gl, ge):
+        return tuple(_ffi(roles["logprobs_backward"], shapes, h, w, b, _int64_ids(t),
+                          _mask_bytes(m), gl, ge, **_logprobs_attrs(temperature, opts)))
+    gh, gw, gb = _per_platform(host, device, hidden, weight, bias, tok, mask,
+                               g_lp.astype(jnp.float32), g_ent.astype(jnp.float32))
     return (gh.astype(hidden.dtype), gw.astype(weight.dtype), gb.astype(bias.dtype), None, None)
 
 
@@ -762,7 +923,8 @@ def linear_logprobs(hidden, weight, token_ids, mask=None, bias=None, *, temperat
     recomputed), for any loss built on them. hidden [B, T, H] float32 or
     bfloat16, weight [V, H], token_ids / mask [B, T] (mask None: all). Returns
     logp [B, T] float32 (0 where masked), or (logp, entropy). Runs as a host
-    callback (see the note above)."""
+    callback on CPU devices, through the CUDA handlers on GPUs (see the note
+    above)."""
     if mask is None:
         mask = jnp.ones(token_ids.shape, jnp.bool_)
     temperature = _options.LOSS_OPTIONS["temperature"].check("temperature", temperature)
