@@ -350,7 +350,7 @@ run_bench_api
 step "peers benchmark (bench/peers/gpu_peers.sh)"
 if [ -f bench/peers/gpu_peers.sh ]; then
   mkdir -p "$out/peers"
-  run_logged "${FG_GPU_PEERS_LIMIT:-150}" "$out/peers_run.txt" env \
+  run_logged "${FG_GPU_PEERS_LIMIT:-240}" "$out/peers_run.txt" env \
     FUSEDGRPO_LIBRARY="$full_dir/libfusedgrpo.so" FUSEDGRPO_CUDA_LIBRARY="$cuda_lib" \
     bash bench/peers/gpu_peers.sh "$out/peers"
   [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && [ "$rc" -ne 125 ] && failed=1

@@ -336,7 +336,7 @@ def linear_logprobs(hidden, weight, token_ids, mask=None, bias=None, *, temperat
     hidden [B, T, H], weight [V, H], token_ids / mask [B, T] (mask None: all).
     Returns logp [B, T] float32 (0 where masked), or (logp, entropy)."""
     if mask is None:
-        mask = torch.ones(token_ids.shape, dtype=torch.bool)
+        mask = torch.ones(token_ids.shape, dtype=torch.bool, device=token_ids.device)
     logp, ent = _logprobs_op(hidden, weight, token_ids, mask, bias, temperature=temperature,
                              impl=impl, threads=threads, memory_budget=memory_budget)
     return (logp, ent) if return_entropy else logp

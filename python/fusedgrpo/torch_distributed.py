@@ -606,7 +606,10 @@ def agreed(fn, *args, error_group=None, **kwargs):
         out = fn(*args, **kwargs)
     except FusedGRPOError as e:
         status, err = e.code, e
-    t = torch.tensor([float(status)], dtype=torch.float64)
+    # NCCL reduces device tensors only: the flag lives on this rank's GPU there.
+    nccl = dist.get_backend(error_group) == "nccl"
+    t = torch.tensor([float(status)], dtype=torch.float64,
+                     device=torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=error_group)
     worst = int(t.item())
     if worst == 0:

@@ -18,6 +18,16 @@ C call's metrics, reduced across processes as TRL reduces its own).
 Refused with a clear error rather than ignored: multimodal inputs, MoE router
 aux losses, per-token advantages ``[B, T]``, models whose head scales or
 soft-caps its logits (``logit_scale``, ``final_logit_softcapping``).
+
+Devices: the model's, CPU or CUDA. Every tensor of the loss path stays where
+the model put it: the hidden states, the head's weight and bias, the batch's
+ids, masks, advantages and log-probs go to fusedgrpo.torch's ops as they are,
+which on CUDA tensors run the library's CUDA backend on torch's current
+stream; the loss, gradients, log-probs, entropies and metrics come back on
+that device. The host reads scalars only: num_items_in_batch (an option of the
+C call) and the logged metrics (as TRL's own logging does). On CUDA, gradient
+filtering (``fusedgrpo_filter_eps``) is refused by the library (CPU only for
+now); the default, 0, is off.
 """
 from __future__ import annotations
 
@@ -133,8 +143,9 @@ class FusedGRPOTrainer(GRPOTrainer):
       fusedgrpo_impl: "fused" (default) or "materialized" (the plain baseline,
         whole [tokens, vocab] logits; for A/B comparisons);
       fusedgrpo_memory_budget: working-memory cap of the fused path in bytes
-        (None: the library's default, 256 MiB);
-      fusedgrpo_threads: OpenMP threads of the C calls (None: OpenMP's default);
+        (None: the library's default, 256 MiB), device memory on CUDA;
+      fusedgrpo_threads: OpenMP threads of the C calls (None: OpenMP's default;
+        on CUDA the host's share of a call only);
       fusedgrpo_filter_eps: gradient filtering of the fused loss (0: off, the
         default; "auto": the library's threshold for the dtype, off for float32;
         or a threshold: docs/LOSS_SPEC.md "Gradient filtering").

@@ -48,13 +48,15 @@ def model_dir(tmp_path_factory):
     return str(d)
 
 
-def _trainer(cls, model_dir, tmp_path, **cfg):
+def _trainer(cls, model_dir, tmp_path, device="cpu", **cfg):
+    """A trainer of the tiny model on `device` ("cpu", or "cuda": the model on
+    the first CUDA device, as accelerate places it)."""
     from datasets import Dataset
     from trl import GRPOConfig
 
     args = GRPOConfig(output_dir=str(tmp_path / cls.__name__), per_device_train_batch_size=B,
-                      num_generations=2, max_completion_length=C, report_to=[], use_cpu=True,
-                      logging_steps=1, bf16=False, **cfg)
+                      num_generations=2, max_completion_length=C, report_to=[],
+                      use_cpu=device == "cpu", logging_steps=1, bf16=False, **cfg)
     ds = Dataset.from_dict({"prompt": ["t1 t2 t3"] * 4})
     tr = cls(model=model_dir, reward_funcs=lambda completions, **k: [0.0] * len(completions),
              args=args, train_dataset=ds)
@@ -63,31 +65,35 @@ def _trainer(cls, model_dir, tmp_path, **cfg):
 
 
 def _inputs(trainer, seed, *, sampling=False, is_ratio=None):
+    """The batch, drawn on the CPU (the same numbers on any device), on the
+    trainer's device."""
+    dev = trainer.accelerator.device
     g = torch.Generator().manual_seed(seed)
-    prompt_ids = torch.randint(0, V - 3, (B, P), generator=g)
-    completion_ids = torch.randint(0, V - 3, (B, C), generator=g)
-    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    prompt_ids = torch.randint(0, V - 3, (B, P), generator=g).to(dev)
+    completion_ids = torch.randint(0, V - 3, (B, C), generator=g).to(dev)
+    prompt_mask = torch.ones(B, P, dtype=torch.long, device=dev)
     lens = [C, 3, C - 2, 1]
-    completion_mask = torch.tensor([[1 if t < n else 0 for t in range(C)] for n in lens])
-    advantages = torch.tensor([0.9, -0.7, 1.3, -1.1])
+    completion_mask = torch.tensor([[1 if t < n else 0 for t in range(C)] for n in lens],
+                                   device=dev)
+    advantages = torch.tensor([0.9, -0.7, 1.3, -1.1], device=dev)
     with torch.no_grad():
         logp, _, _ = trainer._get_per_token_logps_and_entropies(
             trainer.model, torch.cat([prompt_ids, completion_ids], 1),
             torch.cat([prompt_mask, completion_mask], 1), C)
     inp = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                completion_mask=completion_mask, advantages=advantages,
-               old_per_token_logps=logp + 0.3 * torch.randn(B, C, generator=g),
-               ref_per_token_logps=logp + 0.25 * torch.randn(B, C, generator=g),
+               old_per_token_logps=logp + 0.3 * torch.randn(B, C, generator=g).to(dev),
+               ref_per_token_logps=logp + 0.25 * torch.randn(B, C, generator=g).to(dev),
                num_items_in_batch=completion_mask.sum() * 2.0)
     if sampling:
-        s = inp["old_per_token_logps"] + 0.3 * torch.randn(B, C, generator=g)
+        s = inp["old_per_token_logps"] + 0.3 * torch.randn(B, C, generator=g).to(dev)
         s[0, 1] = float("nan")  # a token the sampler could not score
         inp["sampling_per_token_logps"] = s
     if is_ratio == "token":  # 1 at padding, as TRL builds it (exp of a masked difference)
         inp["importance_sampling_ratio"] = torch.exp(
-            0.2 * torch.randn(B, C, generator=g) * completion_mask)
+            0.2 * torch.randn(B, C, generator=g).to(dev) * completion_mask)
     elif is_ratio == "sequence":
-        inp["importance_sampling_ratio"] = torch.exp(0.2 * torch.randn(B, 1, generator=g))
+        inp["importance_sampling_ratio"] = torch.exp(0.2 * torch.randn(B, 1, generator=g).to(dev))
     return inp
 
 
@@ -121,9 +127,17 @@ CASES = [(lt, lvl, {}) for lt in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "c
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}-{'-'.join(c[2]) or 'base'}"
-                                             for c in CASES])
+CASE_IDS = [f"{c[0]}-{c[1]}-{'-'.join(c[2]) or 'base'}" for c in CASES]
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_compute_loss_matches_trl(model_dir, tmp_path, case):
+    check_compute_loss(model_dir, tmp_path, case, "cpu")
+
+
+def check_compute_loss(model_dir, tmp_path, case, device):
+    """Both trainers' _compute_loss on `device`, the same inputs and weights:
+    loss, gradients and metrics (the module doc's tolerances)."""
     from trl import GRPOTrainer
     from fusedgrpo.trl import FusedGRPOTrainer
 
@@ -135,8 +149,8 @@ def test_compute_loss_matches_trl(model_dir, tmp_path, case):
     cfg = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04,
                epsilon_high=1.1 if loss_type == "cispo" else 0.28)
     cfg.update(extra)
-    trainers = [_trainer(cls, model_dir, tmp_path, **cfg) for cls in (GRPOTrainer,
-                                                                      FusedGRPOTrainer)]
+    trainers = [_trainer(cls, model_dir, tmp_path, device, **cfg)
+                for cls in (GRPOTrainer, FusedGRPOTrainer)]
     inputs = _inputs(trainers[0], 1000 + CASES.index(case), sampling=sampling, is_ratio=vllm_is)
     results = []
     for tr in trainers:
@@ -174,15 +188,21 @@ def test_compute_loss_matches_trl(model_dir, tmp_path, case):
 
 
 def test_old_and_ref_logprob_pass_matches_trl(model_dir, tmp_path):
+    check_logprob_pass(model_dir, tmp_path, "cpu")
+
+
+def check_logprob_pass(model_dir, tmp_path, device):
+    """The old- and reference-policy log-prob pass of both trainers on `device`."""
     from trl import GRPOTrainer
     from fusedgrpo.trl import FusedGRPOTrainer
 
-    trs = [_trainer(cls, model_dir, tmp_path, beta=0.04, temperature=0.8)
+    trs = [_trainer(cls, model_dir, tmp_path, device, beta=0.04, temperature=0.8)
            for cls in (GRPOTrainer, FusedGRPOTrainer)]
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, V - 3, (B, P + C), generator=g)
     am = torch.ones(B, P + C, dtype=torch.long)
     am[1, P + 3:] = 0
+    ids, am = ids.to(trs[0].accelerator.device), am.to(trs[0].accelerator.device)
     outs = []
     for tr in trs:
         with torch.no_grad():  # the policy with entropies, the reference (TRL: logp only)
@@ -191,6 +211,6 @@ def test_old_and_ref_logprob_pass_matches_trl(model_dir, tmp_path):
                                                                  compute_entropy=ent)
                 outs.append((lp, e))
     for (a, ea), (b, eb) in zip(outs[2:], outs[:2]):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=2e-6)
+        np.testing.assert_allclose(a.cpu().numpy(), b.cpu().numpy(), rtol=1e-5, atol=2e-6)
         if eb is not None:
-            np.testing.assert_allclose(ea.numpy(), eb.numpy(), rtol=1e-5, atol=2e-6)
+            np.testing.assert_allclose(ea.cpu().numpy(), eb.cpu().numpy(), rtol=1e-5, atol=2e-6)
