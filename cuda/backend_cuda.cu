@@ -15,8 +15,8 @@
  *  - The cuBLASLt workspace (fg_cuda_gemm_workspace_hint(), 32 MiB) is the
  *    backend's own, allocated once in create (so a context that cannot get it
  *    fails there, not in a call) and freed in destroy. call_scratch_bytes
- *    returns its size so that the driver's plan and fg_memory_stats count it
- *    against the budget; the driver carves nothing for it.
+ *    returns its size, which the plan reports (gemm_scratch_bytes) outside
+ *    the call's budgeted workspace; the driver carves nothing for it.
  *  - Memory is stream-ordered (cudaMallocAsync / cudaFreeAsync on the stream:
  *    no host synchronization), or cudaMalloc / cudaFree on a device without
  *    memory pools. Sizes are rounded up to whole 256-byte units, as the

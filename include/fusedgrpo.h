@@ -483,9 +483,9 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
  * token row a chunk); 0 for the materialized path, which has no budget.
  * On a backend behind the seam (FG_BACKEND_CUDA) the bytes are the backend's
  * memory: working_bytes = fixed_bytes + chunk_bytes is the call's workspace
- * (what an fg_exec.workspace must hold), and gemm_scratch_bytes the GEMM
- * library's workspace the backend keeps for the context (cuBLASLt), which
- * the budget counts but working_bytes does not.
+ * (what an fg_exec.workspace must hold, and what the budget bounds), and
+ * gemm_scratch_bytes the GEMM library's workspace the backend keeps for the
+ * context (cuBLASLt), outside both.
  * With a budget below it the query returns FG_ERR_BUDGET_TOO_SMALL, with the
  * message the call would give, and still writes info (chunk_rows = 0).
  */

@@ -114,9 +114,10 @@ typedef struct fg_backend_ops {
     /* Waits until every op enqueued so far has finished. */
     fg_status (*wait)(void *be, char *msg, size_t msg_size);
 
-    /* Planning: bytes the backend needs besides the driver's buffers, for a
-     * call (e.g. the GEMM library's workspace) and for a chunk of m rows (the
-     * row ops' scratch). */
+    /* Planning: bytes the backend holds for the context besides the call's
+     * workspace (e.g. the GEMM library's workspace: reported, not budgeted),
+     * and the scratch a chunk of m rows needs in the call's workspace (the
+     * row ops'). */
     size_t (*call_scratch_bytes)(void *be, const fg_backend_call *c);
     size_t (*chunk_scratch_bytes)(void *be, const fg_backend_call *c, int64_t m);
     /* Whether the backend can run this call: 0, or FG_ERR_UNSUPPORTED with a

@@ -44,7 +44,7 @@ typedef struct device_call {
     int fused;
     int want_gh, want_gw, want_gb, any_grad;
     int64_t chunks;
-    size_t call_scratch, fixed_bytes, chunk_bytes, reserve_bytes;
+    size_t call_scratch, fixed_bytes, chunk_bytes;
     fg_backend_scan *scans; /* [3] hidden, weight, bias */
     /* Host side. */
     void *staging;    /* the staged token arrays (malloc) */
@@ -173,10 +173,13 @@ static size_t chunk_bytes(const device_call *D, int64_t m)
     return b + unit(D->be->ops->chunk_scratch_bytes(D->be->state, c, m));
 }
 
-/* The most rows a chunk may hold within the budget (0: not even one). */
+/* The most rows a chunk may hold within the budget (0: not even one). The
+ * budget bounds the call's workspace; the GEMM library's workspace the
+ * backend keeps for the context (call_scratch) is outside it, as oneDNN's
+ * JIT code is on the CPU. */
 static int64_t fit_rows(const device_call *D, size_t budget, int gw_sum)
 {
-    const size_t fixed = fixed_bytes(D, gw_sum) + D->call_scratch;
+    const size_t fixed = fixed_bytes(D, gw_sum);
     int64_t lo = 0, hi = D->bc.n_active;
     while (lo < hi) { /* the largest m with fixed + chunk_bytes(m) <= budget */
         const int64_t mid = lo + (hi - lo + 1) / 2;
@@ -259,7 +262,7 @@ static fg_status plan_device(device_call *D, const fg_linear_options *o,
             rows = in_place ? rows : with_sums;
         }
         if (rows < 1) {
-            const size_t least = fixed_bytes(D, 0) + D->call_scratch + chunk_bytes(D, 1);
+            const size_t least = fixed_bytes(D, 0) + chunk_bytes(D, 1);
             return fg_fail(err, FG_ERR_BUDGET_TOO_SMALL,
                            "the memory budget of %zu bytes cannot hold one token row on the %s "
                            "backend (%zu bytes)",
@@ -660,8 +663,7 @@ fg_status fg_linear_device_plan(fg_call *call, const fg_linear_options *opts,
     r.fixed_bytes = D.fixed_bytes;
     r.grad_weight_sum_bytes =
         D.bc.gw_sum ? unit((size_t)D.bc.V * (size_t)D.bc.H * sizeof(float)) : 0;
-    r.min_budget_bytes = D.fused ? fixed_bytes(&D, 0) + D.call_scratch +
-                                       (n_active > 0 ? chunk_bytes(&D, 1) : 0)
+    r.min_budget_bytes = D.fused ? fixed_bytes(&D, 0) + (n_active > 0 ? chunk_bytes(&D, 1) : 0)
                                  : 0;
     if (st == FG_OK) {
         r.chunk_rows = D.bc.chunk_rows;
