@@ -90,14 +90,20 @@ static size_t staged(const void *p, int64_t n, size_t size)
 
 /* Copies the request's token arrays (backend memory) to host memory so that
  * validation and the loss math read them where the CPU path does. With
- * sizes validation will refuse, nothing is staged: validation fails on the
- * sizes before it reads an array. */
+ * sizes validation refuses (B or T < 1, B*T*8 bytes overflowing), nothing is
+ * staged: validation fails on the sizes before it reads an array. Every
+ * other batch is staged, or refused here: validation must never read the
+ * backend's memory. */
 static fg_status stage_request(device_call *D, const linear_request *req)
 {
     const fg_batch *b = req->batch;
     D->hreq = *req;
-    if (!b || b->batch < 1 || b->seq_len < 1 || b->batch > ((int64_t)1 << 40) / b->seq_len)
+    if (!b || b->batch < 1 || b->seq_len < 1 || b->batch > INT64_MAX / 8 / b->seq_len)
         return FG_OK;
+    if (b->batch > INT64_MAX / 64 / b->seq_len) /* the staged arrays' bytes would overflow */
+        return fg_fail(D->call->err, FG_ERR_OUT_OF_MEMORY,
+                       "B*T = %lld*%lld tokens: their arrays cannot be staged in host memory",
+                       (long long)b->batch, (long long)b->seq_len);
     D->hbatch = *b;
     D->hreq.batch = &D->hbatch;
     const int64_t B = b->batch, N = B * b->seq_len;
