@@ -18,7 +18,9 @@
  *     [V, H] buffer of the workspace that the budget must hold beside the
  *     chunks (fg_linear_plan_info.grad_weight_sum_bytes). On CPUs with bf16
  *     GEMM kernels and on the backends behind the seam (FG_BACKEND_CUDA),
- *     when the budget cannot hold that buffer, grad_weight is
+ *     when the budget cannot hold that buffer (on the seam also when it holds
+ *     chunks of 1024 rows or more without the buffer, and beside it the
+ *     chunks would fall below 1024 rows and to under half), grad_weight is
  *     instead rounded after each chunk's product is added to it (one rounding
  *     per chunk: on Zen 5 2.24x the error of the exact gradient rounded to
  *     bf16 at 95 one-row chunks); a budget above V*H*4 bytes avoids it.
@@ -334,12 +336,21 @@ typedef struct fg_communicator {
     void *user;
 } fg_communicator;
 
-/* The fused path's working-memory cap when none is set. 256 MiB holds
+/* The fused path's working-memory cap when none is set, on the CPU and
+ * reference backends. 256 MiB holds
  * 350-410 token rows of V = 151936 logits (H 2048-4096): GEMMs of under ~300
  * rows lose up to half their speed in oneDNN's sgemm on AVX2
  * (docs/BENCHMARKS.md, "What the budget buys"). Any smaller budget works; it
  * trades speed for memory. */
 #define FG_DEFAULT_MEMORY_BUDGET ((size_t)256 << 20)
+
+/* The same on FG_BACKEND_CUDA: 2 GiB holds chunks of ~1850 rows of
+ * V = 151936 (H = 4096, bf16). On an H200 the fused step ran there at 1.04x
+ * the three bare products at T = 8192 and 1.01x at T = 32768, against 1.12x
+ * and 1.05x at 1 GiB and 1.17x and 1.15x at 512 MiB (docs/BENCHMARKS.md,
+ * "The CUDA backend"): cuBLASLt's products lose speed below ~2000 rows, and
+ * GEMM 3 re-reads grad_weight once per chunk. */
+#define FG_DEFAULT_CUDA_MEMORY_BUDGET ((size_t)2 << 30)
 
 /* The most threads a context or a call may ask for (fg_context_options.threads,
  * fg_exec.threads): more is refused with FG_ERR_BAD_HYPERPARAMETER before

@@ -40,7 +40,7 @@ void fg_context_options_init(fg_context_options *opts)
     memset(opts, 0, sizeof *opts);
     opts->backend = FG_BACKEND_CPU;
     opts->threads = 0;
-    opts->memory_budget = FG_DEFAULT_MEMORY_BUDGET;
+    opts->memory_budget = 0; /* the backend's default, set by fg_context_create */
     opts->check_finite = 1;
 }
 
@@ -130,7 +130,8 @@ fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
     if (o.threads > FG_MAX_THREADS)
         return FG_ERR_BAD_HYPERPARAMETER; /* no context yet to hold a message */
     if (!o.memory_budget)
-        o.memory_budget = FG_DEFAULT_MEMORY_BUDGET;
+        o.memory_budget = o.backend == FG_BACKEND_CUDA ? FG_DEFAULT_CUDA_MEMORY_BUDGET
+                                                       : FG_DEFAULT_MEMORY_BUDGET;
     fg_context *ctx = fg_fault_hit() ? NULL : calloc(1, sizeof *ctx);
     if (!ctx)
         return FG_ERR_OUT_OF_MEMORY;

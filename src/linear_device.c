@@ -152,6 +152,12 @@ static fg_status stage_request(device_call *D, const linear_request *req)
 
 /* --------------------------------------------------------------- plan */
 
+/* The chunk rows a bf16 grad_weight's float32 sums may not push the chunks
+ * below, halving them (plan_device): on an H200 cuBLASLt's three
+ * products ran 8% below full speed in chunks of 1024 rows and 25% below in
+ * chunks of 512 (bench_cuda, V = 151936, H = 4096). */
+#define SUMS_MIN_ROWS 1024
+
 /* Backend bytes of the call besides its chunks. */
 static size_t fixed_bytes(const device_call *D, int gw_sum)
 {
@@ -197,12 +203,19 @@ static int64_t fit_rows(const device_call *D, size_t budget, int gw_sum)
     return lo;
 }
 
+/* The rows of each of the equal chunks of at most `rows` rows over n. */
+static int64_t equal_rows(int64_t n, int64_t rows)
+{
+    const int64_t chunks = (n + rows - 1) / rows;
+    return (n + chunks - 1) / chunks;
+}
+
 /* Equal chunks of at most `rows` rows over the unmasked tokens. */
 static void split(device_call *D, int64_t rows)
 {
     const int64_t n = D->bc.n_active;
     D->chunks = (n + rows - 1) / rows;
-    D->bc.chunk_rows = (n + D->chunks - 1) / D->chunks;
+    D->bc.chunk_rows = equal_rows(n, rows);
 }
 
 static fg_status plan_device(device_call *D, const fg_linear_options *o,
@@ -253,9 +266,16 @@ static fg_status plan_device(device_call *D, const fg_linear_options *o,
         return FG_OK;
     }
     /* A bf16 grad_weight walked in several chunks sums in float32 and is
-     * rounded once at the end; a budget that cannot hold those sums beside a
-     * row has GEMM 3 add each chunk into the bf16 grad_weight instead (one
-     * rounding per chunk; fusedgrpo.h "Conventions"). */
+     * rounded once at the end. GEMM 3 adds each chunk into the bf16
+     * grad_weight instead (one rounding per chunk; fusedgrpo.h
+     * "Conventions") when the budget cannot hold those V x H sums beside a
+     * row, or when it holds chunks of SUMS_MIN_ROWS or more without them and
+     * beside them the chunks would fall below SUMS_MIN_ROWS and to under half
+     * the rows. Chunks that small were slow already; these would be made
+     * slow by the sums. On an H200 at
+     * V = 151936, H = 4096 the sums (2.3 GiB) at a 3 GiB budget left chunks
+     * of 741 rows instead of 2470: 1.27x the bare products instead of 1.08x
+     * (docs/BENCHMARKS.md, "The CUDA backend"). */
     const int bf16_gw = D->want_gw && out->grad_weight.dtype == FG_DTYPE_BF16;
     int in_place = 0;
     if (!D->fused) {
@@ -264,7 +284,10 @@ static fg_status plan_device(device_call *D, const fg_linear_options *o,
         int64_t rows = fit_rows(D, D->call->budget, 0);
         if (rows > 0 && rows < n_active && bf16_gw) {
             const int64_t with_sums = fit_rows(D, D->call->budget, 1);
-            in_place = with_sums < 1;
+            const int64_t m = equal_rows(n_active, rows);
+            const int64_t m_sums = with_sums < 1 ? 0 : equal_rows(n_active, with_sums);
+            in_place = with_sums < 1 || (m >= SUMS_MIN_ROWS && m_sums < SUMS_MIN_ROWS &&
+                                         2 * m_sums < m);
             rows = in_place ? rows : with_sums;
         }
         if (rows < 1) {

@@ -330,6 +330,72 @@ static void refusals(void)
     tu_problem_free(&prob);
 }
 
+/* The seam's choice for a bf16 grad_weight walked in chunks (linear_device.c,
+ * plan_device): float32 sums whenever they fit beside chunks that are small
+ * anyway (under 1024 rows without them); rounding per chunk where the sums
+ * would push chunks of 1024 rows or more below 1024 and to under half. Plan
+ * queries only, at V = H = 2048, where the sums take the bytes of ~680 rows:
+ * every regime shows within the scan. */
+static void grad_weight_sums_rule(void)
+{
+    enum { SB = 1, ST = 4001, SH = 2048, SV = 2048 };
+    const tu_problem_opts po = {0, 0, 0, 0, 0, 0};
+    tu_problem prob;
+    tu_problem_make_opts(&prob, SB, ST, SH, SV, FG_DTYPE_BF16, 0, 977u, &po);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    const fg_batch *batch = tu_batch_view(&prob.tb);
+    const fg_linear_inputs in = tu_problem_inputs(&prob);
+    uint16_t *gh = tu_xmalloc((size_t)SB * ST * SH * 2), *gw = tu_xmalloc((size_t)SV * SH * 2);
+    fg_linear_outputs out;
+    memset(&out, 0, sizeof out);
+    out.grad_hidden = fg_matrix_make(gh, FG_DTYPE_BF16, (int64_t)SB * ST, SH);
+    out.grad_weight = fg_matrix_make(gw, FG_DTYPE_BF16, SV, SH);
+    out.grad_bias = fg_vector_make(NULL, FG_DTYPE_BF16, SV);
+    fg_exec ex;
+    fg_exec_init(&ex);
+    ex.memory_budget = 1;
+    fg_linear_plan_info info;
+    fg_linear_grpo_plan(ctx_ref, NULL, &cfg, &in, batch, &out, &ex, &info);
+    /* A row's bytes: the plan's chunk bytes over its rows at some budget. */
+    ex.memory_budget = info.min_budget_bytes + ((size_t)64 << 20);
+    CHECK(fg_linear_grpo_plan(ctx_ref, NULL, &cfg, &in, batch, &out, &ex, &info) == FG_OK &&
+              info.chunk_rows > 0,
+          "sums rule: plan at %zu bytes: %s", ex.memory_budget, fg_last_error(ctx_ref));
+    const size_t row = info.chunk_rows > 0 ? info.chunk_bytes / (size_t)info.chunk_rows : 1;
+    int small_sums = 0, large_dropped = 0, large_sums = 0, misplaced = 0;
+    for (ex.memory_budget = info.min_budget_bytes; ex.memory_budget < ((size_t)1 << 30);
+         ex.memory_budget += row / 2) {
+        if (fg_linear_grpo_plan(ctx_ref, NULL, &cfg, &in, batch, &out, &ex, &info) != FG_OK)
+            continue;
+        if (info.chunks < 2)
+            break;
+        const int sums = info.grad_weight_sum_bytes > 0;
+        small_sums |= sums && info.chunk_rows < 1024;
+        large_dropped |= !sums && info.chunk_rows >= 1024;
+        large_sums |= sums && info.chunk_rows >= 1024;
+        /* Rounded per chunk in chunks under 1024 rows only where the sums do
+         * not fit beside a row (without them a chunk holds about their bytes
+         * over a row's more rows). */
+        if (!sums && info.chunk_rows < 1024 && !misplaced) {
+            const size_t sum_rows = ((size_t)SV * SH * 4) / row; /* +- a few: pages */
+            misplaced = (size_t)info.chunk_rows > sum_rows + 8;
+            CHECK(!misplaced,
+                  "sums rule: %lld-row chunks rounded per chunk at %zu bytes, where the sums fit",
+                  (long long)info.chunk_rows, ex.memory_budget);
+        }
+    }
+    printf("grad_weight sums rule (V = H = 2048): sums kept in small chunks %d, dropped from "
+           "chunks of >= 1024 rows %d, kept in chunks of >= 1024 rows %d\n",
+           small_sums, large_dropped, large_sums);
+    CHECK(small_sums && large_dropped && large_sums,
+          "sums rule: a regime did not show (small with sums %d, large dropped %d, large with "
+          "sums %d)", small_sums, large_dropped, large_sums);
+    free(gh);
+    free(gw);
+    tu_problem_free(&prob);
+}
+
 int main(void)
 {
     fg_context_options o;
@@ -346,6 +412,7 @@ int main(void)
     head_case(FG_DTYPE_F32);
     head_case(FG_DTYPE_BF16);
     refusals();
+    grad_weight_sums_rule();
     fg_context_destroy(ctx_cpu);
     fg_context_destroy(ctx_ref);
     return tu_finish();

@@ -243,7 +243,7 @@ def check_memory_budget(memory_budget) -> int:
             or not isinstance(memory_budget, numbers.Integral)
             or not 1 <= int(memory_budget) <= MAX_MEMORY_BUDGET):
         _fail("memory_budget", "an integer number of bytes in [1, 2**63 - 1] (or None: the "
-              "default, 256 MiB)", memory_budget, "FG_ERR_INVALID_SIZE")
+              "default: 256 MiB on the CPU, 2 GiB on CUDA)", memory_budget, "FG_ERR_INVALID_SIZE")
     return int(memory_budget)
 
 

@@ -87,7 +87,8 @@ def linear_grpo(hidden, weight, token_ids, mask, advantages, bias=None, old_logp
     take no keyword-only tensors; of them only hidden, weight and bias get
     gradients), the options keyword-only: LOSS_SPEC.md's loss options, None
     meaning the spec's default, and this call's execution options, threads
-    (None: OpenMP's default) and memory_budget (bytes, None: 256 MiB), and
+    (None: OpenMP's default) and memory_budget (bytes, None: the backend's
+    default, 256 MiB on the CPU and 2 GiB on CUDA), and
     filter_eps (gradient filtering; -1.0 is "auto", _lib.filter_eps_value)."""
     cfg = _options.loss_config(options)
     ex = _options.make_exec(threads, memory_budget)
@@ -356,7 +357,7 @@ def _refuse_unsupported(*, compiled, chunk_size):
         raise ValueError(
             f"chunk_size={chunk_size!r}: fusedgrpo does not chunk by sequences; the C library "
             "plans its chunks (token rows) from a memory budget in bytes. Pass memory_budget= "
-            "instead (default 256 MiB; fusedgrpo.fused_linear_grpo_plan reports the chunks a "
+            "instead (default 256 MiB on the CPU, 2 GiB on CUDA; fusedgrpo.fused_linear_grpo_plan reports the chunks a "
             "budget gives)")
 
 

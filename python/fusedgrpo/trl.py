@@ -143,7 +143,8 @@ class FusedGRPOTrainer(GRPOTrainer):
       fusedgrpo_impl: "fused" (default) or "materialized" (the plain baseline,
         whole [tokens, vocab] logits; for A/B comparisons);
       fusedgrpo_memory_budget: working-memory cap of the fused path in bytes
-        (None: the library's default, 256 MiB), device memory on CUDA;
+        (None: the library's default, 256 MiB on the CPU and 2 GiB of device
+        memory on CUDA);
       fusedgrpo_threads: OpenMP threads of the C calls (None: OpenMP's default;
         on CUDA the host's share of a call only);
       fusedgrpo_filter_eps: gradient filtering of the fused loss (0: off, the
