@@ -25,13 +25,28 @@
  *                     more at the largest budget with float32 gradients;
  *   (c) materialized  FG_IMPL_MATERIALIZED on the same context (whole [N, V]
  *                     logits and dlogits), unless cudaMemGetInfo says its
- *                     working memory cannot fit.
+ *                     working memory cannot fit;
+ *   (d) f32 inputs    at the first token count only (8192 by default; a
+ *                     larger T would multiply seconds of f32 products): the
+ *                     same hidden and weight draws unrounded in float32, the
+ *                     same tokens, mask and old/ref log-probs. The three
+ *                     bare products in float32 (CUBLAS_COMPUTE_32F, no TF32,
+ *                     float32 outputs: the f32 floor, which these rows'
+ *                     ratios divide by), fg_linear_grpo fused with float32
+ *                     gradients at one budget (2 GiB, or the largest given if
+ *                     smaller), and materialized. The library's products run
+ *                     true float32 too (gemm_cublaslt.h), so these are the
+ *                     timings of the path whose results match the CPU's
+ *                     float32 tolerances. --no-f32 skips it.
  *
  * Timing: each row is the median of --reps calls (default 7) after 2
  * warm-ups, with min and max, in host wall time from an idle stream to the
  * call's return followed by cudaStreamSynchronize (fg_linear_grpo already
  * waits for its stream before it returns; the host's share of the step, the
- * loss math and the per-chunk waits, is part of the time).
+ * loss math and the per-chunk waits, is part of the time). The f32 rows are
+ * the median of 5 (or --reps if fewer) after 1 warm-up: one f32 product at
+ * [8192, 4096] x [4096, 151936] runs ~0.2 s without tensor cores, and the
+ * section stays under ~20 s of device time.
  *
  * Memory of each library row:
  *   peak    fg_memory_stats.peak_bytes over the row's calls after
@@ -46,7 +61,7 @@
  *           after its last (the workspace the context keeps for reuse).
  *
  * usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]]
- *                       [--reps R] [--quick]
+ *                       [--reps R] [--quick] [--no-f32]
  * Budgets: a number of MiB, or with a K/M/G suffix (binary). Writes
  * DIR/bench_api.json and DIR/bench_api.txt (a markdown table with the
  * command line and the GPU on top). Exit 77 ("skipped: <reason>") without a
@@ -73,6 +88,9 @@
 #include "gemm_cublaslt.h"
 
 #define WARMUPS 2
+/* The f32-input section's calls: fewer, since each f32 step takes ~0.6 s. */
+#define F32_WARMUPS 1
+#define F32_REPS 5
 
 static const double MiB = 1024.0 * 1024.0, GiB = 1024.0 * MiB;
 
@@ -84,6 +102,7 @@ struct Options {
     std::vector<size_t> budgets;
     int reps = 7;
     bool quick = false;
+    bool f32 = true; /* the f32-input section at the first token count */
 };
 
 static void usage(const char *why)
@@ -91,9 +110,10 @@ static void usage(const char *why)
     fprintf(stderr,
             "bench_cuda_api: %s\n"
             "usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]] "
-            "[--reps R] [--quick]\n"
+            "[--reps R] [--quick] [--no-f32]\n"
             "  budgets: MiB, or with a K/M/G suffix (512M,1G); defaults: tokens 8192,32768, "
-            "budgets 512M,1G,2G,3G, reps 7\n",
+            "budgets 512M,1G,2G,3G, reps 7\n"
+            "  --no-f32: skip the f32-input rows (otherwise run at the first token count only)\n",
             why);
     exit(2);
 }
@@ -145,6 +165,8 @@ static Options parse_args(int argc, char **argv)
         const bool has_value = i + 1 < argc;
         if (a == "--quick") {
             o.quick = true;
+        } else if (a == "--no-f32") {
+            o.f32 = false;
         } else if (a == "--out" && has_value) {
             o.out = argv[++i];
         } else if (a == "--tokens" && has_value) {
@@ -207,6 +229,18 @@ static void gemm_ok(fg_status st, const char *msg)
 
 /* ---- device data -------------------------------------------------------------------- */
 
+static cudaStream_t stream;
+
+static size_t dtype_bytes(fg_dtype t)
+{
+    return t == FG_DTYPE_BF16 ? 2 : 4;
+}
+
+static const char *dtype_str(fg_dtype t)
+{
+    return t == FG_DTYPE_BF16 ? "bf16" : "f32";
+}
+
 __device__ static uint64_t splitmix64(uint64_t z)
 {
     z += 0x9e3779b97f4a7c15ull;
@@ -225,11 +259,33 @@ __device__ static float normal_at(int64_t i, uint64_t seed)
     return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
 }
 
-__global__ void fill_normal_bf16(__nv_bfloat16 *x, int64_t n, uint64_t seed, float scale)
+__device__ static void store_as(__nv_bfloat16 *x, float v)
+{
+    *x = __float2bfloat16_rn(v);
+}
+
+__device__ static void store_as(float *x, float v)
+{
+    *x = v;
+}
+
+/* Element i is the same draw in either dtype: the f32 inputs are the bf16
+ * ones before rounding. */
+template <typename T> __global__ void fill_normal(T *x, int64_t n, uint64_t seed, float scale)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        x[i] = __float2bfloat16_rn(scale * normal_at(i, seed));
+        store_as(&x[i], scale * normal_at(i, seed));
+}
+
+/* x [n] of dtype t = scale · N(0, 1) from stream `seed`, on the stream. */
+static void fill_normal_as(void *x, fg_dtype t, int64_t n, uint64_t seed, float scale)
+{
+    if (t == FG_DTYPE_BF16)
+        fill_normal<<<4096, 256, 0, stream>>>((__nv_bfloat16 *)x, n, seed, scale);
+    else
+        fill_normal<<<4096, 256, 0, stream>>>((float *)x, n, seed, scale);
+    CUDA_OK(cudaGetLastError());
 }
 
 /* Token ids uniform in [0, V); mask 1 for ~9 tokens in 10. */
@@ -261,20 +317,23 @@ static void *dev_alloc(size_t bytes)
 
 /* ---- timing ------------------------------------------------------------------------- */
 
-static cudaStream_t stream;
-
 struct Timing {
     double median, min, max; /* ms */
 };
 
-/* WARMUPS calls, then `reps` timed ones: host wall time from an idle stream
- * until the call returned and the stream is idle again. */
-template <typename F> static Timing time_calls(int reps, F call)
+/* How a section times its rows: WARMUPS and --reps, or the f32 section's. */
+struct Reps {
+    int warmups, reps;
+};
+
+/* rp.warmups calls, then rp.reps timed ones: host wall time from an idle
+ * stream until the call returned and the stream is idle again. */
+template <typename F> static Timing time_calls(const Reps &rp, F call)
 {
-    for (int i = 0; i < WARMUPS; i++)
+    for (int i = 0; i < rp.warmups; i++)
         call();
     std::vector<double> ms;
-    for (int i = 0; i < reps; i++) {
+    for (int i = 0; i < rp.reps; i++) {
         CUDA_OK(cudaStreamSynchronize(stream));
         const auto t0 = std::chrono::steady_clock::now();
         call();
@@ -333,6 +392,7 @@ static void watch_end(const MemWatch &w, double *pool_peak, double *held)
 
 struct Row {
     std::string kind, name, note; /* note: why it did not run, or a remark */
+    std::string inputs = "bf16";  /* hidden and weight (and the floor's operands) */
     bool ran = false;
     size_t budget = 0;
     std::string grads;
@@ -346,7 +406,9 @@ struct Row {
 
 struct ShapeResult {
     int64_t B, T, H, V, unmasked;
-    double floor_ms = 0, floor_active_ms = 0;
+    double floor_ms = 0, floor_active_ms = 0;         /* bf16 products */
+    double f32_floor_ms = 0, f32_floor_active_ms = 0; /* f32 products, 0 if not run */
+    bool f32 = false;                                 /* the f32 section ran here */
     std::vector<Row> rows;
 };
 
@@ -376,7 +438,7 @@ static void print_row(const Row &r)
     printf("%-13s %-44s %9.2f %9.2f %9.2f", r.kind.c_str(), r.name.c_str(), r.t.median, r.t.min,
            r.t.max);
     if (r.ratio > 0)
-        printf("  %.3fx floor", r.ratio);
+        printf("  %.3fx %s floor", r.ratio, r.inputs.c_str());
     if (r.kind != "floor")
         printf("  %lld chunks, peak %s MiB, pool %s MiB, held %s MiB, loss %.6g",
                (long long)r.chunks, mib(r.peak).c_str(), mib(r.pool_peak).c_str(),
@@ -388,11 +450,12 @@ static void print_row(const Row &r)
 
 struct Problem {
     int64_t B, T, H, V, N;
+    fg_dtype in_t; /* hidden and weight */
     void *hidden, *weight;
     int64_t *tokens;
     uint8_t *mask;
     float *adv, *old_logp, *ref_logp, *logp, *entropy;
-    void *gh, *gw; /* bf16 gradients */
+    void *gh, *gw; /* bf16 gradients; NULL for f32 inputs */
 };
 
 static Problem problem_make(int64_t B, int64_t T, int64_t H, int64_t V)
@@ -403,6 +466,7 @@ static Problem problem_make(int64_t B, int64_t T, int64_t H, int64_t V)
     p.H = H;
     p.V = V;
     p.N = B * T;
+    p.in_t = FG_DTYPE_BF16;
     p.hidden = dev_alloc((size_t)p.N * H * 2);
     p.weight = dev_alloc((size_t)V * H * 2);
     p.tokens = (int64_t *)dev_alloc((size_t)p.N * 8);
@@ -414,9 +478,8 @@ static Problem problem_make(int64_t B, int64_t T, int64_t H, int64_t V)
     p.entropy = (float *)dev_alloc((size_t)p.N * 4);
     p.gh = dev_alloc((size_t)p.N * H * 2);
     p.gw = dev_alloc((size_t)V * H * 2);
-    fill_normal_bf16<<<4096, 256, 0, stream>>>((__nv_bfloat16 *)p.hidden, p.N * H, 1, 1.0f);
-    fill_normal_bf16<<<4096, 256, 0, stream>>>((__nv_bfloat16 *)p.weight, V * H, 2,
-                                               (float)(1.0 / sqrt((double)H)));
+    fill_normal_as(p.hidden, p.in_t, p.N * H, 1, 1.0f);
+    fill_normal_as(p.weight, p.in_t, V * H, 2, (float)(1.0 / sqrt((double)H)));
     fill_tokens<<<1024, 256, 0, stream>>>(p.tokens, p.mask, p.N, V);
     CUDA_OK(cudaGetLastError());
     std::vector<float> adv((size_t)B);
@@ -435,13 +498,37 @@ static void problem_free(Problem &p)
         CUDA_OK(cudaFree(q));
 }
 
+/* The f32-input problem: bf's token arrays, advantages and old/ref log-probs
+ * (no second log-probs pass: the f32 policy's log-probs differ from the bf16
+ * one's by its rounding, well inside the ~0.1 spread), with its own hidden
+ * [N, H] and weight [V, H] in float32, the same draws unrounded. Free with
+ * f32_problem_free. */
+static Problem f32_problem_make(const Problem &bf)
+{
+    Problem p = bf;
+    p.in_t = FG_DTYPE_F32;
+    p.hidden = dev_alloc((size_t)p.N * p.H * 4);
+    p.weight = dev_alloc((size_t)p.V * p.H * 4);
+    p.gh = p.gw = NULL;
+    fill_normal_as(p.hidden, p.in_t, p.N * p.H, 1, 1.0f);
+    fill_normal_as(p.weight, p.in_t, p.V * p.H, 2, (float)(1.0 / sqrt((double)p.H)));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    return p;
+}
+
+static void f32_problem_free(Problem &p)
+{
+    CUDA_OK(cudaFree(p.hidden));
+    CUDA_OK(cudaFree(p.weight));
+}
+
 static fg_linear_inputs inputs_of(const Problem &p)
 {
     fg_linear_inputs in;
     memset(&in, 0, sizeof in);
-    in.hidden = fg_matrix_make(p.hidden, FG_DTYPE_BF16, p.N, p.H);
-    in.weight = fg_matrix_make(p.weight, FG_DTYPE_BF16, p.V, p.H);
-    in.bias = fg_vector_make(NULL, FG_DTYPE_BF16, 0);
+    in.hidden = fg_matrix_make(p.hidden, p.in_t, p.N, p.H);
+    in.weight = fg_matrix_make(p.weight, p.in_t, p.V, p.H);
+    in.bias = fg_vector_make(NULL, p.in_t, 0);
     return in;
 }
 
@@ -483,71 +570,99 @@ static fg_linear_outputs outputs_of(const Problem &p, fg_dtype gdt, void *gh, vo
     return out;
 }
 
-/* (a) The three bare products at full shape, bf16 outputs, on this
- * program's own cuBLASLt handle; and on the unmasked rows only. */
-static void run_floor(const Problem &p, int reps, ShapeResult &res)
+/* (a), and the f32 floor of (d): the three bare products at full shape in
+ * p's input dtype, outputs of that dtype (bf16 as torch.mm gives them; f32,
+ * CUBLAS_COMPUTE_32F without TF32, as the library's f32 path multiplies), on
+ * this program's own cuBLASLt handle; and on the unmasked rows only. */
+static void run_floor(const Problem &p, const Reps &rp, ShapeResult &res)
 {
+    const int64_t N = p.N, H = p.H, V = p.V;
+    const fg_dtype in_t = p.in_t;
+    const size_t es = dtype_bytes(in_t);
+    const bool f32 = in_t == FG_DTYPE_F32;
+    double &floor_ms = f32 ? res.f32_floor_ms : res.floor_ms;
+    double &floor_active_ms = f32 ? res.f32_floor_active_ms : res.floor_active_ms;
+    const std::string dt = dtype_str(in_t);
+    const size_t workspace_bytes = fg_cuda_gemm_workspace_hint();
+    /* logits [N, V], grad_hidden [N, H], grad_weight [V, H]: f32 logits at
+     * N = 32768, V = 151936 are 20 GB, a row to skip rather than a failure. */
+    const size_t need = ((size_t)N * V + (size_t)N * H + (size_t)V * H) * es + workspace_bytes;
+    const size_t margin = (size_t)(256 * MiB);
+    const size_t free_now = free_bytes();
+    if (need + margin > free_now) {
+        Row r;
+        r.kind = "floor";
+        r.inputs = dt;
+        r.name = "three products (the " + dt + " floor)";
+        char why[160];
+        snprintf(why, sizeof why, "needs %.2f GiB, %.2f GiB free", (double)need / GiB,
+                 (double)free_now / GiB);
+        r.note = why;
+        print_row(r);
+        res.rows.push_back(r);
+        return;
+    }
     cublasLtHandle_t lt;
     if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) {
         printf("FAIL cublasLtCreate\n");
         exit(1);
     }
-    fg_cuda_gemm g = {lt, stream, NULL, fg_cuda_gemm_workspace_hint()};
+    fg_cuda_gemm g = {lt, stream, NULL, workspace_bytes};
     g.workspace = dev_alloc(g.workspace_bytes);
-    const int64_t N = p.N, H = p.H, V = p.V;
     /* The logits double as dlogits: the products' speed does not depend on
      * what the values mean. */
-    void *z = dev_alloc((size_t)N * V * 2), *gh = dev_alloc((size_t)N * H * 2),
-         *gw = dev_alloc((size_t)V * H * 2);
-    fill_normal_bf16<<<4096, 256, 0, stream>>>((__nv_bfloat16 *)z, N * V, 3, 0.01f);
-    CUDA_OK(cudaGetLastError());
-    const fg_dtype BF16 = FG_DTYPE_BF16;
+    void *z = dev_alloc((size_t)N * V * es), *gh = dev_alloc((size_t)N * H * es),
+         *gw = dev_alloc((size_t)V * H * es);
+    fill_normal_as(z, in_t, N * V, 3, 0.01f);
     char msg[512] = "";
     auto gemm1 = [&](int64_t M) {
-        gemm_ok(fg_cuda_gemm_logits(&g, BF16, M, V, H, p.hidden, H, p.weight, H, z, BF16, V, msg,
-                                    sizeof msg),
+        gemm_ok(fg_cuda_gemm_logits(&g, in_t, M, V, H, p.hidden, H, p.weight, H, z, in_t, V,
+                                    msg, sizeof msg),
                 msg);
     };
     auto gemm2 = [&](int64_t M) {
-        gemm_ok(fg_cuda_gemm_grad_hidden(&g, BF16, M, V, H, z, V, p.weight, H, gh, BF16, H, 0.0f,
+        gemm_ok(fg_cuda_gemm_grad_hidden(&g, in_t, M, V, H, z, V, p.weight, H, gh, in_t, H, 0.0f,
                                          msg, sizeof msg),
                 msg);
     };
     auto gemm3 = [&](int64_t M) {
-        gemm_ok(fg_cuda_gemm_grad_weight(&g, BF16, M, V, H, z, V, p.hidden, H, gw, BF16, H, 0.0f,
+        gemm_ok(fg_cuda_gemm_grad_weight(&g, in_t, M, V, H, z, V, p.hidden, H, gw, in_t, H, 0.0f,
                                          msg, sizeof msg),
                 msg);
     };
-    const char *names[3] = {"GEMM 1 logits [N, V] (bf16 out)",
-                            "GEMM 2 grad_hidden [N, H] (bf16 out)",
-                            "GEMM 3 grad_weight [V, H] (bf16 out)"};
+    const std::string names[3] = {"GEMM 1 logits [N, V] (" + dt + " out)",
+                                  "GEMM 2 grad_hidden [N, H] (" + dt + " out)",
+                                  "GEMM 3 grad_weight [V, H] (" + dt + " out)"};
     for (int k = 0; k < 3; k++) {
         Row r;
         r.kind = "floor";
+        r.inputs = dt;
         r.name = names[k];
-        r.t = time_calls(reps, [&] { k == 0 ? gemm1(N) : k == 1 ? gemm2(N) : gemm3(N); });
+        r.t = time_calls(rp, [&] { k == 0 ? gemm1(N) : k == 1 ? gemm2(N) : gemm3(N); });
         r.ran = true;
         print_row(r);
         res.rows.push_back(r);
     }
     Row all;
     all.kind = "floor";
-    all.name = "three products (the floor)";
-    all.t = time_calls(reps, [&] { gemm1(N); gemm2(N); gemm3(N); });
+    all.inputs = dt;
+    all.name = "three products (the " + dt + " floor)";
+    all.t = time_calls(rp, [&] { gemm1(N); gemm2(N); gemm3(N); });
     all.ran = true;
-    res.floor_ms = all.t.median;
+    floor_ms = all.t.median;
     all.ratio = 1.0;
     print_row(all);
     res.rows.push_back(all);
     Row act;
     act.kind = "floor";
+    act.inputs = dt;
     act.name = "three products, unmasked rows only";
     const int64_t M = res.unmasked;
     if (M > 0) {
-        act.t = time_calls(reps, [&] { gemm1(M); gemm2(M); gemm3(M); });
+        act.t = time_calls(rp, [&] { gemm1(M); gemm2(M); gemm3(M); });
         act.ran = true;
-        act.ratio = act.t.median / res.floor_ms;
-        res.floor_active_ms = act.t.median;
+        act.ratio = act.t.median / floor_ms;
+        floor_active_ms = act.t.median;
     } else {
         act.note = "no unmasked token";
     }
@@ -560,20 +675,23 @@ static void run_floor(const Problem &p, int reps, ShapeResult &res)
 
 /* (b), (c): one library row; plan first, then the timed calls. */
 static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, size_t budget,
-                            fg_dtype gdt, int reps, ShapeResult &res)
+                            fg_dtype gdt, const Reps &rp, ShapeResult &res)
 {
     Row r;
     r.kind = impl == FG_IMPL_FUSED ? "fused" : "materialized";
+    r.inputs = dtype_str(p.in_t);
     r.budget = impl == FG_IMPL_FUSED ? budget : 0;
-    r.grads = gdt == FG_DTYPE_BF16 ? "bf16" : "f32";
+    r.grads = dtype_str(gdt);
     r.name = impl == FG_IMPL_FUSED ? "fg_linear_grpo, budget " + budget_name(budget)
                                    : std::string("fg_linear_grpo, materialized");
     r.name += ", " + r.grads + " grads";
 
-    const size_t gh_bytes = (size_t)p.N * p.H * (gdt == FG_DTYPE_BF16 ? 2 : 4);
-    const size_t gw_bytes = (size_t)p.V * p.H * (gdt == FG_DTYPE_BF16 ? 2 : 4);
+    const size_t gh_bytes = (size_t)p.N * p.H * dtype_bytes(gdt);
+    const size_t gw_bytes = (size_t)p.V * p.H * dtype_bytes(gdt);
+    /* p's bf16 gradients, or float32 ones for this row. */
+    const bool own_grads = gdt != FG_DTYPE_BF16 || !p.gh;
     void *gh = p.gh, *gw = p.gw;
-    if (gdt != FG_DTYPE_BF16) {
+    if (own_grads) {
         gh = dev_alloc(gh_bytes);
         gw = dev_alloc(gw_bytes);
     }
@@ -621,7 +739,7 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
             const MemWatch w = watch_start();
             fg_reset_peak_memory(ctx);
             double loss = NAN;
-            r.t = time_calls(reps, [&] {
+            r.t = time_calls(rp, [&] {
                 fg_linear_outputs o = outputs_of(p, gdt, gh, gw);
                 lib_ok(ctx, fg_linear_grpo(ctx, &opts, &cfg, &in, &batch, &o, &exec),
                        "fg_linear_grpo");
@@ -635,19 +753,51 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
             r.chunks = ms.chunks;
             r.chunk_rows = ms.chunk_rows;
             r.loss = loss;
-            r.ratio = res.floor_ms > 0 ? r.t.median / res.floor_ms : 0;
+            const double floor_ms =
+                p.in_t == FG_DTYPE_F32 ? res.f32_floor_ms : res.floor_ms;
+            r.ratio = floor_ms > 0 ? r.t.median / floor_ms : 0;
         }
     }
     print_row(r);
     res.rows.push_back(r);
     fg_release_workspace(ctx);
-    if (gdt != FG_DTYPE_BF16) {
+    if (own_grads) {
         CUDA_OK(cudaFree(gh));
         CUDA_OK(cudaFree(gw));
     }
 }
 
-static ShapeResult run_shape(fg_context *ctx, const Options &o, int64_t T)
+/* (d) The f32-input rows of one shape (bf: its bf16 problem, whose token
+ * arrays and old/ref log-probs they share): the f32 floor, the fused step at
+ * one budget with float32 gradients (the only ones the backend writes for
+ * f32 inputs), the materialized path. */
+static void run_f32_section(fg_context *ctx, const Options &o, const Problem &bf,
+                            ShapeResult &res)
+{
+    const Reps rp = {F32_WARMUPS, std::min(o.reps, F32_REPS)};
+    printf("\n## B %lld, T %lld, H %lld, V %lld, f32 inputs (no TF32), median of %d after %d "
+           "warm-up\n",
+           (long long)bf.B, (long long)bf.T, (long long)bf.H, (long long)bf.V, rp.reps,
+           rp.warmups);
+    const auto t0 = std::chrono::steady_clock::now();
+    Problem p = f32_problem_make(bf);
+    printf("%-13s %-44s %9s %9s %9s\n", "row", "what", "median", "min", "max");
+    run_floor(p, rp, res);
+    /* One budget: 2 GiB holds chunks of ~3300 f32 rows at V = 151936 (the
+     * logits, reused as dlogits, and the hidden and grad_hidden rows): three
+     * chunks at T = 8192, whose overhead is small next to f32 products. */
+    const size_t budget =
+        std::min((size_t)(2 * GiB), *std::max_element(o.budgets.begin(), o.budgets.end()));
+    run_library_row(ctx, p, FG_IMPL_FUSED, budget, FG_DTYPE_F32, rp, res);
+    run_library_row(ctx, p, FG_IMPL_MATERIALIZED, 0, FG_DTYPE_F32, rp, res);
+    f32_problem_free(p);
+    res.f32 = true;
+    const auto t1 = std::chrono::steady_clock::now();
+    printf("f32 section: %.1f s\n", std::chrono::duration<double>(t1 - t0).count());
+}
+
+/* f32: run the f32-input rows too (the first token count only). */
+static ShapeResult run_shape(fg_context *ctx, const Options &o, int64_t T, bool f32)
 {
     const int64_t B = 1, H = o.quick ? 1024 : 4096, V = o.quick ? 32000 : 151936;
     ShapeResult res;
@@ -683,17 +833,20 @@ static ShapeResult run_shape(fg_context *ctx, const Options &o, int64_t T)
     }
 
     printf("%-13s %-44s %9s %9s %9s\n", "row", "what", "median", "min", "max");
-    run_floor(p, o.reps, res);
+    const Reps rp = {WARMUPS, o.reps};
+    run_floor(p, rp, res);
     for (size_t b : o.budgets)
-        run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, o.reps, res);
+        run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, rp, res);
     /* float32 gradients once, at the largest budget that runs. */
     size_t largest = 0;
     for (const Row &r : res.rows)
         if (r.kind == "fused" && r.ran)
             largest = std::max(largest, r.budget);
     if (largest)
-        run_library_row(ctx, p, FG_IMPL_FUSED, largest, FG_DTYPE_F32, o.reps, res);
-    run_library_row(ctx, p, FG_IMPL_MATERIALIZED, 0, FG_DTYPE_BF16, o.reps, res);
+        run_library_row(ctx, p, FG_IMPL_FUSED, largest, FG_DTYPE_F32, rp, res);
+    run_library_row(ctx, p, FG_IMPL_MATERIALIZED, 0, FG_DTYPE_BF16, rp, res);
+    if (f32)
+        run_f32_section(ctx, o, p, res);
     problem_free(p);
     return res;
 }
@@ -743,30 +896,40 @@ static void write_json(const std::string &path, const Options &o, const std::str
     FILE *f = open_out(path);
     fprintf(f, "{\n  \"command\": %s,\n  \"device\": %s,\n", json_str(o.command).c_str(),
             json_str(device).c_str());
-    fprintf(f, "  \"warmups\": %d, \"reps\": %d,\n", WARMUPS, o.reps);
+    fprintf(f, "  \"warmups\": %d, \"reps\": %d, \"f32_warmups\": %d, \"f32_reps\": %d,\n",
+            WARMUPS, o.reps, F32_WARMUPS, std::min(o.reps, F32_REPS));
     fprintf(f, "  \"timing\": \"host wall time per call, idle stream to return + "
                "cudaStreamSynchronize; median, min, max in ms\",\n");
     fprintf(f, "  \"loss\": \"dapo, epsilon 0.2 / 0.28, beta 0.04, old_logp and ref_logp, "
-               "no bias, bf16 inputs\",\n  \"shapes\": [\n");
+               "no bias; hidden and weight in each row's inputs dtype\",\n");
+    fprintf(f, "  \"f32_inputs\": \"%s\",\n  \"shapes\": [\n",
+            o.f32 ? "rows with inputs f32 at the first token count only: true float32 "
+                    "products (CUBLAS_COMPUTE_32F, no TF32), f32 gradients, one budget; "
+                    "their ratio_to_floor divides by f32_floor_ms"
+                  : "skipped (--no-f32)");
     for (size_t s = 0; s < shapes.size(); s++) {
         const ShapeResult &sh = shapes[s];
         fprintf(f,
                 "    {\"B\": %lld, \"T\": %lld, \"H\": %lld, \"V\": %lld, \"unmasked\": %lld, "
-                "\"floor_ms\": %s, \"floor_unmasked_ms\": %s,\n     \"rows\": [\n",
+                "\"floor_ms\": %s, \"floor_unmasked_ms\": %s, \"f32_rows\": %s, "
+                "\"f32_floor_ms\": %s, \"f32_floor_unmasked_ms\": %s,\n     \"rows\": [\n",
                 (long long)sh.B, (long long)sh.T, (long long)sh.H, (long long)sh.V,
                 (long long)sh.unmasked, json_num(sh.floor_ms).c_str(),
-                json_num(sh.floor_active_ms).c_str());
+                json_num(sh.floor_active_ms).c_str(), sh.f32 ? "true" : "false",
+                json_num(sh.f32_floor_ms > 0 ? sh.f32_floor_ms : NAN).c_str(),
+                json_num(sh.f32_floor_active_ms > 0 ? sh.f32_floor_active_ms : NAN).c_str());
         for (size_t i = 0; i < sh.rows.size(); i++) {
             const Row &r = sh.rows[i];
             fprintf(f,
-                    "      {\"kind\": %s, \"name\": %s, \"ran\": %s, \"note\": %s, "
-                    "\"budget_bytes\": %zu, \"grads\": %s, \"median_ms\": %s, \"min_ms\": %s, "
-                    "\"max_ms\": %s, \"ratio_to_floor\": %s, \"chunks\": %lld, "
+                    "      {\"kind\": %s, \"name\": %s, \"inputs\": %s, \"ran\": %s, "
+                    "\"note\": %s, \"budget_bytes\": %zu, \"grads\": %s, \"median_ms\": %s, "
+                    "\"min_ms\": %s, \"max_ms\": %s, \"ratio_to_floor\": %s, \"chunks\": %lld, "
                     "\"chunk_rows\": %lld, \"working_bytes\": %s, \"gemm_scratch_bytes\": %s, "
                     "\"grad_weight_sum_bytes\": %s, \"peak_bytes\": %s, "
                     "\"pool_peak_bytes\": %s, \"held_bytes\": %s, \"loss\": %s}%s\n",
                     json_str(r.kind).c_str(), json_str(r.name).c_str(),
-                    r.ran ? "true" : "false", json_str(r.note).c_str(), r.budget,
+                    json_str(r.inputs).c_str(), r.ran ? "true" : "false",
+                    json_str(r.note).c_str(), r.budget,
                     json_str(r.grads).c_str(), json_num(r.ran ? r.t.median : NAN).c_str(),
                     json_num(r.ran ? r.t.min : NAN).c_str(),
                     json_num(r.ran ? r.t.max : NAN).c_str(),
@@ -783,6 +946,35 @@ static void write_json(const std::string &path, const Options &o, const std::str
     fclose(f);
 }
 
+/* The rows of one shape whose hidden and weight are `inputs`, as a table. */
+static void table_rows(FILE *f, const ShapeResult &sh, const std::string &inputs)
+{
+    fprintf(f, "| row | grads | median ms | min | max | x %s floor | chunks x rows | "
+               "working MiB (plan) | peak MiB | pool MiB | held MiB | loss |\n",
+            inputs.c_str());
+    fprintf(f, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+               "| ---: |\n");
+    for (const Row &r : sh.rows) {
+        if (r.inputs != inputs)
+            continue;
+        if (!r.ran) {
+            fprintf(f, "| %s | %s | skipped: %s | | | | | | | | | |\n", r.name.c_str(),
+                    r.grads.c_str(), r.note.c_str());
+            continue;
+        }
+        fprintf(f, "| %s | %s | %.2f | %.2f | %.2f | %s |", r.name.c_str(), r.grads.c_str(),
+                r.t.median, r.t.min, r.t.max,
+                r.ratio > 0 ? (json_num(r.ratio) + "x").c_str() : "");
+        if (r.kind == "floor")
+            fprintf(f, " | | | | | |\n");
+        else
+            fprintf(f, " %lld x %lld | %s | %s | %s | %s | %.6g |\n", (long long)r.chunks,
+                    (long long)r.chunk_rows, mib(r.working + r.gemm_scratch).c_str(),
+                    mib(r.peak).c_str(), mib(r.pool_peak).c_str(), mib(r.held).c_str(),
+                    r.loss);
+    }
+}
+
 static void write_table(const std::string &path, const Options &o, const std::string &device,
                         const std::vector<ShapeResult> &shapes)
 {
@@ -796,30 +988,25 @@ static void write_table(const std::string &path, const Options &o, const std::st
                "rows only). peak: fg_memory_stats.peak_bytes; pool: the device memory pool's "
                "high-water mark; held: cudaMemGetInfo's drop over the row.\n",
             o.reps, WARMUPS);
+    if (o.f32)
+        fprintf(f, "\nf32 inputs: at the first token count only (T = %lld; larger ones skip "
+                   "them to save GPU time), the same hidden and weight draws unrounded in "
+                   "float32. Products in true float32 (CUBLAS_COMPUTE_32F, no TF32) in the "
+                   "library and in the f32 floor (the three bare products with f32 outputs, "
+                   "which these rows' ratios divide by); f32 gradients; one budget (2 GiB, or "
+                   "the largest given if smaller). Median of %d calls after %d warm-up: each "
+                   "f32 product runs without tensor cores. Speed reported, no target.\n",
+                (long long)o.tokens[0], std::min(o.reps, F32_REPS), F32_WARMUPS);
+    else
+        fprintf(f, "\nf32 inputs: skipped (--no-f32).\n");
     for (const ShapeResult &sh : shapes) {
         fprintf(f, "\n## B %lld, T %lld, H %lld, V %lld (%lld tokens unmasked)\n\n",
                 (long long)sh.B, (long long)sh.T, (long long)sh.H, (long long)sh.V,
                 (long long)sh.unmasked);
-        fprintf(f, "| row | grads | median ms | min | max | x floor | chunks x rows | "
-                   "working MiB (plan) | peak MiB | pool MiB | held MiB | loss |\n");
-        fprintf(f, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                   "| ---: |\n");
-        for (const Row &r : sh.rows) {
-            if (!r.ran) {
-                fprintf(f, "| %s | %s | skipped: %s | | | | | | | | | |\n", r.name.c_str(),
-                        r.grads.c_str(), r.note.c_str());
-                continue;
-            }
-            fprintf(f, "| %s | %s | %.2f | %.2f | %.2f | %s |", r.name.c_str(), r.grads.c_str(),
-                    r.t.median, r.t.min, r.t.max,
-                    r.ratio > 0 ? (json_num(r.ratio) + "x").c_str() : "");
-            if (r.kind == "floor")
-                fprintf(f, " | | | | | |\n");
-            else
-                fprintf(f, " %lld x %lld | %s | %s | %s | %s | %.6g |\n", (long long)r.chunks,
-                        (long long)r.chunk_rows, mib(r.working + r.gemm_scratch).c_str(),
-                        mib(r.peak).c_str(), mib(r.pool_peak).c_str(), mib(r.held).c_str(),
-                        r.loss);
+        table_rows(f, sh, "bf16");
+        if (sh.f32) {
+            fprintf(f, "\n### f32 inputs (no TF32)\n\n");
+            table_rows(f, sh, "f32");
         }
     }
     fclose(f);
@@ -862,8 +1049,8 @@ int main(int argc, char **argv)
              runtime / 1000, runtime % 1000 / 10);
     printf("%s\ndevice: %s\n", o.command.c_str(), device);
     printf("timing: host wall time per call (idle stream to return + cudaStreamSynchronize), "
-           "median of %d after %d warm-ups\n",
-           o.reps, WARMUPS);
+           "median of %d after %d warm-ups (f32 inputs: %d after %d)\n",
+           o.reps, WARMUPS, std::min(o.reps, F32_REPS), F32_WARMUPS);
 
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     fg_context_options co;
@@ -882,8 +1069,8 @@ int main(int argc, char **argv)
     }
 
     std::vector<ShapeResult> shapes;
-    for (int64_t T : o.tokens)
-        shapes.push_back(run_shape(ctx, o, T));
+    for (size_t i = 0; i < o.tokens.size(); i++)
+        shapes.push_back(run_shape(ctx, o, o.tokens[i], o.f32 && i == 0));
 
     const std::string json = o.out + "/bench_api.json", txt = o.out + "/bench_api.txt";
     write_json(json, o, device, shapes);
