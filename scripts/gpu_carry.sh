@@ -7,10 +7,15 @@
 #   the GPU machine (which has none) can build the whole project with the
 #   CUDA backend: scripts/gpu_test.sh passes DNNL_INCLUDE_DIR / DNNL_LIBRARY
 #   from there, and LD_LIBRARY_PATH for the run.
-# - .gpu-carry/wheels (~2 MB): pytest and its pure-Python dependencies from
-#   PyPI, for gpu_test.sh's Python tests on a machine without pytest or a
-#   package registry; bench/peers/carry_wheels.sh, where it exists, adds the
-#   peers' wheels.
+# - .gpu-carry/wheels (~4 MB): pure-Python wheels from PyPI for gpu_test.sh's
+#   Python tests on a machine without a package registry: pytest and its
+#   dependencies (used where the machine has no pytest), and datasets 5.2
+#   with dill and multiprocess, which tests/python/test_trl_gpu.py needs
+#   beside TRL (a GPU machine has torch, transformers, accelerate, pyarrow,
+#   pandas and xxhash, but no trl, datasets, dill or multiprocess);
+#   bench/peers/carry_wheels.sh, where it exists, adds the peers' wheels,
+#   TRL's among them. gpu_test.sh puts them on the path after the machine's
+#   own packages, so that only what the machine lacks comes from here.
 # Headers: oneapi/dnnl/ (1 MB). Library: libdnnl.so.2.6 once, libdnnl.so.2
 # and libdnnl.so as symlinks beside it (gpu_test.sh makes them again if a
 # transfer dropped them), and libOpenCL.so.1, which libdnnl.so.2 needs and a
@@ -63,11 +68,32 @@ if ! python3 -m pip download -q --disable-pip-version-check --no-deps --only-bin
   echo "gpu_carry: downloading the pytest wheels failed" >&2
   exit 1
 fi
+
+# datasets and the two packages of its requirements that a GPU machine lacks
+# (the others, Requires-Dist of datasets 5.2: filelock, numpy, pyarrow>=24,
+# pandas, tqdm, xxhash, fsspec, huggingface-hub>=1.31, packaging, pyyaml, are
+# in its image). The versions the CPU tests run with; Python 3.12's wheels, as
+# multiprocess has one per Python version (the others are py3-none-any).
+if ! python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+       --python-version 3.12 --implementation cp -d "$wheels" \
+       datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19; then
+  echo "gpu_carry: downloading the datasets wheels failed" >&2
+  exit 1
+fi
 echo "gpu_carry: wheels: $(cd "$wheels" && ls | tr '\n' ' ')"
 
 if [ -f bench/peers/carry_wheels.sh ]; then
   echo "gpu_carry: bench/peers/carry_wheels.sh"
   bash bench/peers/carry_wheels.sh
+fi
+# TRL itself comes from bench/peers/carry_wheels.sh (the peers' benchmark runs
+# one of its files): test_trl_gpu.py needs it too.
+if ! ls "$wheels"/trl-*.whl >/dev/null 2>&1; then
+  if ! python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+         -d "$wheels" "trl==1.16.*"; then
+    echo "gpu_carry: downloading the trl wheel failed" >&2
+    exit 1
+  fi
 fi
 
 kib=$(du -sk .gpu-carry | cut -f1)

@@ -27,6 +27,8 @@
 #   that would start with under 10 s left is a row "not run"; the headline
 #   shape's rows run first. Triton's and Inductor's caches are shared by the
 #   run's processes.
+# - FG_PEERS_TOKENS: the T to run, comma-separated (default 8192,32768; say
+#   32768 alone, for a run that gives the long shape the whole time limit).
 # Without a CUDA device it prints "skipped: no CUDA device" and exits 0.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -98,8 +100,8 @@ deadline=${FG_PEERS_DEADLINE:-$(( ${FG_GPU_PEERS_LIMIT:-150} - 15 ))}
 deadline=$((deadline - (SECONDS - start)))
 echo "gpu_peers: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1);" \
      "run limit ${deadline}s, ${FG_PEERS_TIMEOUT:-60}s a peer"
-"$py" bench/peers/run_peers.py --device cuda --batch 1 --seq-len 8192,32768 --hidden 4096 \
-  --vocab 151936 --dtype bfloat16 --loss-type dapo --beta 0.04 --reps 5 --warmup 2 \
+"$py" bench/peers/run_peers.py --device cuda --batch 1 --seq-len "${FG_PEERS_TOKENS:-8192,32768}" \
+  --hidden 4096 --vocab 151936 --dtype bfloat16 --loss-type dapo --beta 0.04 --reps 5 --warmup 2 \
   --timeout "${FG_PEERS_TIMEOUT:-60}" --deadline "$deadline" --out "$out"
 rc=$?
 echo "gpu_peers: rc $rc in $((SECONDS - start))s; $out/peers.md, $out/peers.json"
