@@ -5,12 +5,17 @@
 # reference (tests/python/test_numpy.py, test_install.py) where nothing else of
 # this project's build is present:
 #   1. the wheel: its tag (py3-none-manylinux_*) and its bundled libraries;
+#      where nvcc is found (build_wheel.sh then builds with FG_CUDA=ON), the
+#      CUDA backend libfusedgrpo_cuda.so, and never a CUDA library bundled;
 #   2. natively, in a clean root that debootstrap makes from Debian's packages
 #      (python3 and python3-venv, i.e. Python and pip, and nothing else: no
 #      oneDNN, no OpenMP runtime, no compiler, checked): the wheel, numpy and
 #      pytest (downloaded here, installed there with --no-index) in a venv;
 #      every library the package loads resolves inside the wheel or to the
-#      root's glibc, libstdc++ and libgcc_s (ldd); then the tests, and the JAX
+#      root's glibc, libstdc++ and libgcc_s (ldd), but the CUDA backend's
+#      libcudart and libcublasLt, which are not found there (no CUDA: the
+#      package must import and serve the CPU, and refuse the CUDA backend with
+#      FG_ERR_UNSUPPORTED, test_install.py); then the tests, and the JAX
 #      handler's tests with jax installed from PyPI's wheels when the wheel
 #      carries the handler (it does when jax is importable by the build);
 #   3. under `qemu-x86_64 -cpu Haswell` (an AVX2-only CPU, no AVX-512), which a
@@ -61,7 +66,7 @@ cleanup() {
 trap cleanup EXIT
 [ "${FG_WHEEL_KEEP:-0}" = 1 ] && echo "wheel_test: keeping $work"
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
-unset FUSEDGRPO_LIBRARY FUSEDGRPO_JAX_FFI_LIBRARY
+unset FUSEDGRPO_LIBRARY FUSEDGRPO_JAX_FFI_LIBRARY FUSEDGRPO_CUDA_LIBRARY
 
 # 1. The release wheel, from a clean CMake build directory of its own (not the
 # persistent build/python-* of `pip install .`, whose cached options, e.g. a
@@ -69,7 +74,14 @@ unset FUSEDGRPO_LIBRARY FUSEDGRPO_JAX_FFI_LIBRARY
 t=$SECONDS
 wheel="$(PYTHON="$py" bash scripts/build_wheel.sh "$work/wheelhouse" | tail -n 1)"
 echo "wheel_test: built $(basename "$wheel") in $((SECONDS - t))s; contents:"
-handler="$("$py" - "$wheel" <<'EOF'
+# build_wheel.sh's condition for FG_CUDA=ON (FG_WHEEL_PIP_ARGS may set it otherwise).
+cuda_expected=no
+case " ${FG_WHEEL_PIP_ARGS:-} " in
+  *FG_CUDA=ON*) cuda_expected=yes ;;
+  *FG_CUDA=*) ;;
+  *) if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then cuda_expected=yes; fi ;;
+esac
+info="$("$py" - "$wheel" "$cuda_expected" <<'EOF'
 import re, sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 for n in names:
@@ -83,12 +95,23 @@ fail += [f"it lacks {n}" for n in ("fusedgrpo/libfusedgrpo.so.0", "fusedgrpo/inc
          if n not in names]
 fail += [f"it does not bundle {lib}" for lib in ("libdnnl", "libgomp")
          if not any(n.startswith("fusedgrpo.libs/" + lib) for n in names)]
+cuda = "fusedgrpo/libfusedgrpo_cuda.so" in names
+if sys.argv[2] == "yes" and not cuda:
+    fail.append("it lacks fusedgrpo/libfusedgrpo_cuda.so (nvcc is here: build_wheel.sh asked for it)")
+# The CUDA runtime and cuBLASLt are the GPU machine's, never the wheel's.
+fail += [f"it bundles {n}" for n in names
+         if n.startswith(("fusedgrpo.libs/libcudart", "fusedgrpo.libs/libcublas",
+                          "fusedgrpo.libs/libcuda"))]
 if fail:
     sys.exit("wheel_test: the wheel is wrong: " + "; ".join(fail))
-print("yes" if "fusedgrpo/libfusedgrpo_jax_ffi.so" in names else "no")
+print("yes" if "fusedgrpo/libfusedgrpo_jax_ffi.so" in names else "no", "yes" if cuda else "no")
 EOF
 )"
-echo "wheel_test: JAX FFI handler in the wheel: $handler"
+read -r handler cuda <<<"$info"
+echo "wheel_test: JAX FFI handler in the wheel: $handler; CUDA backend: $cuda"
+# test_install.py then checks the installed backend (beside the library, its RUNPATH).
+expect_cuda=0
+[ "$cuda" = yes ] && expect_cuda=1
 
 # 2. The clean root: made once, then only read (each run's files go to $in_root).
 if [ ! -x "$root/usr/bin/python3" ]; then
@@ -134,13 +157,19 @@ in_chroot "python3 -m venv venv && venv/bin/pip install -q --no-index --find-lin
 echo "wheel_test: clean root venv ready in $((SECONDS - t))s"
 
 # Every library the package and its bundled libraries load, as the root's
-# dynamic linker resolves them: inside the wheel, or the root's C and C++ runtime.
+# dynamic linker resolves them: inside the wheel, or the root's C and C++ runtime;
+# the CUDA backend's CUDA runtime and cuBLASLt are not there (no CUDA in the root).
 cat >"$work/deps.sh" <<'EOF'
 site="$(venv/bin/python -c 'import fusedgrpo, os; print(os.path.dirname(os.path.dirname(fusedgrpo.__file__)))')"
 bad=0
 for so in "$site"/fusedgrpo/*.so* "$site"/fusedgrpo.libs/*.so*; do
   echo "  ${so#"$site"/}:"
   ldd "$so" | while read -r name arrow path rest; do
+    case "${so##*/} $name" in
+      "libfusedgrpo_cuda.so libcudart.so."*|"libfusedgrpo_cuda.so libcublasLt.so."*)
+        echo "    $name: the CUDA backend's, not the wheel's (a GPU machine's; here: $path $rest)"
+        continue ;;
+    esac
     case "$arrow $path" in
       "=> $site"/*) echo "    $name: in the wheel" ;;
       "=> /lib/x86_64-linux-gnu/"*|"=> /usr/lib/x86_64-linux-gnu/"*)
@@ -180,7 +209,7 @@ $sudo cp "$work/probe.py" "$in_root/"
 in_chroot ONEDNN_VERBOSE=1 DNNL_VERBOSE=1 "venv/bin/python probe.py" | isa
 echo "wheel_test: native, clean root: pytest ${tests[*]}"
 t=$SECONDS
-in_chroot "venv/bin/python -m pytest -q -p no:cacheprovider ${tests[*]} -k '$select'"
+in_chroot FUSEDGRPO_EXPECT_CUDA_BACKEND="$expect_cuda" "venv/bin/python -m pytest -q -p no:cacheprovider ${tests[*]} -k '$select'"
 echo "wheel_test: native tests passed in $((SECONDS - t))s"
 if [ "$handler" = yes ]; then
   # The handler as a wheel's user gets it: jax from PyPI beside the wheel.
@@ -224,7 +253,7 @@ t=$SECONDS
 rc=0
 # Emulated, the bf16-gradient bound (48 cases of B=7, T=61 with plan
 # queries, 33 s native, ~20 min here) runs one option set's three budgets.
-fg_qemu "$vpy" -m pytest -q -p no:cacheprovider "${tests[@]}" -k "$select" || rc=$?
+FUSEDGRPO_EXPECT_CUDA_BACKEND="$expect_cuda" fg_qemu "$vpy" -m pytest -q -p no:cacheprovider "${tests[@]}" -k "$select" || rc=$?
 if [ $rc -ne 0 ]; then
   fg_qemu_hint $rc
   echo "wheel_test: FAILED under qemu -cpu $FG_QEMU_CPU (status $rc)" >&2
