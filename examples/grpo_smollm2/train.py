@@ -27,7 +27,12 @@ step, reward, accuracy, loss, kl, entropy, the clip ratios, step_s (TRL's
 step_time: the optimizer step's training_step calls, generation included),
 head_s (time in the LM head plus loss of the training micro-batches, forward
 and backward: the trl arm's chunked log-prob kernel, the fusedgrpo arms' fused
-loss op; the old / reference passes are not in it), peak_rss_mib (VmHWM).
+loss op; the old / reference passes are not in it), peak_rss_mib (VmHWM),
+and with --device cuda peak_device_mib (torch.cuda.max_memory_allocated; the
+head timer then waits for the device before and after each timed call, so that
+head_s holds the GPU's work, not its launches). --device cuda puts the policy,
+the reference model and generation on the first CUDA device, float32
+(bf16=False, as on the CPU, so the exact arms can match TRL step by step).
 """
 from __future__ import annotations
 
@@ -130,9 +135,10 @@ class HeadTimer:
     run under no_grad and are left out). fusedgrpo: the fused loss op (its
     forward computes the gradients; its backward hands them over)."""
 
-    def __init__(self, arm: str):
+    def __init__(self, arm: str, sync=None):
         self.total = 0.0
         self.active = False
+        self.sync = sync or (lambda: None)  # torch.cuda.synchronize on a GPU
         if arm == "trl":
             from trl.trainer import utils as tu
             fn = tu._ChunkedLogProbFunction
@@ -143,10 +149,12 @@ class HeadTimer:
             orig = ft.fused_linear_grpo_loss
 
             def timed(*a, **k):
+                self.sync()
                 t = time.perf_counter()
                 try:
                     return orig(*a, **k)
                 finally:
+                    self.sync()
                     self.total += time.perf_counter() - t
 
             ft.fused_linear_grpo_loss = timed
@@ -157,10 +165,12 @@ class HeadTimer:
         def timed(*a, **k):
             if not when():
                 return orig(*a, **k)
+            self.sync()
             t = time.perf_counter()
             try:
                 return orig(*a, **k)
             finally:
+                self.sync()
                 self.total += time.perf_counter() - t
 
         setattr(cls, name, staticmethod(timed))
@@ -192,6 +202,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny random Llama, 2 steps")
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/fusedgrpo"))
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the model trains (cuda: the first CUDA device)")
     a = ap.parse_args(argv)
 
     import yaml
@@ -221,8 +233,8 @@ def main(argv=None):
     per_step = cfg["per_device_train_batch_size"] // cfg["num_generations"]
     data = Dataset.from_list(make_prompts(steps * per_step * 2, seed, max_operand))
     args = GRPOConfig(output_dir=os.path.join(a.cache, "runs", arm), max_steps=steps,
-                      report_to=[], use_cpu=True, bf16=False, logging_steps=1, save_strategy="no",
-                      **cfg)
+                      report_to=[], use_cpu=a.device == "cpu", bf16=False, logging_steps=1,
+                      save_strategy="no", **cfg)
     if arm == "trl":
         cls = GRPOTrainer
     elif arm in ("fusedgrpo", "fusedgrpo_unfiltered", "materialized"):
@@ -230,7 +242,10 @@ def main(argv=None):
         cls = FusedGRPOTrainer
     else:
         sys.exit(f"unknown arm {arm!r}: trl | fusedgrpo | fusedgrpo_unfiltered | materialized")
-    head = HeadTimer(arm)
+    on_gpu = a.device == "cuda"
+    if on_gpu and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch sees no CUDA device")
+    head = HeadTimer(arm, torch.cuda.synchronize if on_gpu else None)
     trainer = cls(model=path, reward_funcs=[accuracy_reward, format_reward], args=args,
                   train_dataset=data)
     if arm == "materialized":
@@ -254,6 +269,8 @@ def main(argv=None):
                        clip_ratio_region=g("clip_ratio/region_mean"), step_s=g("step_time"),
                        head_s=head.take(), peak_rss_mib=peak_rss_mib(), arm=arm,
                        wall_s=time.perf_counter() - self.t0)
+            if on_gpu:
+                row["peak_device_mib"] = torch.cuda.max_memory_allocated() / 2**20
             self.f.write(json.dumps(row) + "\n")
             self.f.flush()
             print(f"[{arm}] step {row['step']:3d}/{steps}  reward {row['reward'] or 0:.3f}  "
