@@ -374,6 +374,12 @@ void fg_context_options_init(fg_context_options *opts);
 fg_status fg_context_create(const fg_context_options *opts, fg_context **out);
 void fg_context_destroy(fg_context *ctx); /* NULL is fine */
 
+/* Why the calling thread's last fg_context_create failed ("" after one that
+ * succeeded): a failed create leaves no context to hold its message, e.g.
+ * which path the CUDA backend's library was looked for at, or that no CUDA
+ * device was found. Valid until the thread's next fg_context_create. */
+const char *fg_context_create_error(void);
+
 /* The message of the last failed call on ctx ("" after a success). */
 const char *fg_last_error(const fg_context *ctx);
 

@@ -114,10 +114,16 @@ static fg_status create_device(fg_context *ctx, const fg_context_options *o)
     return st == FG_OK ? FG_OK : fg_fail(&ctx->error, st, "%s", msg);
 }
 
+/* The calling thread's last failed create's message (fg_context_create_error). */
+static _Thread_local fg_error create_error;
+
+const char *fg_context_create_error(void) { return create_error.msg; }
+
 fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
 {
+    fg_error_clear(&create_error);
     if (!out)
-        return FG_ERR_NULL_ARGUMENT;
+        return fg_fail(&create_error, FG_ERR_NULL_ARGUMENT, "out is NULL");
     *out = NULL;
     fg_context_options o;
     if (opts)
@@ -126,21 +132,28 @@ fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
         fg_context_options_init(&o);
     if (o.backend != FG_BACKEND_CPU && o.backend != FG_BACKEND_CUDA &&
         o.backend != FG_BACKEND_REFERENCE)
-        return FG_ERR_UNSUPPORTED;
+        return fg_fail(&create_error, FG_ERR_UNSUPPORTED, "backend %d is none of FG_BACKEND_CPU, "
+                       "FG_BACKEND_CUDA, FG_BACKEND_REFERENCE", (int)o.backend);
     if (o.threads > FG_MAX_THREADS)
-        return FG_ERR_BAD_HYPERPARAMETER; /* no context yet to hold a message */
+        return fg_fail(&create_error, FG_ERR_BAD_HYPERPARAMETER,
+                       "threads = %d is above FG_MAX_THREADS (%d)", o.threads, FG_MAX_THREADS);
     if (!o.memory_budget)
         o.memory_budget = o.backend == FG_BACKEND_CUDA ? FG_DEFAULT_CUDA_MEMORY_BUDGET
                                                        : FG_DEFAULT_MEMORY_BUDGET;
     fg_context *ctx = fg_fault_hit() ? NULL : calloc(1, sizeof *ctx);
     if (!ctx)
-        return FG_ERR_OUT_OF_MEMORY;
+        return fg_fail(&create_error, FG_ERR_OUT_OF_MEMORY, "the context (%zu bytes)",
+                       sizeof *ctx);
     ctx->opts = o;
     ctx->last_budget = o.memory_budget;
     fg_status st = fg_gemm_cache_create(&ctx->gemm);
     if (st == FG_OK && o.backend != FG_BACKEND_CPU)
         st = create_device(ctx, &o);
     if (st != FG_OK) {
+        if (ctx->error.msg[0])
+            create_error = ctx->error;
+        else
+            fg_fail(&create_error, st, "the context's setup failed");
         fg_context_destroy(ctx);
         return st;
     }

@@ -5,8 +5,10 @@
  * refused CUDA backend, memory-stats plumbing, and the struct layout table for
  * bindings (fg_abi_sizeof / fg_abi_offsetof against sizeof / offsetof).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv: a failed create's message names the path */
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -206,8 +208,40 @@ static void test_context(void) {
     s = fg_context_create(&o, &ctx);
     /* FG_OK only where libfusedgrpo_cuda.so loads and finds a device. */
     CHECK(s == FG_ERR_UNSUPPORTED || (s == FG_OK && ctx), "CUDA backend: %s", fg_status_name(s));
-    printf("test_api: a CUDA context: %s\n", fg_status_name(s));
+    printf("test_api: a CUDA context: %s (%s)\n", fg_status_name(s), fg_context_create_error());
+    CHECK((s == FG_OK) == (fg_context_create_error()[0] == '\0'),
+          "a create that %s has the message \"%s\"", s == FG_OK ? "succeeded" : "failed",
+          fg_context_create_error());
     if (s == FG_OK) fg_context_destroy(ctx);
+    /* A failed create says why: the library's path it tried, the option. */
+    {
+        const char *saved = getenv("FUSEDGRPO_CUDA_LIBRARY");
+        char keep[4096] = "";
+        if (saved)
+            snprintf(keep, sizeof keep, "%s", saved);
+        setenv("FUSEDGRPO_CUDA_LIBRARY", "/nonexistent/libfusedgrpo_cuda_test.so", 1);
+        ctx = NULL;
+        s = fg_context_create(&o, &ctx);
+        CHECK(s == FG_ERR_UNSUPPORTED && !ctx &&
+                  strstr(fg_context_create_error(), "/nonexistent/libfusedgrpo_cuda_test.so"),
+              "CUDA backend from a missing library: %s, \"%s\"", fg_status_name(s),
+              fg_context_create_error());
+        if (saved)
+            setenv("FUSEDGRPO_CUDA_LIBRARY", keep, 1);
+        else
+            unsetenv("FUSEDGRPO_CUDA_LIBRARY");
+        fg_context_options bad;
+        fg_context_options_init(&bad);
+        bad.threads = FG_MAX_THREADS + 1;
+        s = fg_context_create(&bad, &ctx);
+        CHECK(s == FG_ERR_BAD_HYPERPARAMETER && strstr(fg_context_create_error(), "FG_MAX_THREADS"),
+              "threads above the cap: %s, \"%s\"", fg_status_name(s), fg_context_create_error());
+        s = fg_context_create(NULL, &ctx);
+        CHECK(s == FG_OK && fg_context_create_error()[0] == '\0',
+              "a create after a failed one: %s, message \"%s\"", fg_status_name(s),
+              fg_context_create_error());
+        fg_context_destroy(ctx);
+    }
     fg_context_options_init(&o);
     o.backend = FG_BACKEND_REFERENCE;
     ctx = NULL;

@@ -122,6 +122,7 @@ fg_status CreateContext(fg_backend backend, void *stream, fg_context **out) {
 struct PooledContext {
     fg_context *ctx = nullptr;
     fg_status status = FG_OK;
+    std::string why;  // a failed create's message (fg_context_create_error)
     PoolKey key;
     explicit PooledContext(fg_backend backend = FG_BACKEND_CPU, void *stream = nullptr)
         : key((int)backend, stream) {
@@ -135,6 +136,8 @@ struct PooledContext {
             }
         }
         status = CreateContext(backend, stream, &ctx);  // a failed one leaves ctx NULL
+        if (status != FG_OK)
+            why = fg_context_create_error();
     }
     ~PooledContext() {
         if (!ctx)
@@ -492,7 +495,7 @@ bool LinearGrpo(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, Buf a
     GradViews(h, gh, gw, gb, &out.grad_hidden, &out.grad_weight, &out.grad_bias);
     PooledContext pc;
     if (pc.status != FG_OK)
-        return f->Set(pc.status, "fg_context_create failed");
+        return f->Set(pc.status, pc.why);
     const fg_status st = fg_linear_grpo(pc.ctx, &lo, &cfg, &h.in, &bt, &out, &ex);
     if (st != FG_OK)
         return f->SetFrom(st, pc.ctx);
@@ -552,7 +555,7 @@ bool ShardStats(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, const
         return f->Set(FG_ERR_SHAPE_MISMATCH, "stats must be f32[13*B*T + 1]");
     PooledContext pc;
     if (pc.status != FG_OK)
-        return f->Set(pc.status, "fg_context_create failed");
+        return f->Set(pc.status, pc.why);
     const fg_status st =
         fg_linear_shard_stats(pc.ctx, &lo, temperature, &h.in, &tk.t, F32(stats), &ex);
     return st == FG_OK || f->SetFrom(st, pc.ctx);
@@ -655,7 +658,7 @@ bool LossFromLogp(Buf token_ids, Buf mask, Buf advantages, Buf old_logp, Buf ref
     out.grad_entropy = grad_entropy->element_count() ? F32(grad_entropy) : nullptr;
     PooledContext pc;
     if (pc.status != FG_OK)
-        return f->Set(pc.status, "fg_context_create failed");
+        return f->Set(pc.status, pc.why);
     const fg_status st =
         fg_grpo_loss_from_logp(pc.ctx, &cfg, &bt, F32In(logp), F32In(entropy), &out, &ex);
     if (st != FG_OK)
@@ -699,7 +702,7 @@ bool ShardBackward(Buf hidden, Buf weight, Buf bias, Buf token_ids, Buf mask, co
     GradViews(h, gh, gw, gb, &g.grad_hidden, &g.grad_weight, &g.grad_bias);
     PooledContext pc;
     if (pc.status != FG_OK)
-        return f->Set(pc.status, "fg_context_create failed");
+        return f->Set(pc.status, pc.why);
     const fg_status st = fg_linear_shard_backward(pc.ctx, &lo, temperature, &h.in, &tk.t,
                                                   F32In(stats), F32In(grad_logp),
                                                   F32In(grad_entropy), &g, &ex);
@@ -960,16 +963,14 @@ bool HostCopy(void *, void *dst, const void *src, size_t bytes, Failure *) {
 const DeviceMemory kCuda = {FG_BACKEND_CUDA, "CUDA", CudaToHost, CudaToDevice};
 const DeviceMemory kReference = {FG_BACKEND_REFERENCE, "reference", HostCopy, HostCopy};
 
-// The pooled context of a device call, or false with why there is none (the C
-// library keeps no message for a context it could not create).
+// The pooled context of a device call, or false with why there is none (the
+// library's message of the failed create: which library it looked for where,
+// or that no device was found).
 bool DeviceContext(const DeviceMemory &mem, const PooledContext &pc, Failure *f) {
     if (pc.status == FG_OK)
         return true;
-    std::string why = std::string("cannot create a context on the ") + mem.name + " backend";
-    if (mem.backend == FG_BACKEND_CUDA)
-        why += ": it needs libfusedgrpo_cuda.so (beside libfusedgrpo, or FUSEDGRPO_CUDA_LIBRARY) "
-               "and a CUDA device";
-    return f->Set(pc.status, why);
+    return f->Set(pc.status, std::string("cannot create a context on the ") + mem.name +
+                                 " backend: " + pc.why);
 }
 
 // token_ids s64 [B,T] or s32 [B,T,2] (the words of int64 ids, low first) and

@@ -220,6 +220,7 @@ def _load():
     sig = {
         "fg_status_name": (c_char_p, [c_int]),
         "fg_last_error": (c_char_p, [c_void_p]),
+        "fg_context_create_error": (c_char_p, []),
         "fg_loss_config_init": (None, [P(fg_loss_config)]),
         "fg_loss_type_name": (c_char_p, [c_int]),
         "fg_is_level_name": (c_char_p, [c_int]),
@@ -332,9 +333,11 @@ class Context:
         h = c_void_p()
         st = lib.fg_context_create(ctypes.byref(opts), ctypes.byref(h))
         if st != 0:
-            hint = ("; the CUDA backend needs libfusedgrpo_cuda.so (beside libfusedgrpo, or "
-                    "FUSEDGRPO_CUDA_LIBRARY) and a CUDA device") if backend == BACKENDS["cuda"] else ""
-            raise FusedGRPOError(status_name(st), f"fg_context_create failed{hint}")
+            # The library's message ("<STATUS>: why"), e.g. where it looked for the
+            # CUDA backend's library.
+            why = lib.fg_context_create_error()
+            raise FusedGRPOError(status_name(st), why.decode(errors="replace") if why else
+                                 "fg_context_create failed")
         self.handle = h
 
     def check(self, st: int):

@@ -257,3 +257,18 @@ def test_torch_double_backward_raises():
     (g,) = torch.autograd.grad(loss, h, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate"):
         torch.autograd.grad(g.sum(), h)
+
+
+def test_failed_context_says_why(monkeypatch):
+    """A context that cannot be made carries the library's reason (the C
+    library's fg_context_create_error): here the path the CUDA backend's
+    library was looked for at."""
+    from fusedgrpo import _lib
+
+    monkeypatch.setenv("FUSEDGRPO_CUDA_LIBRARY", "/nonexistent/libfusedgrpo_cuda_probe.so")
+    with pytest.raises(fg.FusedGRPOError) as e:
+        _lib.Context(_lib.BACKENDS["cuda"])
+    assert e.value.status == "FG_ERR_UNSUPPORTED"
+    assert "/nonexistent/libfusedgrpo_cuda_probe.so" in str(e.value)
+    _lib.Context(0)  # the CPU still works, and a later create clears the message
+    assert _lib.lib.fg_context_create_error() == b""
