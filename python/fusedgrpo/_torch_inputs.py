@@ -60,6 +60,13 @@ def call_context(device: torch.device):
     call is ordered with torch's work there and uses no stream of its own."""
     if device.type != "cuda":
         return None
+    if torch.cuda.is_current_stream_capturing():
+        # The C call waits for the stream on the host (the token arrays, the
+        # NaN scan, each chunk's log-probs): a capture could only fail later,
+        # with a less clear error.
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED", "fusedgrpo's op cannot be captured in a CUDA "
+                             "graph: its C call reads the token arrays, the NaN scan and each "
+                             "chunk's log-probs on the host; call it outside the capture")
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         return _lib.device_context("cuda", stream)

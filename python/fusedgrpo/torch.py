@@ -30,6 +30,7 @@ is the contract; python/README.md lists where Liger departs from TRL):
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Optional
 
@@ -39,6 +40,14 @@ from torch import Tensor
 from . import _lib, _options
 from . import _torch_inputs as _ti
 from ._lib import FusedGRPOError, METRIC_NAMES
+
+# Inductor's CUDA graphs (torch.compile mode="reduce-overhead") must leave the
+# ops out of a capture: their C call reads the token arrays, the NaN scan and
+# each chunk's log-probs on the host (_torch_inputs.call_context refuses a
+# capture). A torch without the tag gets no tags.
+_OP_TAGS = ({"tags": (torch.Tag.cudagraph_unsafe,)}
+            if hasattr(torch.Tag, "cudagraph_unsafe")
+            and "tags" in inspect.signature(torch.library.custom_op).parameters else {})
 
 __all__ = ["linear_grpo", "FusedLinearGRPOLoss", "fused_linear_grpo_loss", "linear_logprobs",
            "METRIC_NAMES"]
@@ -74,7 +83,7 @@ _LINEAR_GRPO_SCHEMA = (
 # loss and metrics come back as host numbers. A float mask is checked on the
 # device (one more read of a flag).
 @torch.library.custom_op("fusedgrpo::linear_grpo", mutates_args=(), device_types=("cpu", "cuda"),
-                         schema=_LINEAR_GRPO_SCHEMA)
+                         schema=_LINEAR_GRPO_SCHEMA, **_OP_TAGS)
 def linear_grpo(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None,
                 ref_logp=None, is_ratio=None, sampling_logp=None, *, compute_grad_hidden=True,
                 compute_grad_weight=True, compute_grad_bias=True, impl="fused", threads=None,
@@ -217,7 +226,7 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
 # ------------------------------------------------------- log-probs of the head
 
 @torch.library.custom_op("fusedgrpo::linear_logprobs", mutates_args=(),
-                         device_types=("cpu", "cuda"))
+                         device_types=("cpu", "cuda"), **_OP_TAGS)
 def _logprobs_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
                  bias: Optional[Tensor] = None, *, temperature: float = 1.0, impl: str = "fused",
                  threads: Optional[int] = None,
@@ -246,7 +255,7 @@ def _(hidden, weight, token_ids, mask, bias=None, **options):
 
 
 @torch.library.custom_op("fusedgrpo::linear_logprobs_backward", mutates_args=(),
-                         device_types=("cpu", "cuda"))
+                         device_types=("cpu", "cuda"), **_OP_TAGS)
 def _logprobs_backward_op(hidden: Tensor, weight: Tensor, token_ids: Tensor, mask: Tensor,
                           grad_logp: Tensor, grad_entropy: Optional[Tensor] = None,
                           bias: Optional[Tensor] = None, *, temperature: float = 1.0,
