@@ -20,6 +20,13 @@
  *     loss, metrics, logp, entropy and the gradients must agree within the
  *     tolerances below, masked tokens' logp/entropy and grad_hidden rows be
  *     exact zeros, and grad_hidden's padding columns untouched.
+ *   - The phase API of a vocab-sharded call, 2 shards of the vocabulary:
+ *     (a) -> MAX -> (b) -> SUM -> finish -> (d) with every array in device
+ *     memory (the stats too; the reductions by hand between device copies)
+ *     against the CPU context's same phases: logp, entropy, grad_hidden
+ *     summed over the shards, each shard's grad_weight and grad_bias rows
+ *     (float32 gradients, the tolerances below), the GEMM phases at the
+ *     fused tests' budget.
  *   - Refusals: an unmasked token id = V (FG_ERR_TOKEN_OUT_OF_RANGE) and a
  *     NaN in an unmasked hidden row (FG_ERR_NONFINITE_INPUT), fused and
  *     materialized, accumulating or not: the same status as the CPU and every
@@ -737,6 +744,206 @@ static void test_logprobs(const Contexts &cx, Problem &p, const DeviceProblem &d
            w[1].ratio);
 }
 
+/* ---- the phase API of a vocab-sharded call ------------------------------------------ */
+
+/* Two shards of the vocabulary, [0, V0) and [V0, V): (a) -> MAX -> (b) -> SUM
+ * -> finish -> (d) on the CUDA context with every array in device memory
+ * (the stats too: the reductions by hand, between device copies), against
+ * the CPU context's same phases: logp and entropy, grad_hidden summed over
+ * the shards, each shard's grad_weight and grad_bias rows (float32
+ * gradients). Tokens held by the other shard are in every row group; the
+ * masked tokens' ids are out of range (never read). */
+static const int64_t V0 = 500;
+
+static fg_linear_inputs shard_view(void *hidden, void *weight, void *bias, fg_dtype t, int s)
+{
+    const int64_t v0 = s == 0 ? 0 : V0, Vs = s == 0 ? V0 : V - V0;
+    const size_t es = dsize(t);
+    fg_linear_inputs in;
+    memset(&in, 0, sizeof in);
+    in.hidden = {hidden, t, N, H, LDH};
+    in.weight = {static_cast<unsigned char *>(weight) + (size_t)(v0 * LDH) * es, t, Vs, H, LDH};
+    in.bias = {static_cast<unsigned char *>(bias) + (size_t)v0 * es, t, Vs};
+    in.vocab_start = v0;
+    in.vocab_total = V;
+    return in;
+}
+
+/* MAX (max = true) or SUM of stats[o, o + count) over the two shards, in place. */
+static void reduce_pair(std::vector<float> *st, int64_t o, int64_t count, bool max)
+{
+    for (int64_t i = o; i < o + count; i++) {
+        const float a = st[0][i], b = st[1][i];
+        st[0][i] = st[1][i] = max ? (a > b ? a : b) : a + b;
+    }
+}
+
+static void reduce_device(float *const *dst, int64_t o, int64_t count, bool max)
+{
+    std::vector<float> st[2];
+    for (int s = 0; s < 2; s++)
+        st[s] = host_copy(dst[s], (size_t)FG_SHARD_STATS_FLOATS(N));
+    reduce_pair(st, o, count, max);
+    for (int s = 0; s < 2; s++)
+        upload(dst[s] + o, st[s].data() + o, (size_t)count * sizeof(float));
+}
+
+static void test_shard_phases(const Contexts &cx, Problem &p, const DeviceProblem &d,
+                              size_t budget)
+{
+    const int64_t F = FG_SHARD_STATS_FLOATS(N);
+    fg_exec ex; /* the GEMM phases on the device in chunks (the fused tests' budget) */
+    fg_exec_init(&ex);
+    ex.memory_budget = budget;
+    int64_t chunks[2] = {0, 0}; /* the most of (a), of (d) */
+    fg_memory_stats ms;
+    char label[160];
+    snprintf(label, sizeof label, "%s phase API, 2 vocab shards", dname(p.dtype));
+    int held[2] = {0, 0};
+    for (int64_t n = 0; n < N; n++)
+        if (p.mask[n])
+            held[p.tokens[n] >= V0]++;
+    std::vector<float> dlogp(N, 0.0f), dent(N, 0.0f);
+    for (int64_t n = 0; n < N; n++)
+        if (p.mask[n]) {
+            dlogp[n] = (float)(0.3 * normal());
+            dent[n] = (float)(0.1 * normal());
+        }
+    const fg_tokens ht = {B, T, p.tokens.data(), p.mask.data()};
+    const fg_tokens dtk = {B, T, d.tokens, d.mask};
+    float *d_dlogp = device_copy(dlogp.data(), N), *d_dent = device_copy(dent.data(), N);
+    std::vector<float> cstats[2], cl[2], ce[2], cgh[2], cgw[2], cgb[2];
+    float *gstats[2], *gl[2], *ge[2], *ggh[2], *ggw[2], *ggb[2];
+    fg_status sc = FG_OK, sg = FG_OK, st;
+    for (int s = 0; s < 2; s++) {
+        const int64_t Vs = s == 0 ? V0 : V - V0;
+        cstats[s].assign(F, 0.0f);
+        cl[s].assign(N, 7.0f);
+        ce[s].assign(N, 7.0f);
+        cgh[s].assign((size_t)N * H, 0.0f);
+        cgw[s].assign((size_t)Vs * H, 0.0f);
+        cgb[s].assign((size_t)Vs, 0.0f);
+        gstats[s] = device_copy(cstats[s].data(), F);
+        gl[s] = device_copy(cl[s].data(), N);
+        ge[s] = device_copy(ce[s].data(), N);
+        ggh[s] = device_copy(cgh[s].data(), cgh[s].size());
+        ggw[s] = device_copy(cgw[s].data(), cgw[s].size());
+        ggb[s] = device_copy(cgb[s].data(), cgb[s].size());
+    }
+    /* (a) */
+    for (int s = 0; s < 2; s++) {
+        fg_linear_inputs hin = shard_view(p.hidden.data(), p.weight.data(), p.bias.data(),
+                                          p.dtype, s);
+        fg_linear_inputs din = shard_view(d.hidden, d.weight, d.bias, p.dtype, s);
+        if ((st = fg_linear_shard_stats(cx.cpu, NULL, TEMPERATURE, &hin, &ht, cstats[s].data(),
+                                        NULL)) != FG_OK)
+            sc = st;
+        if ((st = fg_linear_shard_stats(cx.gpu, NULL, TEMPERATURE, &din, &dtk, gstats[s],
+                                        &ex)) != FG_OK)
+            sg = st;
+        fg_get_memory_stats(cx.gpu, &ms);
+        chunks[0] = ms.chunks > chunks[0] ? ms.chunks : chunks[0];
+    }
+    CUDA_OK(cudaStreamSynchronize(cx.stream));
+    /* MAX, (b), SUM, finish */
+    reduce_pair(cstats, 0, FG_SHARD_STATS_MAX_COUNT(N), true);
+    reduce_device(gstats, 0, FG_SHARD_STATS_MAX_COUNT(N), true);
+    for (int s = 0; s < 2 && sc == FG_OK && sg == FG_OK; s++) {
+        if ((st = fg_shard_stats_rescale(cx.cpu, &ht, cstats[s].data())) != FG_OK)
+            sc = st;
+        if ((st = fg_shard_stats_rescale(cx.gpu, &dtk, gstats[s])) != FG_OK)
+            sg = st;
+    }
+    CUDA_OK(cudaStreamSynchronize(cx.stream));
+    reduce_pair(cstats, FG_SHARD_STATS_SUM_OFFSET(N), FG_SHARD_STATS_SUM_COUNT(N), false);
+    reduce_device(gstats, FG_SHARD_STATS_SUM_OFFSET(N), FG_SHARD_STATS_SUM_COUNT(N), false);
+    for (int s = 0; s < 2 && sc == FG_OK && sg == FG_OK; s++) {
+        if ((st = fg_shard_stats_finish(cx.cpu, &ht, cstats[s].data(), cl[s].data(),
+                                        ce[s].data())) != FG_OK)
+            sc = st;
+        if ((st = fg_shard_stats_finish(cx.gpu, &dtk, gstats[s], gl[s], ge[s])) != FG_OK)
+            sg = st;
+    }
+    /* (d) */
+    for (int s = 0; s < 2 && sc == FG_OK && sg == FG_OK; s++) {
+        const int64_t Vs = s == 0 ? V0 : V - V0;
+        fg_linear_inputs hin = shard_view(p.hidden.data(), p.weight.data(), p.bias.data(),
+                                          p.dtype, s);
+        fg_linear_inputs din = shard_view(d.hidden, d.weight, d.bias, p.dtype, s);
+        fg_linear_grads hg = {{cgh[s].data(), FG_DTYPE_F32, N, H, H},
+                              {cgw[s].data(), FG_DTYPE_F32, Vs, H, H},
+                              {cgb[s].data(), FG_DTYPE_F32, Vs},
+                              0};
+        fg_linear_grads dg = {{ggh[s], FG_DTYPE_F32, N, H, H},
+                              {ggw[s], FG_DTYPE_F32, Vs, H, H},
+                              {ggb[s], FG_DTYPE_F32, Vs},
+                              0};
+        if ((st = fg_linear_shard_backward(cx.cpu, NULL, TEMPERATURE, &hin, &ht, cstats[s].data(),
+                                           dlogp.data(), dent.data(), &hg, NULL)) != FG_OK)
+            sc = st;
+        if ((st = fg_linear_shard_backward(cx.gpu, NULL, TEMPERATURE, &din, &dtk, gstats[s],
+                                           d_dlogp, d_dent, &dg, &ex)) != FG_OK)
+            sg = st;
+        fg_get_memory_stats(cx.gpu, &ms);
+        chunks[1] = ms.chunks > chunks[1] ? ms.chunks : chunks[1];
+    }
+    CUDA_OK(cudaStreamSynchronize(cx.stream));
+    if (sc != FG_OK || sg != FG_OK) {
+        char what[512];
+        snprintf(what, sizeof what, "%s: statuses CPU %s (%s), CUDA %s (%s)", label,
+                 fg_status_name(sc), fg_last_error(cx.cpu), fg_status_name(sg),
+                 fg_last_error(cx.gpu));
+        check_true(what, false);
+    } else {
+        /* logp, entropy; grad_hidden summed over the shards; each shard's rows */
+        Worst w[5];
+        for (int s = 0; s < 2; s++) {
+            const std::vector<float> l = host_copy(gl[s], N), e = host_copy(ge[s], N);
+            for (int64_t n = 0; n < N; n++) {
+                scalar(w[0], (size_t)n, l[n], cl[0][n], TOL_TOKEN);
+                scalar(w[1], (size_t)n, e[n], ce[0][n], TOL_TOKEN);
+            }
+        }
+        const Tol gt = p.dtype == FG_DTYPE_BF16 ? TOL_GRAD_BF16 : TOL_GRAD_F32;
+        const std::vector<float> gh0 = host_copy(ggh[0], (size_t)N * H),
+                                 gh1 = host_copy(ggh[1], (size_t)N * H);
+        std::vector<float> want((size_t)N * H), got((size_t)N * H);
+        double M = 0;
+        for (size_t i = 0; i < want.size(); i++) {
+            want[i] = cgh[0][i] + cgh[1][i];
+            got[i] = gh0[i] + gh1[i];
+            M = fmax(M, fabs(want[i]));
+        }
+        for (size_t i = 0; i < want.size(); i++)
+            consider(w[2], i, got[i], want[i], gt.rel * fabs(want[i]) + gt.abs_of_max * M);
+        for (int s = 0; s < 2; s++)
+            for (int k = 0; k < 2; k++) {
+                const std::vector<float> &c = k == 0 ? cgw[s] : cgb[s];
+                const std::vector<float> g = host_copy(k == 0 ? ggw[s] : ggb[s], c.size());
+                double Mk = 0;
+                for (float x : c)
+                    Mk = fmax(Mk, fabs(x));
+                for (size_t i = 0; i < c.size(); i++)
+                    consider(w[3 + k], i, g[i], c[i], gt.rel * fabs(c[i]) + gt.abs_of_max * Mk);
+            }
+        const bool bad = !(w[0].ratio <= 1 && w[1].ratio <= 1 && w[2].ratio <= 1 &&
+                           w[3].ratio <= 1 && w[4].ratio <= 1 && held[0] > 0 && held[1] > 0);
+        checks_run++;
+        checks_failed += bad;
+        printf("%s %-40s logp %.3f ent %.3f grad_hidden %.3f grad_weight %.3f grad_bias %.3f "
+               "of tol (tokens held: %d, %d; chunks: (a) %lld, (d) %lld)\n",
+               bad ? "FAIL" : "ok  ", label, w[0].ratio, w[1].ratio, w[2].ratio, w[3].ratio,
+               w[4].ratio, held[0], held[1], (long long)chunks[0], (long long)chunks[1]);
+    }
+    for (int s = 0; s < 2; s++) {
+        float *all[6] = {gstats[s], gl[s], ge[s], ggh[s], ggw[s], ggb[s]};
+        for (float *q : all)
+            CUDA_OK(cudaFree(q));
+    }
+    CUDA_OK(cudaFree(d_dlogp));
+    CUDA_OK(cudaFree(d_dent));
+}
+
 /* ---- refusals ------------------------------------------------------------------------- */
 
 /* One refused call: the CPU's status and the CUDA context's, every device
@@ -852,6 +1059,7 @@ static void test_dtype(const Contexts &cx, fg_dtype dtype)
         }
     }
     test_logprobs(cx, p, d);
+    test_shard_phases(cx, p, d, bu.bytes);
     test_refusals(cx, p, d, bu.bytes);
     device_problem_free(d);
 }

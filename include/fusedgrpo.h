@@ -280,18 +280,19 @@ typedef struct fg_logits_outputs {
 /* ----------------------------------------------------------------- context */
 
 /* Where a context's calls run. FG_BACKEND_CPU: host memory, oneDNN and
- * OpenMP. The others run fg_linear_grpo, fg_linear_logprobs and
- * fg_linear_logprobs_backward through the per-chunk backend seam
- * (docs/ARCHITECTURE.md), with every pointer of those calls in the backend's
- * memory: the inputs, the fg_batch / fg_tokens arrays, grad_logp and
+ * OpenMP. The others run fg_linear_grpo, fg_linear_logprobs,
+ * fg_linear_logprobs_backward and the phase API ("phases of a vocab-sharded
+ * call") through the per-chunk backend seam (docs/ARCHITECTURE.md), with
+ * every pointer of those calls in the backend's memory: the inputs, the fg_batch / fg_tokens arrays, grad_logp and
  * grad_entropy, and the outputs (logp, entropy, gradients); loss and
  * metrics are host fields of the outputs struct, as on the CPU. Such a call
  * copies the O(B*T) token arrays to the host and waits for the backend
  * once to check them (and the inputs' NaN/Inf scan), once per chunk to run
  * the loss math on the chunk's log-probs, and once at the end; the
  * [tokens, vocab] and [vocab, hidden] work stays in the backend. Not yet
- * there: the phase API, a communicator, gradient filtering and the
- * logits-level entry points (FG_ERR_UNSUPPORTED).
+ * there: a communicator (a vocab-sharded weight runs through the phase
+ * API), gradient filtering and the logits-level entry points
+ * (FG_ERR_UNSUPPORTED).
  *   FG_BACKEND_CUDA: device memory of the current CUDA device, on
  *     fg_context_options.stream (a cudaStream_t; NULL: the default stream);
  *     fg_exec.workspace, when given, is device memory. fg_context_create
@@ -639,6 +640,13 @@ fg_status fg_linear_logprobs_backward(fg_context *ctx, const fg_linear_options *
  * more float beside grad_hidden's SUM). Data parallelism (shards of the batch)
  * is the caller's too: fg_loss_config.num_items_in_batch takes the global token
  * count (docs/LOSS_SPEC.md "Data parallel").
+ *
+ * On a context of a backend behind the seam (FG_BACKEND_CUDA) every array of
+ * these calls is that backend's memory, the stats included (a framework
+ * reduces them where they are, e.g. with NCCL), as are the tokens, logp,
+ * entropy, grad_logp, grad_entropy and the gradients. (a) and (d) run their
+ * GEMMs there; (b) and fg_shard_stats_finish are O(N) work on the host:
+ * they copy the tokens and stats in and write back what they change.
  */
 #define FG_SHARD_STATS_FLOATS(n) (13 * (int64_t)(n) + 1)
 #define FG_SHARD_STATS_MAX_COUNT(n) (2 * (int64_t)(n) + 1)

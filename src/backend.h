@@ -42,8 +42,10 @@ extern "C" {
 #endif
 
 /* The version of this interface; a backend library built against another is
- * refused when the context loads it. */
-#define FG_BACKEND_ABI 1
+ * refused when the context loads it. 2: a target outside [0, V) is another
+ * vocab shard's token; the backward adds no one-hot term for it (the phase
+ * API of a vocab-sharded weight). */
+#define FG_BACKEND_ABI 2
 
 /* row_check's "no bad row": 0x7f in every byte, what a byte fill can give. */
 #define FG_BACKEND_ROW_NONE 0x7f7f7f7f
@@ -77,7 +79,9 @@ typedef struct fg_backend_call {
     fg_vector grad_bias;
     /* The workspace. */
     const int64_t *rows;        /* [n_active] unmasked token indices, ascending  */
-    const int64_t *targets;     /* [n_active] their token ids                    */
+    const int64_t *targets;     /* [n_active] their token ids, local to the
+                                   weight's rows (id - vocab_start); outside
+                                   [0, V): another vocab shard's token        */
     void *logits;               /* [chunk_rows, V] of logit_t, row stride V      */
     void *dlogits;              /* [chunk_rows, V] of dlogit_t (may be logits)    */
     void *hbuf;                 /* [chunk_rows, H] of in_t: the gathered rows     */
@@ -135,13 +139,18 @@ typedef struct fg_backend_ops {
     /* zmax, lsum, entropy, logp of the chunk's rows i = 0..m-1 (token row
      * c->rows[r0 + i], target c->targets[r0 + i]; definitions in
      * row_kernels.h) into c->zmax[i] ...; the lowest i whose target is
-     * outside [0, V) into row_check[0] (its logp is then NaN), the lowest
-     * whose statistics are not finite into row_check[1] (both only lowered). */
+     * outside [0, V) into row_check[0] (its logp is then NaN; zmax, lsum and
+     * entropy are the row's all the same), the lowest whose statistics are
+     * not finite into row_check[1] (both only lowered). A call of the phase
+     * API reads zmax, lsum, entropy and logp alone, not row_check: a target
+     * outside [0, V) is another shard's there. */
     fg_status (*stats)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                        size_t msg_size);
-    /* dlogits from the statistics and c->g, c->e; with gb_sum, its columns
-     * summed in: gb_sum[v] += Σ_rows dlogits[r, v] (the stored values, rows
-     * in order). */
+    /* dlogits from the statistics (zmax, lsum, entropy: the stats op's, or
+     * a vocab-sharded call's merged ones the driver wrote there) and c->g,
+     * c->e; a target outside [0, V) adds no one-hot term (another shard's
+     * token). With gb_sum, its columns summed in: gb_sum[v] += Σ_rows
+     * dlogits[r, v] (the stored values, rows in order). */
     fg_status (*backward)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                           size_t msg_size);
     /* GEMM 2 into the grad_hidden rows of the chunk's tokens (rounded once

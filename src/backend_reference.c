@@ -185,7 +185,8 @@ static fg_status ref_stats(void *be, const fg_backend_call *c, int64_t r0, int64
     return FG_OK;
 }
 
-/* dx_v = inv_temp · [g·(δ_v,tok − p_v) − e·p_v·(lp_v + entropy)] (row_kernels.h). */
+/* dx_v = inv_temp · [g·(δ_v,tok − p_v) − e·p_v·(lp_v + entropy)] (row_kernels.h);
+ * a target outside [0, V) (another shard's) matches no v: no one-hot term. */
 static fg_status ref_backward(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
                               char *msg, size_t n)
 {

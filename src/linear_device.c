@@ -19,18 +19,30 @@
  *     backward, grads                    (backend: one read, GEMMs 2 and 3)
  *   finish, logp/entropy out, the loss and metrics               wait at the end
  *
+ * The phase API's GEMM phases run here too. (a) fg_linear_shard_stats:
+ * logits and stats per chunk, each token's own statistics rebuilt on the
+ * host from the stats op's outputs (shard_stats.h), the caller's stats array
+ * written once at the end. (d) fg_linear_shard_backward: logits per chunk,
+ * then, in place of the stats op, the merged statistics of the staged stats
+ * array, g and e from the caller's derivatives, backward and grads. The
+ * targets are local ids (token id - vocab_start); one outside [0, V) is
+ * another shard's: the stats op's row_check[0] flag for it is ignored, and
+ * the backward adds no one-hot term for it (backend.h).
+ *
  * Nothing reaches an output before the checks of the arguments and the scan
  * have passed; each chunk's tokens are checked before its gradient products,
  * as on the CPU (fusedgrpo.h "Conventions"). The waits per chunk are where
  * the loss math needs the chunk's log-probs on the host; the next chunk's
  * GEMM 1 is not yet overlapped with them.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "finish.h"
 #include "linear_device.h"
+#include "shard_stats.h"
 
 /* Backend memory is carved in pieces of whole 256-byte units. */
 static size_t unit(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -46,6 +58,7 @@ typedef struct device_call {
     int64_t chunks;
     size_t call_scratch, fixed_bytes, chunk_bytes;
     fg_backend_scan *scans; /* [3] hidden, weight, bias */
+    int64_t vocab_start;    /* the weight's first token id (0: unsharded) */
     /* Host side. */
     void *staging;    /* the staged token arrays (malloc) */
     fg_batch hbatch;  /* the request's batch over the staged copies */
@@ -89,18 +102,19 @@ static size_t staged(const void *p, int64_t n, size_t size)
 }
 
 /* Copies the request's token arrays (backend memory) to host memory so that
- * validation and the loss math read them where the CPU path does. With
- * sizes validation refuses (B or T < 1, B*T*8 bytes overflowing), nothing is
- * staged: validation fails on the sizes before it reads an array. Every
- * other batch is staged, or refused here: validation must never read the
- * backend's memory. */
+ * validation and the loss math read them where the CPU path does; for the
+ * phase API's (d), the stats array too (its status slot is checked, its
+ * merged statistics read on the host). With sizes validation refuses (B or
+ * T < 1, B*T*8 bytes overflowing), nothing is staged: validation fails on
+ * the sizes before it reads an array. Every other batch is staged, or
+ * refused here: validation must never read the backend's memory. */
 static fg_status stage_request(device_call *D, const linear_request *req)
 {
     const fg_batch *b = req->batch;
     D->hreq = *req;
     if (!b || b->batch < 1 || b->seq_len < 1 || b->batch > INT64_MAX / 8 / b->seq_len)
         return FG_OK;
-    if (b->batch > INT64_MAX / 64 / b->seq_len) /* the staged arrays' bytes would overflow */
+    if (b->batch > INT64_MAX / 128 / b->seq_len) /* the staged arrays' bytes would overflow */
         return fg_fail(D->call->err, FG_ERR_OUT_OF_MEMORY,
                        "B*T = %lld*%lld tokens: their arrays cannot be staged in host memory",
                        (long long)b->batch, (long long)b->seq_len);
@@ -108,22 +122,23 @@ static fg_status stage_request(device_call *D, const linear_request *req)
     D->hreq.batch = &D->hbatch;
     const int64_t B = b->batch, N = B * b->seq_len;
     const int64_t ratio_n = b->is_ratio_per_sequence ? B : N;
+    const float *stats = req->kind == KIND_SHARD_BACKWARD ? req->stats_in : NULL;
     const size_t bytes = staged(b->token_ids, N, 8) + staged(b->mask, N, 1) +
                          staged(b->advantages, B, 4) + staged(b->old_logp, N, 4) +
                          staged(b->ref_logp, N, 4) + staged(b->is_ratio, ratio_n, 4) +
                          staged(b->sampling_logp, N, 4) + staged(req->dlogp, N, 4) +
-                         staged(req->dentropy, N, 4);
+                         staged(req->dentropy, N, 4) + staged(stats, FG_SHARD_STATS_FLOATS(N), 4);
     D->staging = malloc(bytes ? bytes : 1);
     if (!D->staging)
         return fg_fail(D->call->err, FG_ERR_OUT_OF_MEMORY,
                        "cannot allocate %zu bytes to stage the token arrays", bytes);
     unsigned char *next = D->staging;
-    const void *src[9] = {b->token_ids, b->mask, b->advantages, b->old_logp, b->ref_logp,
-                          b->is_ratio, b->sampling_logp, req->dlogp, req->dentropy};
-    const int64_t count[9] = {N, N, B, N, N, ratio_n, N, N, N};
-    const size_t size[9] = {8, 1, 4, 4, 4, 4, 4, 4, 4};
-    void *dst[9];
-    for (int i = 0; i < 9; i++) {
+    const void *src[10] = {b->token_ids, b->mask,         b->advantages, b->old_logp, b->ref_logp,
+                           b->is_ratio,  b->sampling_logp, req->dlogp,   req->dentropy, stats};
+    const int64_t count[10] = {N, N, B, N, N, ratio_n, N, N, N, FG_SHARD_STATS_FLOATS(N)};
+    const size_t size[10] = {8, 1, 4, 4, 4, 4, 4, 4, 4, 4};
+    void *dst[10];
+    for (int i = 0; i < 10; i++) {
         dst[i] = NULL;
         if (!src[i])
             continue;
@@ -141,6 +156,8 @@ static fg_status stage_request(device_call *D, const linear_request *req)
     D->hbatch.sampling_logp = dst[6];
     D->hreq.dlogp = dst[7];
     D->hreq.dentropy = dst[8];
+    if (stats)
+        D->hreq.stats_in = dst[9];
     if (req->tokens) {
         D->htokens = *req->tokens;
         D->htokens.token_ids = dst[0];
@@ -248,9 +265,12 @@ static fg_status plan_device(device_call *D, const fg_linear_options *o,
     c->gb_sum = D->want_gb ? (float *)1 : NULL; /* placed by carve(); the backend's
                                                    scratch depends on it */
     fg_error *err = D->call->err;
-    if (fg_linear_is_sharded(in))
+    const int phase = D->kind == KIND_SHARD_STATS || D->kind == KIND_SHARD_BACKWARD;
+    if (fg_linear_is_sharded(in) && !phase)
         return fg_fail(err, FG_ERR_UNSUPPORTED,
-                       "a vocab-sharded weight runs on the CPU backend only (for now)");
+                       "a vocab-sharded weight runs on the CPU backend only (for now), or "
+                       "through the phase API");
+    D->vocab_start = in->vocab_start;
     if (o->filter_eps != 0)
         return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "gradient filtering runs on the CPU backend only (for now)");
@@ -480,6 +500,76 @@ static fg_status backward_chunk(device_call *D, int64_t k, int restore)
     return FG_OK;
 }
 
+/* The phase API's (a) for chunk k: GEMM 1 and the stats op, then each
+ * token's own statistics (shard_stats.h) into `out`, the host copy of the
+ * stats array. The op's outputs give them back: the sum S = exp(lsum), the
+ * dot sum S (lsum - entropy) (entropy = lsum - dot / S), the target's logit
+ * z = logp + zmax + lsum, rebuilt in double from the float outputs, within
+ * an ulp or two of lsum and of the log-prob (the merge's own rounding is
+ * of the same order). A target outside the shard's rows is another shard's
+ * (-inf); the stats op flags it in row_check[0], which is not read here:
+ * validation checked every id against vocab_total. (a) checks no token, as
+ * on the CPU: non-finite statistics reach fg_shard_stats_finish, which
+ * reports them. */
+static fg_status shard_stats_chunk(device_call *D, int64_t k, float *out)
+{
+    const fg_backend_ops *ops = D->be->ops;
+    void *be = D->be->state;
+    fg_backend_call *c = &D->bc;
+    const int64_t r0 = chunk_start(D, k), m = chunk_len(D, k);
+    OP(D, ops->logits(be, c, r0, m, MSG));
+    OP(D, ops->stats(be, c, r0, m, MSG));
+    float *const dst[4] = {D->hstats, D->hstats + m, D->hstats + 2 * m, D->hstats + 3 * m};
+    float *const src[4] = {c->zmax, c->lsum, c->entropy, c->logp};
+    for (int i = 0; i < 4; i++)
+        OP(D, ops->to_host(be, dst[i], src[i], (size_t)m * sizeof(float), MSG));
+    OP(D, ops->wait(be, MSG));
+    const int64_t *tok = D->c.active + r0;
+    for (int64_t i = 0; i < m; i++) {
+        const int64_t n = tok[i], t = D->hbatch.token_ids[n] - D->vocab_start;
+        const double zmax = dst[0][i], lsum = dst[1][i], sum = exp(lsum);
+        const fg_row_stats st = {dst[0][i], (float)sum, (float)(sum * (lsum - dst[2][i]))};
+        const float z_tok =
+            t >= 0 && t < c->V ? (float)((double)dst[3][i] + zmax + lsum) : -INFINITY;
+        fg_shard_put_local(out, c->N, n, st, z_tok);
+    }
+    return FG_OK;
+}
+
+/* The phase API's (a): every chunk's statistics, the masked tokens' and the
+ * status slot (fg_shard_stats_close, as on the CPU), then the caller's stats
+ * array in backend memory: its MAX range and this shard's own statistics,
+ * the ranges (a) writes on the CPU (the SUM range is (b)'s). */
+static fg_status run_shard_stats(device_call *D)
+{
+    const int64_t N = D->bc.N;
+    float *host = malloc((size_t)FG_SHARD_STATS_FLOATS(N) * sizeof(float));
+    if (!host)
+        return fg_fail(D->call->err, FG_ERR_OUT_OF_MEMORY, "cannot allocate %lld floats",
+                       (long long)FG_SHARD_STATS_FLOATS(N));
+    fg_status st = FG_OK;
+    for (int64_t k = 0; k < D->chunks && st == FG_OK; k++)
+        st = shard_stats_chunk(D, k, host);
+    if (st == FG_OK) {
+        fg_shard_stats_close(host, &D->hbatch);
+        const int64_t local = FG_SHARD_STATS_SUM_OFFSET(N) + FG_SHARD_STATS_SUM_COUNT(N);
+        const int64_t first[2] = {0, local};
+        const int64_t count[2] = {FG_SHARD_STATS_MAX_COUNT(N), FG_SHARD_STATS_FLOATS(N) - local};
+        char msg[sizeof D->call->err->msg - 64];
+        msg[0] = '\0';
+        for (int i = 0; i < 2 && st == FG_OK; i++)
+            st = D->be->ops->to_device(D->be->state, D->hreq.stats_out + first[i],
+                                       host + first[i], (size_t)count[i] * sizeof(float), msg,
+                                       sizeof msg);
+        if (st == FG_OK)
+            st = D->be->ops->wait(D->be->state, msg, sizeof msg);
+        if (st != FG_OK)
+            st = op(D, st, msg);
+    }
+    free(host);
+    return st;
+}
+
 /* Whether every token's log-prob comes first: the loss needs them
  * (fg_loss_needs_all_tokens), or an accumulating call of several chunks
  * sums GEMM 3 into the caller's grad_weight, which a token refused in a
@@ -500,6 +590,17 @@ static fg_status run_chunks(device_call *D)
         for (int64_t k = 0; k < K && st == FG_OK; k++)
             if ((st = forward_chunk(D, k)) == FG_OK)
                 st = check_tokens(D, D->c.active + chunk_start(D, k), chunk_len(D, k), 0);
+        return st;
+    }
+    if (D->kind == KIND_SHARD_BACKWARD) {
+        /* The phase API's (d): the merged statistics are in c.ta (loaded
+         * from the stats array), the derivatives are the caller's: no stats
+         * op, no token checks (as on the CPU). */
+        for (int64_t k = 0; k < K && st == FG_OK; k++) {
+            OP(D, D->be->ops->logits(D->be->state, &D->bc, chunk_start(D, k), chunk_len(D, k),
+                                     MSG));
+            st = backward_chunk(D, k, 1);
+        }
         return st;
     }
     if (!forward_first(D)) {
@@ -572,8 +673,8 @@ static fg_status run_device_call(device_call *D, fg_linear_outputs *out)
         if (!targets)
             return fg_fail(D->call->err, FG_ERR_OUT_OF_MEMORY, "cannot allocate %lld ids",
                            (long long)c->n_active);
-        for (int64_t i = 0; i < c->n_active; i++)
-            targets[i] = D->hbatch.token_ids[D->c.active[i]];
+        for (int64_t i = 0; i < c->n_active; i++) /* local ids: this shard's rows */
+            targets[i] = D->hbatch.token_ids[D->c.active[i]] - D->vocab_start;
         char msg[sizeof D->call->err->msg - 64];
         msg[0] = '\0';
         st = ops->to_device(be, (void *)c->rows, D->c.active, (size_t)c->n_active * sizeof(int64_t),
@@ -585,6 +686,8 @@ static fg_status run_device_call(device_call *D, fg_linear_outputs *out)
         if (st != FG_OK)
             return op(D, st, msg);
     }
+    if (D->kind == KIND_SHARD_STATS)
+        return run_shard_stats(D);
     if (c->gb_sum)
         OP(D, ops->fill_zero(be, c->gb_sum, (size_t)c->V * sizeof(float), MSG));
     if (c->n_active > 0 && (st = run_chunks(D)) != FG_OK)
@@ -621,9 +724,6 @@ static fg_status check_and_plan(device_call *D, fg_call *call, const fg_linear_o
     D->kind = req->kind;
     const fg_linear_options fused = {FG_IMPL_FUSED, 0, 0.0};
     const fg_linear_options *o = opts ? opts : &fused;
-    if (req->kind == KIND_SHARD_STATS || req->kind == KIND_SHARD_BACKWARD)
-        return fg_fail(call->err, FG_ERR_UNSUPPORTED,
-                       "the phase API runs on the CPU backend only (for now)");
     if (call->comm.allreduce)
         return fg_fail(call->err, FG_ERR_UNSUPPORTED,
                        "a communicator runs on the CPU backend only (for now)");
@@ -668,6 +768,8 @@ fg_status fg_linear_device_execute(fg_call *call, const fg_linear_options *opts,
         fg_common_init(call->arena, &D.c, D.hreq.cfg, &D.hbatch);
     else
         fg_common_init_external(call->arena, &D.c, &D.hbatch, D.hreq.dlogp, D.hreq.dentropy);
+    if (D.kind == KIND_SHARD_BACKWARD) /* the merged statistics, staged with the tokens */
+        fg_shard_stats_load(D.hreq.stats_in, &D.hbatch, &D.c);
     D.hstats = fg_call_take(call, 4 * (size_t)D.bc.chunk_rows * sizeof(float));
     D.hge = fg_call_take(call, 2 * (size_t)D.bc.chunk_rows * sizeof(float));
     D.gb = fg_linear_grad_bound(&D.ib, out, D.hreq.cfg->temperature, D.bc.V);

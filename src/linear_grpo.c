@@ -1174,24 +1174,23 @@ static fg_status enter_collective(fg_call *call, const fg_linear_options *opts,
     return fg_collective_ready(call, st);
 }
 
-/* The phase API's (a): this shard's statistics where the sweep wrote none
- * (masked tokens), and the status slot cleared. */
-static void finish_shard_stats(const linear_call *L, const fg_batch *batch)
+/* The phase API's (a) and (d) helpers the seam driver shares
+ * (linear_request.h). */
+void fg_shard_stats_close(float *stats, const fg_batch *batch)
 {
     const int64_t N = batch->batch * batch->seq_len;
     for (int64_t n = 0; n < N; n++)
         if (!batch->mask[n])
-            fg_shard_put_empty(L->shard_out, N, n);
-    L->shard_out[FG_SHARD_STATS_STATUS(N)] = 0.0f;
+            fg_shard_put_empty(stats, N, n);
+    stats[FG_SHARD_STATS_STATUS(N)] = 0.0f;
 }
 
-/* The phase API's (d): the merged statistics fg_shard_stats_finish left. */
-static void load_shard_stats(linear_call *L, const float *stats, const fg_batch *batch)
+void fg_shard_stats_load(const float *stats, const fg_batch *batch, const fg_common *c)
 {
     const int64_t N = batch->batch * batch->seq_len;
-    for (int64_t k = 0; k < L->c.n_active; k++) {
-        const int64_t n = L->c.active[k];
-        fg_shard_merged_at(stats, N, n, &L->c.ta.zmax[n], &L->c.ta.lsum[n], &L->c.ta.entropy[n]);
+    for (int64_t k = 0; k < c->n_active; k++) {
+        const int64_t n = c->active[k];
+        fg_shard_merged_at(stats, N, n, &c->ta.zmax[n], &c->ta.lsum[n], &c->ta.entropy[n]);
     }
 }
 
@@ -1314,7 +1313,7 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     }
     start_bias_sums(&L);
     if (req->kind == KIND_SHARD_BACKWARD)
-        load_shard_stats(&L, req->stats_in, batch);
+        fg_shard_stats_load(req->stats_in, batch, &L.c);
     if (p->n_active > 0)
         st = run_sweeps(&call, &L);
     if (collective) {
@@ -1333,7 +1332,7 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     if (st != FG_OK) /* nothing committed: see "Conventions" in fusedgrpo.h */
         return fg_call_end(&call, st);
     if (req->kind == KIND_SHARD_STATS)
-        finish_shard_stats(&L, batch);
+        fg_shard_stats_close(L.shard_out, batch);
     commit_gradients(call.threads, &L, batch);
     if (loss) {
         out->loss = L.loss;

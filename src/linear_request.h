@@ -7,6 +7,7 @@
 #define FG_LINEAR_REQUEST_H
 
 #include "call.h"
+#include "finish.h"
 #include "validate.h"
 
 /* What a call computes: the configured loss (fg_linear_grpo), or the head's
@@ -73,5 +74,16 @@ fg_grad_bound fg_linear_grad_bound(const input_bounds *ib, const fg_linear_outpu
 
 /* The weight holds a slice of a larger vocabulary. */
 int fg_linear_is_sharded(const fg_linear_inputs *in);
+
+/* The phase API's (a), after the chunks wrote each unmasked token's own
+ * statistics into stats (host memory, [FG_SHARD_STATS_FLOATS(N)]): the
+ * masked tokens' (none: shard_stats.h) and the status slot cleared. The CPU
+ * path and the seam driver both end (a) with it. */
+void fg_shard_stats_close(float *stats, const fg_batch *batch);
+
+/* The phase API's (d): the merged zmax, lsum and entropy that
+ * fg_shard_stats_finish left in stats (host memory), into c->ta at the
+ * unmasked tokens: what the backward reads. */
+void fg_shard_stats_load(const float *stats, const fg_batch *batch, const fg_common *c);
 
 #endif

@@ -12,7 +12,15 @@
  *     do), so the gradients carry about 2^-9 relative error.
  *  2. Accumulation: a second call adds its gradient to the first's.
  *  3. fg_linear_logprobs and fg_linear_logprobs_backward against the oracle.
- *  4. Refusals: the same status and the same message as the CPU backend for
+ *  4. The phase API of a vocab-sharded call (fusedgrpo.h): 2 and 3 uneven
+ *     shards, f32 and bf16 inputs, (a) -> MAX -> (b) -> SUM -> finish -> (d)
+ *     with the reductions by hand, each GEMM phase in chunks (its least
+ *     budget), against the CPU context's same phases: logp, entropy,
+ *     grad_hidden (summed over the shards), grad_weight and grad_bias rows.
+ *     Every case has masked tokens and tokens held by another shard. A
+ *     shard whose (a) fails (a bad token id) writes nothing; its status
+ *     slot makes every shard's (b), finish and (d) return that status.
+ *  5. Refusals: the same status and the same message as the CPU backend for
  *     a bad token id, NaN in hidden / weight / bias, an overflowing hidden
  *     row and a bad option, with every output bitwise unchanged; the
  *     host-only entry points refused with FG_ERR_UNSUPPORTED.
@@ -265,7 +273,7 @@ static void head_case(fg_dtype dt)
     tu_problem_free(&prob);
 }
 
-/* Part 4: one bad input, refused by both backends alike. */
+/* Part 5: one bad input, refused by both backends alike. */
 static void refusal(const char *what, tu_problem *prob, const fg_loss_config *cfg)
 {
     const fg_linear_inputs in = tu_problem_inputs(prob);
@@ -327,6 +335,304 @@ static void refusals(void)
     const fg_status st = fg_logits_grpo(ctx_ref, &cfg, &lg, tu_batch_view(&prob.tb), &lo, NULL);
     CHECK(st == FG_ERR_UNSUPPORTED, "fg_logits_grpo on the reference backend: %s",
           fg_status_name(st));
+    tu_problem_free(&prob);
+}
+
+/* Part 4: the phase API. */
+enum { MAX_SHARDS = 3 };
+
+/* A CHECK whose outcome is also and-ed into `ok`. */
+#define CHECK_OK(ok, cond, ...)                                                                   \
+    do {                                                                                          \
+        const int c_ = (cond);                                                                    \
+        (ok) &= c_;                                                                               \
+        CHECK(c_, __VA_ARGS__);                                                                   \
+    } while (0)
+
+typedef struct shard {
+    int64_t v0, v1;
+    float *stats, *logp, *entropy, *gh, *gw, *gb;
+} shard;
+
+static float *falloc(int64_t n) { return tu_xmalloc((size_t)n * sizeof(float)); }
+
+/* Shard s's view of the problem's weight and bias. */
+static fg_linear_inputs shard_inputs(const tu_problem *p, const shard *s)
+{
+    fg_linear_inputs in = tu_problem_inputs(p);
+    const size_t es = tu_dtype_size(p->dtype);
+    in.weight.data = (unsigned char *)p->weight_s + (size_t)s->v0 * (size_t)p->ldw * es;
+    in.weight.rows = s->v1 - s->v0;
+    if (p->bias_s)
+        in.bias = fg_vector_make((unsigned char *)p->bias_s + (size_t)s->v0 * es, p->dtype,
+                                 s->v1 - s->v0);
+    in.vocab_start = s->v0;
+    in.vocab_total = p->V;
+    return in;
+}
+
+/* A framework's allreduce over the shards: MAX or SUM of stats[o, o + count). */
+static void reduce(shard *sh, int P, int64_t o, int64_t count, int max)
+{
+    for (int64_t i = o; i < o + count; i++) {
+        float r = sh[0].stats[i];
+        for (int s = 1; s < P; s++)
+            r = max ? (sh[s].stats[i] > r ? sh[s].stats[i] : r) : r + sh[s].stats[i];
+        for (int s = 0; s < P; s++)
+            sh[s].stats[i] = r;
+    }
+}
+
+/* One shard's GEMM phase on one context. */
+typedef struct phase_run {
+    fg_context *ctx;
+    const tu_problem *prob;
+    const fg_tokens *tokens;
+    shard *sh;
+    const float *dlogp, *dent;
+    int with_bias;
+} phase_run;
+
+static fg_status run_a(const phase_run *r, const fg_exec *ex)
+{
+    const fg_linear_inputs in = shard_inputs(r->prob, r->sh);
+    return fg_linear_shard_stats(r->ctx, NULL, 0.8, &in, r->tokens, r->sh->stats, ex);
+}
+
+static fg_status run_d(const phase_run *r, const fg_exec *ex)
+{
+    const fg_linear_inputs in = shard_inputs(r->prob, r->sh);
+    const int64_t Vs = r->sh->v1 - r->sh->v0;
+    fg_linear_grads g = {fg_matrix_make(r->sh->gh, FG_DTYPE_F32, N, H),
+                         fg_matrix_make(r->sh->gw, FG_DTYPE_F32, Vs, H),
+                         fg_vector_make(r->with_bias ? r->sh->gb : NULL, FG_DTYPE_F32, Vs), 0};
+    return fg_linear_shard_backward(r->ctx, NULL, 0.8, &in, r->tokens, r->sh->stats, r->dlogp,
+                                    r->dent, &g, ex);
+}
+
+/* A GEMM phase; `chunked`: at the least budget (256-byte steps) it runs
+ * within, where it walks the most chunks, and then it must walk several. */
+static int run_gemm_phase(fg_status (*phase)(const phase_run *, const fg_exec *),
+                          const phase_run *r, int chunked, const char *what, const char *tag,
+                          int s)
+{
+    fg_exec ex;
+    fg_exec_init(&ex);
+    fg_status st = FG_OK;
+    if (chunked)
+        for (ex.memory_budget = 256; ex.memory_budget < ((size_t)1 << 24);
+             ex.memory_budget += 256)
+            if ((st = phase(r, &ex)) != FG_ERR_BUDGET_TOO_SMALL)
+                break;
+    if (!chunked)
+        st = phase(r, &ex);
+    int ok = 1;
+    CHECK_OK(ok, st == FG_OK, "%s shard %d %s: %s", tag, s, what, fg_last_error(r->ctx));
+    if (chunked && st == FG_OK) {
+        fg_memory_stats ms;
+        fg_get_memory_stats(r->ctx, &ms);
+        CHECK_OK(ok, ms.chunks >= 2, "%s shard %d %s: %lld chunks at the least budget", tag, s,
+                 what, (long long)ms.chunks);
+    }
+    return ok;
+}
+
+/* (a) -> MAX -> (b) -> SUM -> finish -> (d) on ctx over P shards. */
+static int run_phases(fg_context *ctx, const tu_problem *prob, const fg_tokens *tokens,
+                      shard *sh, int P, const float *dlogp, const float *dent, int with_bias,
+                      int chunked, const char *tag)
+{
+    int ok = 1;
+    for (int s = 0; s < P; s++) {
+        const phase_run r = {ctx, prob, tokens, &sh[s], dlogp, dent, with_bias};
+        ok &= run_gemm_phase(run_a, &r, chunked, "(a)", tag, s);
+    }
+    reduce(sh, P, 0, FG_SHARD_STATS_MAX_COUNT(N), 1);
+    for (int s = 0; s < P; s++)
+        CHECK_OK(ok, fg_shard_stats_rescale(ctx, tokens, sh[s].stats) == FG_OK, "%s (b): %s", tag,
+                 fg_last_error(ctx));
+    reduce(sh, P, FG_SHARD_STATS_SUM_OFFSET(N), FG_SHARD_STATS_SUM_COUNT(N), 0);
+    for (int s = 0; s < P; s++)
+        CHECK_OK(ok,
+                 fg_shard_stats_finish(ctx, tokens, sh[s].stats, sh[s].logp, sh[s].entropy) ==
+                     FG_OK,
+                 "%s finish: %s", tag, fg_last_error(ctx));
+    for (int s = 0; s < P && ok; s++) {
+        const phase_run r = {ctx, prob, tokens, &sh[s], dlogp, dent, with_bias};
+        ok &= run_gemm_phase(run_d, &r, chunked, "(d)", tag, s);
+    }
+    return ok;
+}
+
+/* P uneven shards of the vocabulary (the first ones short), their buffers. */
+static void make_shards(shard *sh, int P)
+{
+    for (int s = 0; s < P; s++) {
+        sh[s].v0 = s == 0 ? 0 : sh[s - 1].v1;
+        sh[s].v1 = s == P - 1 ? V : V * (s + 1) / P - 5 * (P - 1 - s);
+        const int64_t Vs = sh[s].v1 - sh[s].v0;
+        sh[s].stats = falloc(FG_SHARD_STATS_FLOATS(N));
+        sh[s].logp = falloc(N);
+        sh[s].entropy = falloc(N);
+        sh[s].gh = falloc(N * H);
+        sh[s].gw = falloc(Vs * H);
+        sh[s].gb = falloc(Vs);
+    }
+}
+
+static void free_shards(shard *sh, int P)
+{
+    for (int s = 0; s < P; s++) {
+        free(sh[s].stats);
+        free(sh[s].logp);
+        free(sh[s].entropy);
+        free(sh[s].gh);
+        free(sh[s].gw);
+        free(sh[s].gb);
+    }
+}
+
+/* The phases on the reference backend against the CPU context's. */
+static void shard_phases_case(int P, fg_dtype dt)
+{
+    const int with_bias = P == 2;
+    tu_problem prob;
+    tu_problem_make(&prob, B, T, H, V, dt, with_bias, 5150u + 17u * (uint64_t)P + (uint64_t)dt);
+    const fg_batch *batch = tu_batch_view(&prob.tb);
+    const fg_tokens tokens = {B, T, batch->token_ids, batch->mask};
+    char tag[64];
+    snprintf(tag, sizeof tag, "[phases %d shards %s]", P, dt ? "bf16" : "f32");
+    float dlogp[N], dent[N];
+    int masked = 0;
+    for (int64_t n = 0; n < N; n++) {
+        dlogp[n] = batch->mask[n] ? (float)(0.3 * tu_normal(&prob.rng)) : 0.0f;
+        dent[n] = batch->mask[n] ? (float)(0.1 * tu_normal(&prob.rng)) : 0.0f;
+        masked += !batch->mask[n];
+    }
+    CHECK(masked > 0, "%s: no masked token", tag);
+    shard cpu[MAX_SHARDS], ref[MAX_SHARDS];
+    make_shards(cpu, P);
+    make_shards(ref, P);
+    for (int s = 0; s < P; s++) { /* each shard holds some tokens, and not all */
+        int64_t held = 0;
+        for (int64_t n = 0; n < N; n++)
+            held += batch->mask[n] && batch->token_ids[n] >= ref[s].v0 &&
+                    batch->token_ids[n] < ref[s].v1;
+        CHECK(held > 0 && held < tu_batch_unmasked(&prob.tb), "%s: shard %d holds %lld tokens",
+              tag, s, (long long)held);
+    }
+    const int ok = run_phases(ctx_cpu, &prob, &tokens, cpu, P, dlogp, dent, with_bias, 0, tag) &&
+                   run_phases(ctx_ref, &prob, &tokens, ref, P, dlogp, dent, with_bias, 1, tag);
+    if (ok) {
+        int same = 1; /* every shard has the same log-probs, bit for bit */
+        for (int s = 1; s < P; s++)
+            same &= memcmp(ref[s].logp, ref[0].logp, sizeof dlogp) == 0 &&
+                    memcmp(ref[s].entropy, ref[0].entropy, sizeof dlogp) == 0;
+        CHECK(same, "%s: the shards' logp/entropy differ", tag);
+        double lp = 0, ent = 0;
+        int zero = 1;
+        for (int64_t n = 0; n < N; n++) {
+            if (!batch->mask[n]) {
+                zero &= ref[0].logp[n] == 0.0f && ref[0].entropy[n] == 0.0f;
+                continue;
+            }
+            lp = fmax(lp, fabs((double)ref[0].logp[n] - cpu[0].logp[n]) /
+                              fmax(fabs((double)cpu[0].logp[n]), 1.0));
+            ent = fmax(ent, fabs((double)ref[0].entropy[n] - cpu[0].entropy[n]) /
+                                fmax(fabs((double)cpu[0].entropy[n]), 1.0));
+        }
+        CHECK(zero, "%s: logp or entropy not 0 at a masked token", tag);
+        TOL_CHECK("backend phases logp/entropy", lp, TOL_TOKEN[di(dt)], "%s logp", tag);
+        TOL_CHECK("backend phases logp/entropy", ent, TOL_TOKEN[di(dt)], "%s entropy", tag);
+        float *gh_c = falloc(N * H), *gh_r = falloc(N * H);
+        for (int64_t i = 0; i < N * H; i++) { /* the framework's SUM of grad_hidden */
+            double a = 0, b = 0;
+            for (int s = 0; s < P; s++) {
+                a += cpu[s].gh[i];
+                b += ref[s].gh[i];
+            }
+            gh_c[i] = (float)a;
+            gh_r[i] = (float)b;
+        }
+        const char *gname = dt ? "backend phases bf16 gradients" : "backend phases f32 gradients";
+        TOL_CHECK(gname, tu_rel_l2f(gh_r, gh_c, N * H), TOL_GRAD[di(dt)], "%s grad_hidden", tag);
+        zero = 1;
+        for (int64_t n = 0; n < N; n++)
+            for (int s = 0; s < P && !batch->mask[n]; s++)
+                for (int64_t h = 0; h < H; h++)
+                    zero &= ref[s].gh[n * H + h] == 0.0f;
+        CHECK(zero, "%s: grad_hidden not 0 at a masked token", tag);
+        for (int s = 0; s < P; s++) {
+            const int64_t Vs = ref[s].v1 - ref[s].v0;
+            TOL_CHECK(gname, tu_rel_l2f(ref[s].gw, cpu[s].gw, Vs * H), TOL_GRAD[di(dt)],
+                      "%s shard %d grad_weight", tag, s);
+            if (with_bias)
+                TOL_CHECK(gname, tu_rel_l2f(ref[s].gb, cpu[s].gb, Vs), TOL_GRAD[di(dt)],
+                          "%s shard %d grad_bias", tag, s);
+        }
+        free(gh_c);
+        free(gh_r);
+    }
+    free_shards(cpu, P);
+    free_shards(ref, P);
+    tu_problem_free(&prob);
+}
+
+/* Shard `bad` fails (a) with a token id past the vocabulary and writes
+ * nothing; the caller raises its status slot, and after the MAX every
+ * shard's (b), finish and (d) return that status, as on the CPU. */
+static void shard_phases_failure(int P, int bad)
+{
+    tu_problem prob;
+    tu_problem_make(&prob, B, T, H, V, FG_DTYPE_F32, 0, 6161u + (uint64_t)bad);
+    const fg_batch *batch = tu_batch_view(&prob.tb);
+    int64_t bad_ids[N];
+    memcpy(bad_ids, batch->token_ids, sizeof bad_ids);
+    int64_t first = 0;
+    while (!batch->mask[first])
+        first++;
+    bad_ids[first] = V + 3;
+    shard sh[MAX_SHARDS];
+    make_shards(sh, P);
+    const fg_status want = FG_ERR_TOKEN_OUT_OF_RANGE;
+    for (int s = 0; s < P; s++) {
+        tu_fill_nan(sh[s].stats, (size_t)FG_SHARD_STATS_FLOATS(N));
+        const fg_linear_inputs in = shard_inputs(&prob, &sh[s]);
+        const fg_tokens tokens = {B, T, s == bad ? bad_ids : batch->token_ids, batch->mask};
+        const fg_status st =
+            fg_linear_shard_stats(ctx_ref, NULL, 1.0, &in, &tokens, sh[s].stats, NULL);
+        CHECK(st == (s == bad ? want : FG_OK), "phases failure P=%d bad=%d: shard %d (a) gave %s",
+              P, bad, s, fg_status_name(st));
+        if (st != FG_OK) {
+            int untouched = 1;
+            for (int64_t i = 0; i < FG_SHARD_STATS_FLOATS(N); i++)
+                untouched &= isnan(sh[s].stats[i]);
+            CHECK(untouched, "phases failure P=%d: the failed (a) wrote its stats", P);
+            sh[s].stats[FG_SHARD_STATS_STATUS(N)] = (float)st; /* the caller's part */
+        }
+    }
+    /* The status slot's MAX (NaN elsewhere in the failed shard's buffer is
+     * the framework's business). */
+    float slot = 0;
+    for (int s = 0; s < P; s++)
+        slot = sh[s].stats[FG_SHARD_STATS_STATUS(N)] > slot ? sh[s].stats[FG_SHARD_STATS_STATUS(N)]
+                                                             : slot;
+    const fg_tokens tokens = {B, T, batch->token_ids, batch->mask};
+    float lp[N];
+    for (int s = 0; s < P; s++) {
+        sh[s].stats[FG_SHARD_STATS_STATUS(N)] = slot;
+        fg_status st = fg_shard_stats_rescale(ctx_ref, &tokens, sh[s].stats);
+        CHECK(st == want, "phases failure P=%d bad=%d: shard %d (b) gave %s (%s)", P, bad, s,
+              fg_status_name(st), fg_last_error(ctx_ref));
+        st = fg_shard_stats_finish(ctx_ref, &tokens, sh[s].stats, lp, NULL);
+        CHECK(st == want, "phases failure P=%d: shard %d finish gave %s", P, s, fg_status_name(st));
+        const fg_linear_inputs in = shard_inputs(&prob, &sh[s]);
+        fg_linear_grads g = {fg_matrix_make(sh[s].gh, FG_DTYPE_F32, N, H), {0}, {0}, 0};
+        st = fg_linear_shard_backward(ctx_ref, NULL, 1.0, &in, &tokens, sh[s].stats, lp, NULL, &g,
+                                      NULL);
+        CHECK(st == want, "phases failure P=%d: shard %d (d) gave %s", P, s, fg_status_name(st));
+    }
+    free_shards(sh, P);
     tu_problem_free(&prob);
 }
 
@@ -411,6 +717,11 @@ int main(void)
                 loss_case(lt, lvl, d ? FG_DTYPE_BF16 : FG_DTYPE_F32);
     head_case(FG_DTYPE_F32);
     head_case(FG_DTYPE_BF16);
+    for (int d = 0; d < 2; d++)
+        for (int P = 2; P <= MAX_SHARDS; P++)
+            shard_phases_case(P, d ? FG_DTYPE_BF16 : FG_DTYPE_F32);
+    shard_phases_failure(2, 1);
+    shard_phases_failure(3, 0);
     refusals();
     grad_weight_sums_rule();
     fg_context_destroy(ctx_cpu);

@@ -42,7 +42,8 @@ XLA's stream, through the C library's CUDA backend), ``jit`` and ``grad``
 included; which targets a call uses is decided when XLA lowers it for its
 platform (``lax.platform_dependent``), so arrays on CPU devices of the same
 process keep the CPU path. ``fused_linear_grpo_loss_sharded`` stays on CPU
-devices (the CUDA backend has no phase API yet) and refuses a mesh of GPUs.
+devices (the handler has no CUDA targets for the phase API's calls yet) and
+refuses a mesh of GPUs.
 """
 from __future__ import annotations
 
@@ -809,7 +810,7 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
     if platforms != ["cpu"]:
         raise NotImplementedError(
             f"fusedgrpo.jax: fused_linear_grpo_loss_sharded runs on CPU devices only; this mesh "
-            f"holds {', '.join(platforms)} devices. The C library's CUDA backend has no "
+            f"holds {', '.join(platforms)} devices. The JAX handler has no CUDA targets for the "
             "vocab-sharded phases (the phase API) yet, so neither shard_map nor the multi-process "
             "call runs on GPUs: on a GPU, call fused_linear_grpo_loss on each device's batch.")
     cfg = _static(options, impl, threads, memory_budget, filter_eps)
