@@ -17,6 +17,8 @@
 #    (the torch op on CUDA tensors against the CPU op), then
 #    tests/python/test_trl_gpu.py (fusedgrpo.trl.FusedGRPOTrainer against
 #    trl.GRPOTrainer with the model on the GPU), then
+#    tests/python/test_torch_distributed_nccl.py (fusedgrpo.torch_distributed
+#    on CUDA tensors, a group of one rank on NCCL), then
 #    tests/python/test_jax_cuda.py (the JAX handler's CUDA targets). The
 #    Python packages are the machine's; what it lacks (trl, datasets, dill,
 #    multiprocess; pytest where it has none) comes from the wheels in
@@ -308,6 +310,15 @@ run_trl_tests() {
   trl_rc=$prc
 }
 
+# tests/python/test_torch_distributed_nccl.py: fusedgrpo.torch_distributed's
+# ops on CUDA tensors in a group of one rank on NCCL against fusedgrpo.torch's
+# on the same tensors and against the CPU op (rc in $nccl_rc). It skips without
+# a CUDA device or without NCCL (-rs says why). Limit: 90 seconds.
+run_nccl_tests() {
+  run_pytest 90 "$out/pytest_nccl.txt" fEs tests/python/test_torch_distributed_nccl.py
+  nccl_rc=$prc
+}
+
 # tests/python/test_jax_cuda.py: the JAX handler's CUDA targets against the
 # CPU path (rc in $jax_rc; 77: skipped). The handler is built here from
 # python/fusedgrpo/_jax_ffi.cc against this machine's jax (it links no CUDA
@@ -365,12 +376,15 @@ if [ "$test_rc" -eq 77 ]; then
   step "Python: tests/python/test_trl_gpu.py (skips)"
   run_trl_tests
   [ "$trl_rc" -ne 0 ] && failed=1
+  step "Python: tests/python/test_torch_distributed_nccl.py (its NCCL tests skip)"
+  run_nccl_tests
+  [ "$nccl_rc" -ne 0 ] && failed=1
   step "bench_cuda_api (skips without a device)"
   run_bench_api
   [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && failed=1
   echo "gpu_test: builds $([ $failed -eq 0 ] && echo ok || echo FAILED), GPU tests skipped" \
        "(test_cuda rc $test_rc, test_cuda_api rc $api_rc, pytest rc $py_rc," \
-       "trl pytest rc $trl_rc, bench_cuda_api rc $rc), ${SECONDS}s"
+       "trl pytest rc $trl_rc, nccl pytest rc $nccl_rc, bench_cuda_api rc $rc), ${SECONDS}s"
   exit $failed
 fi
 
@@ -420,6 +434,10 @@ step "Python: tests/python/test_trl_gpu.py (FusedGRPOTrainer against TRL's GRPOT
 run_trl_tests
 [ "$trl_rc" -ne 0 ] && [ "$trl_rc" -ne 125 ] && failed=1
 
+step "Python: tests/python/test_torch_distributed_nccl.py (torch_distributed on CUDA tensors over NCCL)"
+run_nccl_tests
+[ "$nccl_rc" -ne 0 ] && [ "$nccl_rc" -ne 125 ] && failed=1
+
 step "Python: tests/python/test_jax_cuda.py (the JAX handler's CUDA targets)"
 if [ "${FG_GPU_SKIP_JAX:-0}" = 1 ]; then
   echo "gpu_test: FG_GPU_SKIP_JAX=1: skipped"
@@ -433,9 +451,10 @@ summary() {
   grep -E "^(FAIL|[0-9]+ checks)" "$out/test_cuda.txt" "$out/test_cuda_api.txt"
   [ -f "$out/pytest_device.txt" ] && tail -1 "$out/pytest_device.txt"
   [ -f "$out/pytest_trl_gpu.txt" ] && tail -1 "$out/pytest_trl_gpu.txt"
+  [ -f "$out/pytest_nccl.txt" ] && tail -1 "$out/pytest_nccl.txt"
   [ ${#not_run[@]} -gt 0 ] && echo "gpu_test: not run (deadline ${deadline}s): ${not_run[*]}"
   echo "gpu_test: test_cuda rc $test_rc, test_cuda_api rc $api_rc, pytest rc $py_rc," \
-       "trl pytest rc $trl_rc, jax rc ${jax_rc:-not run};" \
+       "trl pytest rc $trl_rc, nccl pytest rc ${nccl_rc:-not run}, jax rc ${jax_rc:-not run};" \
        "$([ $failed -eq 0 ] && echo passed || echo FAILED) in ${SECONDS}s; output in $out"
   exit $failed
 }

@@ -5,7 +5,7 @@ The LM head's weight is split by vocab rows over the ranks of a process group
 of a vocabulary of ``vocab_size`` and the same tokens and hidden states. The C
 library's phase API (fusedgrpo.h, "phases of a vocab-sharded call") computes
 everything local; torch.distributed does the communication, with generic
-collectives only (any backend: gloo on CPU)::
+collectives only (any backend: gloo on the CPU, NCCL on CUDA devices)::
 
     import torch.distributed as dist
     from fusedgrpo.torch_distributed import fused_linear_grpo_loss, vocab_shard_range
@@ -26,6 +26,16 @@ and, for ``linear_logprobs``, also run its backward. No ``torch.compile``
 support (the process groups are Python objects; the ops are
 ``torch.autograd.Function``s, so compile graph-breaks around them).
 
+Devices: the operands (hidden, weight, bias, tokens, mask and the loss's
+per-token inputs) on one device, the CPU or one CUDA device (the C library's
+CUDA backend, on torch's current stream, as ``fusedgrpo.torch``). The phases'
+buffers (the statistics, logp, entropy, the gradients) live there and are
+reduced there (NCCL reduces device tensors only); (c) is host-only work, O(N):
+it runs on the CPU over host copies of logp, entropy and the batch arrays, and
+its grad_logp / grad_entropy go back to the device. The agreements' few
+floats live on the current CUDA device where their group's backend is NCCL
+alone, else on the CPU.
+
 Collectives of one call, for N = B*T tokens:
   entry     all_gather over the vocab group of 8 float64 per rank: a status,
             B, T, H, vocab_size, vocab_start, V_local, a hash of the options;
@@ -33,7 +43,7 @@ Collectives of one call, for N = B*T tokens:
             and the loss's per-token inputs, and its negation: the ranks agree
             iff its MAX equals its min); (b) all_reduce SUM of 8N floats;
             logp and entropy (the same bits on every rank of the group);
-  (c) the loss from logp (fg_grpo_loss_from_logp, on every rank);
+  (c) the loss from logp (fg_grpo_loss_from_logp, on every rank, on the host);
   (d) GEMMs 1-3, all_reduce SUM of N*H+1 floats (grad_hidden and a failure
             flag; 1 float when grad_hidden is not wanted; none under no_grad);
   exit      all_reduce MAX of 3 float64 over the error group.
@@ -181,7 +191,7 @@ class _Agreement:
         self.cause = e
 
     def reduce(self, t: Tensor, op):
-        if self.shards > 1:
+        if _needs_collective(self.shards):
             dist.all_reduce(t, op=op, group=self.group)
 
     def enter(self, shape: tuple, options_digest: float) -> bool:
@@ -190,10 +200,11 @@ class _Agreement:
         rank alike) when some rank failed or they disagree: no phase runs."""
         row = torch.tensor([float(self.status), *shape, options_digest], dtype=torch.float64)
         rows = [row]
-        if self.shards > 1:
+        if _needs_collective(self.shards):
+            row = row.to(_agreement_device(self.group))
             rows = [torch.empty_like(row) for _ in range(self.shards)]
             dist.all_gather(rows, row, group=self.group)
-        table = torch.stack(rows)
+        table = torch.stack(rows).cpu()
         verdict = _entry_verdict(table)
         if verdict is not None:
             self.fail(*verdict, own=False)
@@ -206,8 +217,10 @@ class _Agreement:
         first = -float(dist.get_rank()) if self.own else -math.inf
         t = torch.tensor([float(self.status), 1.0 if self.heard else 0.0, first],
                          dtype=torch.float64)
-        if dist.get_world_size(self.error_group) > 1:
+        if _needs_collective(dist.get_world_size(self.error_group)):
+            t = t.to(_agreement_device(self.error_group))
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.error_group)
+            t = t.cpu()
         status = int(t[0]) or (_COMMUNICATOR if t[1] > 0 else 0)
         if status == 0:
             return
@@ -217,6 +230,23 @@ class _Agreement:
         who = f"rank {int(-t[2])}" if math.isfinite(t[2]) else "a rank of a vocab group"
         mine = f" (this rank: {self.message})" if self.message else ""
         raise FusedGRPOError(name, f"{who} failed with {name}; every rank raises it{mine}")
+
+
+def _needs_collective(ranks: int) -> bool:
+    """Whether a group of `ranks` ranks reduces at all: one rank's reduction
+    is itself, so a group of one makes none (a test of the collectives on one
+    GPU makes them anyway through this)."""
+    return ranks > 1
+
+
+def _agreement_device(group) -> torch.device:
+    """Where an agreement's few floats are reduced over `group`: the current
+    CUDA device when the group's only backend is NCCL (device tensors only),
+    else the CPU (gloo, or a group with a CPU backend beside NCCL)."""
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and "gloo" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 _SHAPE_FIELDS = ("B", "T", "H", "vocab_size")
@@ -262,7 +292,7 @@ def _digest(*parts) -> float:
     h = hashlib.blake2b(digest_size=6)
     for p in parts:
         if isinstance(p, Tensor):  # float32 / int64 / uint8 here: NumPy has them
-            p = p.detach().contiguous().numpy().tobytes()
+            p = p.detach().cpu().contiguous().numpy().tobytes()
         elif not isinstance(p, bytes):
             p = repr(p).encode()
         h.update(p + b"|")
@@ -273,7 +303,11 @@ def _digest(*parts) -> float:
 
 class _Request:
     """This rank's LM-head operands as the phase API takes them (the tensors
-    kept alive here), its shard of the vocabulary and the execution options."""
+    kept alive here), its shard of the vocabulary, the execution options and
+    the context of (a), (b), finish and (d): the CPU thread's, or a device
+    context (_torch_inputs.call_context) whose buffers are all device memory
+    (self.device's tensors; a context of the reference backend takes the
+    CPU's, which is how the tests run this path without a GPU)."""
 
     def __init__(self, hidden, weight, token_ids, mask, bias, *, vocab_start, vocab_size,
                  temperature, impl, threads, memory_budget, filter_eps):
@@ -289,7 +323,8 @@ class _Request:
         self.inputs.vocab_total = self.vocab_size
         self.temperature = _options.LOSS_OPTIONS["temperature"].check("temperature", temperature)
         self.exec = _options.make_exec(threads, memory_budget)
-        self.ctx = _lib.thread_context()
+        self.device = self.keep[0].device  # head_args checked: one device
+        self.ctx = _ti.call_context(self.device) or _lib.thread_context()
         self.has_bias = bias is not None
         # grad_hidden's shares are summed over the group: in float32, rounded
         # (to bf16 inputs' dtype) once, in backward
@@ -299,9 +334,12 @@ class _Request:
         return self.B, self.T, self.H, self.vocab_size, self.vocab_start, self.v_local
 
     def tokens_digest(self, *more) -> float:
-        tok, mask = self.keep[3], self.keep[4]
+        tok, mask = self.keep[3].cpu(), self.keep[4].cpu()
         scored = torch.where(mask.bool(), tok, torch.full_like(tok, -1))  # masked ids are unread
         return _digest(scored, mask, *more)
+
+    def zeros(self, shape, dtype=_F32) -> Tensor:
+        return torch.zeros(shape, dtype=dtype, device=self.device)
 
     def shard_stats(self, stats: Tensor) -> int:
         return lib.fg_linear_shard_stats(self.ctx.handle, ctypes.byref(self.options),
@@ -343,9 +381,11 @@ def _merged_stats(req: _Request, agree: _Agreement, tokens_digest: float) -> Ten
     buffer, one collective): its MAX and the MAX of its negation differ iff
     the ranks hold different tokens."""
     max_count, sum_offset, sum_count, status_index = _lib.shard_stats_ranges(req.N)
-    buf = torch.empty(_HASH_FLOATS + _lib.shard_stats_floats(req.N), dtype=_F32)
+    buf = torch.empty(_HASH_FLOATS + _lib.shard_stats_floats(req.N), dtype=_F32,
+                      device=req.device)
     halves = divmod(int(tokens_digest), 1 << 24)
-    buf[:_HASH_FLOATS] = torch.tensor([*halves, *(-h for h in halves)], dtype=_F32)
+    buf[:_HASH_FLOATS] = torch.tensor([*halves, *(-h for h in halves)], dtype=_F32,
+                                      device=req.device)
     stats = buf[_HASH_FLOATS:]
     st = req.shard_stats(stats)
     if st != 0:
@@ -365,8 +405,8 @@ def _forward(req: _Request, agree: _Agreement, tokens_digest: float):
     """(stats, logp, entropy): logp and entropy [B, T] of the whole
     vocabulary, the same bits on every rank of the group."""
     stats = _merged_stats(req, agree, tokens_digest)
-    logp = torch.zeros((req.B, req.T), dtype=_F32)
-    ent = torch.zeros((req.B, req.T), dtype=_F32)
+    logp = req.zeros((req.B, req.T))
+    ent = req.zeros((req.B, req.T))
     if agree.ok:
         agree.check(req.finish(stats, logp, ent), req.ctx)
     return stats, logp, ent
@@ -378,10 +418,11 @@ def _backward(req: _Request, agree: _Agreement, stats, grad_logp, grad_entropy, 
     [V_local]); an unwanted one is an empty [0]."""
     want_h, want_w, want_b = want
     dt = req.grad_dtypes
-    flat = torch.zeros(req.N * req.H + 1 if want_h else 1, dtype=_F32)
+    flat = req.zeros(req.N * req.H + 1 if want_h else 1)
     gh = flat[:-1].view(req.B, req.T, req.H) if want_h else flat[:0]
-    gw = torch.empty((req.v_local, req.H) if want_w else (0,), dtype=dt[1])
-    gb = torch.empty((req.v_local,) if want_b and req.has_bias else (0,), dtype=dt[2])
+    gw = torch.empty((req.v_local, req.H) if want_w else (0,), dtype=dt[1], device=req.device)
+    gb = torch.empty((req.v_local,) if want_b and req.has_bias else (0,), dtype=dt[2],
+                     device=req.device)
     if agree.ok:
         agree.check(req.backward(stats, grad_logp, grad_entropy, gh, gw, gb), req.ctx)
     failed = 0.0 if agree.ok else 1.0
@@ -399,22 +440,28 @@ def _backward(req: _Request, agree: _Agreement, stats, grad_logp, grad_entropy, 
 
 def _loss_and_grads(req: _Request, agree: _Agreement, batch, cfg, want, tokens_digest):
     """(c) and (d) after the forward phases: (loss, metrics [10], logp, entropy,
-    grad_hidden, grad_weight, grad_bias)."""
+    grad_hidden, grad_weight, grad_bias). (c) is host-only: it runs on the CPU
+    thread's context over host copies of logp and entropy (batch points at
+    host copies of its arrays), and its gradients go to the device for (d);
+    on the CPU the copies are the tensors themselves."""
     stats, logp, ent = _forward(req, agree, tokens_digest)
+    logp_h, ent_h = logp.cpu(), ent.cpu()
     dlogp = torch.zeros((req.B, req.T), dtype=_F32)
     dent = torch.zeros((req.B, req.T), dtype=_F32)
     out = _lib.fg_logp_outputs()
     out.grad_logp, out.grad_entropy = dlogp.data_ptr(), dent.data_ptr()
     if agree.ok:
+        host = _lib.thread_context()
         agree.check(lib.fg_grpo_loss_from_logp(
-            req.ctx.handle, ctypes.byref(cfg), ctypes.byref(batch), logp.data_ptr(),
-            ent.data_ptr(), ctypes.byref(out), ctypes.byref(req.exec)), req.ctx)
+            host.handle, ctypes.byref(cfg), ctypes.byref(batch), logp_h.data_ptr(),
+            ent_h.data_ptr(), ctypes.byref(out), ctypes.byref(req.exec)), host)
     if any(want):
-        grads = _backward(req, agree, stats, dlogp, dent, want)
+        grads = _backward(req, agree, stats, dlogp.to(req.device), dent.to(req.device), want)
     else:
-        grads = (torch.empty(0),) * 3
-    metrics = torch.tensor([getattr(out.metrics, n) for n in METRIC_NAMES], dtype=_F32)
-    return (torch.tensor(out.loss, dtype=_F32), metrics, logp, ent) + grads
+        grads = (req.zeros(0),) * 3
+    metrics = torch.tensor([getattr(out.metrics, n) for n in METRIC_NAMES], dtype=_F32,
+                           device=req.device)
+    return (torch.tensor(out.loss, dtype=_F32, device=req.device), metrics, logp, ent) + grads
 
 
 def _run_loss(hidden, weight, bias, arrays, options, group):
@@ -424,15 +471,19 @@ def _run_loss(hidden, weight, bias, arrays, options, group):
     req = batch = cfg = None
     digests = (0.0, 0.0)
     try:
+        _ti.check_devices(hidden=hidden, weight=weight, bias=bias, **arrays)
         req = _Request(hidden, weight, arrays["token_ids"], arrays["mask"], bias,
                        **options["head"])
         adv, old, ref, isr, samp, per_seq = _ti.batch_tensors(
             req.B, req.T, arrays["advantages"], arrays["old_logp"], arrays["ref_logp"],
             arrays["is_ratio"], arrays["sampling_logp"])
-        keep = (adv, old, ref, isr, samp)
+        # (c) reads them on the host: copies of a device's (O(B*T)), kept
+        # alive here until it has run
+        keep = tuple(None if t is None else t.cpu() for t in (adv, old, ref, isr, samp))
+        host_tokens = (req.keep[3].cpu(), req.keep[4].cpu())
         p = req.ptr
-        batch = _lib._batch(req.B, req.T, p(req.keep[3]), p(req.keep[4]), p(adv), p(old),
-                            p(ref), p(isr), per_seq, p(samp))
+        batch = _lib._batch(req.B, req.T, p(host_tokens[0]), p(host_tokens[1]),
+                            *(p(t) for t in keep[:4]), per_seq, p(keep[4]))
         cfg = _options.loss_config(options["loss"])
         digests = (_options_digest(options["head"], sorted(options["loss"].items()),
                                    options["want"], str(req.keep[0].dtype)),
@@ -560,7 +611,7 @@ class _LogprobsFunction(torch.autograd.Function):
         agree = _Agreement(*ctx.group)
         req = _Request(hidden, weight, token_ids, mask, bias, **ctx.head)  # checked in forward
         if g_logp is None:
-            g_logp = torch.zeros((req.B, req.T), dtype=_F32)
+            g_logp = req.zeros((req.B, req.T))
         g_logp = g_logp.detach().to(_F32).contiguous()
         g_ent = None if g_ent is None else g_ent.detach().to(_F32).contiguous()
         gh, gw, gb = _backward(req, agree, stats, g_logp, g_ent, ctx.want)
@@ -580,7 +631,7 @@ def linear_logprobs(hidden, weight, token_ids, mask=None, bias=None, *, vocab_st
     rank, or (logp, entropy). Differentiable w.r.t. hidden, weight and bias:
     every rank of the group must run the backward, of the same loss."""
     if mask is None:
-        mask = torch.ones(token_ids.shape, dtype=torch.bool)
+        mask = torch.ones(token_ids.shape, dtype=torch.bool, device=token_ids.device)
     grad_on = torch.is_grad_enabled()
     want = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
             grad_on and bias is not None and bias.requires_grad)

@@ -19,7 +19,12 @@ Odd sizes (B = 3 or 4, T = 13, H = 37, V = 301: no vocab split is even):
     T or other advantages, or (linear_logprobs) a NaN gradient of logp, so
     that its backward phase alone fails: every rank raises the same
     FusedGRPOError status, within seconds, and the groups still work
-    afterwards.
+    afterwards;
+  - the device path without a GPU (2 ranks, FG_TEST_TORCH_DIST_BACKEND=
+    reference: every call on the reference backend's context, whose memory
+    is the host's): the loss (forward and backward) and linear_logprobs
+    against one process on the CPU as above, and a bad token id and a NaN
+    gradient of logp raised alike on both ranks.
 A 60 s join timeout per group guards against a hang (and fails the test);
 nothing here passes by waiting for it.
 """
@@ -106,13 +111,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(world: int, jobs: list, tmp_path) -> list:
-    """Runs the jobs on `world` worker processes; their results, by rank."""
+def _spawn(world: int, jobs: list, tmp_path, **env_extra) -> list:
+    """Runs the jobs on `world` worker processes (env_extra in their
+    environment); their results, by rank."""
     jobs_file = tmp_path / "jobs.pt"
     torch.save(jobs, jobs_file)
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(fusedgrpo.__file__)))
     env = dict(os.environ, OMP_NUM_THREADS="1", FUSEDGRPO_LIBRARY=_lib.library_path(),
-               PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]),
+               **env_extra)
     port = _free_port()
     procs, logs = [], []
     for rank in range(world):
@@ -182,6 +189,31 @@ def _jobs_world4() -> list:
             _job("grid/masked_row", "loss", p4, 2, DATA_CASES["dapo"], masked_data_row=0),
             _job("error/grid_bad_token", "loss", p4, 2, break_rank=3, break_what="token"),
             _job("error/grid_nan_hidden", "loss", p4, 2, break_rank=0, break_what="nan")]
+
+
+def _jobs_reference() -> list:
+    """The device path's jobs (2 ranks on the reference backend)."""
+    p3 = _problem(1305, 3)
+    return [_job("vocab/dapo_token_bias", "loss", p3, 2, VOCAB_CASES["dapo_token_bias"]),
+            _job("vocab/grpo_sequence_beta", "loss", p3, 2,
+                 VOCAB_CASES["grpo_sequence_beta"]),
+            _job("vocab/logprobs", "logprobs", p3, 2, dict(temperature=0.8)),
+            _job("error/vocab_bad_token", "loss", p3, 2, dict(beta=0.04), break_rank=1,
+                 break_what="token"),
+            _job("error/logprobs_nan_grad_logp", "logprobs", p3, 2, break_rank=0,
+                 break_what="nan_grad_logp")]
+
+
+@pytest.fixture(scope="module")
+def reference_group(tmp_path_factory):
+    """(jobs by name, results by rank) of 2 ranks on the reference backend."""
+    jobs = _jobs_reference()
+    t0 = time.monotonic()
+    results = _spawn(2, jobs, tmp_path_factory.mktemp("reference"),
+                     FG_TEST_TORCH_DIST_BACKEND="reference")
+    print(f"\n2 ranks on the reference backend, {len(jobs)} jobs: "
+          f"{time.monotonic() - t0:.1f} s")
+    return {j["name"]: j for j in jobs}, results
 
 
 @pytest.fixture(scope="module")
@@ -417,3 +449,33 @@ def test_vocab_shard_range_tiles_any_size():
             assert ranges[0][0] == 0 and sum(n for _, n in ranges) == total
             assert all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:]))
             assert max(n for _, n in ranges) - min(n for _, n in ranges) <= 1
+
+
+# ------------------------------------------------ the device path, without a GPU
+
+REFERENCE_RUNS = ["vocab/dapo_token_bias", "vocab/grpo_sequence_beta", "vocab/logprobs"]
+
+
+@pytest.mark.parametrize("name", REFERENCE_RUNS)
+def test_device_path_on_the_reference_backend_matches_one_process(reference_group, name):
+    jobs, results = reference_group
+    rows = _ranks(results, name)
+    assert len(rows) == 1 and len(rows[0]) == 2
+    # the calls went through the device context (forward, and linear_logprobs'
+    # backward: its own request)
+    assert all(o["device_contexts"] >= 1 for o in rows[0]), name
+    _check_same_bits_on_a_row(name, rows)
+    want = _check_against_one_process(jobs[name], rows)
+    if jobs[name]["kind"] == "loss":
+        _check_metrics(name, rows[0][0]["metrics"], want["metrics"], _loss_scale(jobs[name]))
+
+
+@pytest.mark.parametrize("case,status", [("vocab_bad_token", "FG_ERR_TOKEN_OUT_OF_RANGE"),
+                                         ("logprobs_nan_grad_logp", "FG_ERR_NONFINITE_INPUT")])
+def test_device_path_on_the_reference_backend_raises_alike(reference_group, case, status):
+    _, results = reference_group
+    outs = [r[f"error/{case}"] for r in results]
+    assert [o.get("status") for o in outs] == [status] * 2, \
+        [o.get("message", "returned") for o in outs]
+    assert all(o["device_contexts"] >= 1 for o in outs)
+    assert max(o["seconds"] for o in outs) < ERROR_SECONDS

@@ -12,7 +12,13 @@ job's problem, and saves {job name: result} to OUT_DIR/rank<RANK>.pt. A job:
   "nan_grad_logp": what that rank gets wrong) and masked_data_row (a data row
   whose sequences are all masked).
 A result holds the rank's outputs and gradients, or the FusedGRPOError it
-raised (status, message, seconds from the call to the raise).
+raised (status, message, seconds from the call to the raise), and how many
+device contexts the job's calls asked for.
+
+FG_TEST_TORCH_DIST_BACKEND=reference: the CPU tensors go through the
+reference backend's context (a device context whose memory is the host's), so
+the device path (every phase buffer on the context's device, the loss from
+logp on the CPU thread's context) runs without a GPU.
 """
 from __future__ import annotations
 
@@ -25,8 +31,19 @@ import traceback
 import torch
 import torch.distributed as dist
 
+import fusedgrpo._torch_inputs as ti
 import fusedgrpo.torch_distributed as fgd
-from fusedgrpo import FusedGRPOError
+from fusedgrpo import FusedGRPOError, _lib
+
+DEVICE_CONTEXTS = [0]  # device contexts handed out (FG_TEST_TORCH_DIST_BACKEND)
+
+
+def use_backend(name: str):
+    """Every call's context is `name`'s (CPU tensors: the reference backend)."""
+    def call_context(device):
+        DEVICE_CONTEXTS[0] += 1
+        return _lib.device_context(name)
+    ti.call_context = call_context
 
 TOKEN_NORMALISED = ("dapo", "cispo", "vespo")  # num_items_in_batch: TRL's global / world
 
@@ -169,11 +186,14 @@ def run_job(job, grid):
         break_input(job, p, options)
     step = STEPS[job["kind"]](p, shard, options, grid)
     t0 = time.monotonic()
+    contexts = DEVICE_CONTEXTS[0]
     try:
         out = step()
     except FusedGRPOError as e:
-        return dict(status=e.status, message=str(e), seconds=time.monotonic() - t0)
+        return dict(status=e.status, message=str(e), seconds=time.monotonic() - t0,
+                    device_contexts=DEVICE_CONTEXTS[0] - contexts)
     out["vocab_rank"], out["data_rank"] = grid.vocab_rank, grid.data_rank
+    out["device_contexts"] = DEVICE_CONTEXTS[0] - contexts
     return out
 
 
@@ -181,6 +201,9 @@ def main(argv):
     rank, world, port = (int(a) for a in argv[:3])
     jobs_file, out_dir = argv[3:5]
     torch.set_num_threads(1)
+    backend = os.environ.get("FG_TEST_TORCH_DIST_BACKEND")
+    if backend:
+        use_backend(backend)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=60))
     jobs = torch.load(jobs_file, weights_only=False)
