@@ -429,6 +429,22 @@ static int64_t chunk_len(const device_call *D, int64_t k)
     return left < D->bc.chunk_rows ? left : D->bc.chunk_rows;
 }
 
+/* GEMM 1 and the stats op of the chunk's rows [r0, r0 + m), their zmax,
+ * lsum, entropy and logp queued for the host, m floats each from D->hstats
+ * on (there once the caller waits). */
+static fg_status chunk_stats_to_host(device_call *D, int64_t r0, int64_t m)
+{
+    const fg_backend_ops *ops = D->be->ops;
+    void *be = D->be->state;
+    fg_backend_call *c = &D->bc;
+    OP(D, ops->logits(be, c, r0, m, MSG));
+    OP(D, ops->stats(be, c, r0, m, MSG));
+    float *const src[4] = {c->zmax, c->lsum, c->entropy, c->logp};
+    for (int i = 0; i < 4; i++)
+        OP(D, ops->to_host(be, D->hstats + i * m, src[i], (size_t)m * sizeof(float), MSG));
+    return FG_OK;
+}
+
 /* GEMM 1 and the statistics of chunk k, read back into c.ta. */
 static fg_status forward_chunk(device_call *D, int64_t k)
 {
@@ -439,12 +455,10 @@ static fg_status forward_chunk(device_call *D, int64_t k)
     const int none[2] = {FG_BACKEND_ROW_NONE, FG_BACKEND_ROW_NONE};
     int check[2];
     OP(D, ops->to_device(be, c->row_check, none, sizeof none, MSG));
-    OP(D, ops->logits(be, c, r0, m, MSG));
-    OP(D, ops->stats(be, c, r0, m, MSG));
+    const fg_status queued = chunk_stats_to_host(D, r0, m);
+    if (queued != FG_OK)
+        return queued;
     float *const dst[4] = {D->hstats, D->hstats + m, D->hstats + 2 * m, D->hstats + 3 * m};
-    float *const src[4] = {c->zmax, c->lsum, c->entropy, c->logp};
-    for (int i = 0; i < 4; i++)
-        OP(D, ops->to_host(be, dst[i], src[i], (size_t)m * sizeof(float), MSG));
     OP(D, ops->to_host(be, check, c->row_check, sizeof check, MSG));
     OP(D, ops->wait(be, MSG));
     const int64_t *tok = D->c.active + r0;
@@ -513,17 +527,13 @@ static fg_status backward_chunk(device_call *D, int64_t k, int restore)
  * reports them. */
 static fg_status shard_stats_chunk(device_call *D, int64_t k, float *out)
 {
-    const fg_backend_ops *ops = D->be->ops;
-    void *be = D->be->state;
-    fg_backend_call *c = &D->bc;
+    const fg_backend_call *c = &D->bc;
     const int64_t r0 = chunk_start(D, k), m = chunk_len(D, k);
-    OP(D, ops->logits(be, c, r0, m, MSG));
-    OP(D, ops->stats(be, c, r0, m, MSG));
+    const fg_status queued = chunk_stats_to_host(D, r0, m);
+    if (queued != FG_OK)
+        return queued;
+    OP(D, D->be->ops->wait(D->be->state, MSG));
     float *const dst[4] = {D->hstats, D->hstats + m, D->hstats + 2 * m, D->hstats + 3 * m};
-    float *const src[4] = {c->zmax, c->lsum, c->entropy, c->logp};
-    for (int i = 0; i < 4; i++)
-        OP(D, ops->to_host(be, dst[i], src[i], (size_t)m * sizeof(float), MSG));
-    OP(D, ops->wait(be, MSG));
     const int64_t *tok = D->c.active + r0;
     for (int64_t i = 0; i < m; i++) {
         const int64_t n = tok[i], t = D->hbatch.token_ids[n] - D->vocab_start;

@@ -49,16 +49,7 @@ static float *falloc(int64_t n) { return tu_xmalloc((size_t)n * sizeof(float)); 
 /* Shard s's view of the problem's weight and bias. */
 static fg_linear_inputs shard_inputs(const tu_problem *p, const shard *s)
 {
-    fg_linear_inputs in = tu_problem_inputs(p);
-    const size_t es = tu_dtype_size(p->dtype);
-    in.weight.data = (unsigned char *)p->weight_s + (size_t)s->v0 * (size_t)p->ldw * es;
-    in.weight.rows = s->v1 - s->v0;
-    if (p->bias_s)
-        in.bias = fg_vector_make((unsigned char *)p->bias_s + (size_t)s->v0 * es, p->dtype,
-                                 s->v1 - s->v0);
-    in.vocab_start = s->v0;
-    in.vocab_total = p->V;
-    return in;
+    return tu_problem_shard_inputs(p, s->v0, s->v1);
 }
 
 /* MAX, then SUM, as a framework's allreduce would: in place on every shard.

@@ -442,6 +442,18 @@ fg_linear_inputs tu_problem_inputs(const tu_problem *p) {
     return in;
 }
 
+fg_linear_inputs tu_problem_shard_inputs(const tu_problem *p, int64_t v0, int64_t v1) {
+    fg_linear_inputs in = tu_problem_inputs(p);
+    const size_t es = tu_dtype_size(p->dtype);
+    in.weight.data = (unsigned char *)p->weight_s + (size_t)v0 * (size_t)p->ldw * es;
+    in.weight.rows = v1 - v0;
+    if (p->bias_s)
+        in.bias = fg_vector_make((unsigned char *)p->bias_s + (size_t)v0 * es, p->dtype, v1 - v0);
+    in.vocab_start = v0;
+    in.vocab_total = p->V;
+    return in;
+}
+
 int tu_problem_fill_logp(tu_problem *p, double temperature, double s_old, double s_ref) {
     fg_loss_config plain;
     tu_config_defaults(&plain);

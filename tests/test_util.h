@@ -189,6 +189,9 @@ void tu_problem_make_opts(tu_problem *p, int64_t B, int64_t T, int64_t H, int64_
 void tu_problem_restore(tu_problem *p);
 /* The stored inputs as fg_linear_inputs (unsharded). */
 fg_linear_inputs tu_problem_inputs(const tu_problem *p);
+/* Vocab shard [v0, v1)'s view of them: those weight and bias rows, with
+ * vocab_start = v0 and vocab_total = V. */
+fg_linear_inputs tu_problem_shard_inputs(const tu_problem *p, int64_t v0, int64_t v1);
 /* old_logp / ref_logp / is_ratio drawn around the oracle's own log-probs of
  * the problem at this temperature (tu_batch_fill_logp), so that ratios
  * straddle the clip bounds; sets have_old = have_ref = 1 and is_mode = 1.
