@@ -530,7 +530,8 @@ static fg_status cuda_finish(void *be, const fg_backend_call *c, char *msg, size
             return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
                         "finish: grad_bias is wanted but gb_sum is NULL");
         st = fg_cuda_store_sums(c->gb_sum, c->V, c->grad_bias.data, c->grad_bias.dtype, c->V, 1,
-                                c->V, c->accumulate, s->stream, msg, msg_size);
+                                c->V, c->accumulate && !c->gb_seeded, s->stream, msg,
+                                msg_size);
         if (st != FG_OK)
             return st;
     }

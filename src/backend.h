@@ -3,7 +3,8 @@
  * and the chunk work a backend runs there. linear_device.c walks the chunks
  * and owns everything O(tokens) (validation, the loss math, the checks, the
  * loss and metrics) on the host; a backend owns everything O(chunk x vocab)
- * and O(vocab x hidden) in its own memory:
+ * and O(vocab x hidden) in its own memory. The CPU driver (linear_grpo.c)
+ * reaches the CPU's hardware through the same ops, with the CPU backend:
  *
  *   per chunk of m unmasked tokens (rows [r0, r0 + m) of the active list):
  *     logits    hbuf = hidden[rows]; logits = hbuf · Wᵀ + b          GEMM 1
@@ -14,11 +15,13 @@
  *   once, at the end: finish (grad_weight's float32 sums rounded, grad_bias,
  *   the zero rows of grad_hidden at masked tokens)
  *
- * Two backends implement it: the CUDA one (cuda/backend_cuda.cu, a shared
- * library the context loads at run time, so the core never links CUDA) and
- * a plain reference on host memory (backend_reference.c): loops in double,
- * the specification of every op, which tests the driver on machines without
- * a GPU and which the CUDA backend is checked against on one.
+ * Three backends implement it: the CPU one (backend_cpu.c: oneDNN products
+ * in fixed blocks, OpenMP row work, the optional ops below), the CUDA one
+ * (cuda/backend_cuda.cu, a shared library the context loads at run time, so
+ * the core never links CUDA), and a plain reference on host memory
+ * (backend_reference.c): loops in double, the specification of every op,
+ * which tests the seam driver on machines without a GPU and which the CUDA
+ * backend is checked against on one.
  *
  * Memory: every pointer below is the backend's memory (device memory for
  * CUDA), the caller's tensors included; only the host buffers of to_host /
@@ -44,8 +47,9 @@ extern "C" {
 /* The version of this interface; a backend library built against another is
  * refused when the context loads it. 2: a target outside [0, V) is another
  * vocab shard's token; the backward adds no one-hot term for it (the phase
- * API of a vocab-sharded weight). */
-#define FG_BACKEND_ABI 2
+ * API of a vocab-sharded weight). 3: the optional ops of a host backend
+ * (capabilities, below). */
+#define FG_BACKEND_ABI 3
 
 /* row_check's "no bad row": 0x7f in every byte, what a byte fill can give. */
 #define FG_BACKEND_ROW_NONE 0x7f7f7f7f
@@ -84,7 +88,9 @@ typedef struct fg_backend_call {
                                    [0, V): another vocab shard's token        */
     void *logits;               /* [chunk_rows, V] of logit_t, row stride V      */
     void *dlogits;              /* [chunk_rows, V] of dlogit_t (may be logits)    */
-    void *hbuf;                 /* [chunk_rows, H] of in_t: the gathered rows     */
+    void *hbuf;                 /* [chunk_rows, H] of dlogit_t: the gathered rows
+                                   (in_t but on a CPU without bf16 products,
+                                   where they are widened to float32)          */
     float *ghbuf;               /* [chunk_rows, H]: a chunk's grad_hidden rows    */
     float *zmax, *lsum, *entropy, *logp; /* [chunk_rows] row statistics           */
     float *g, *e;               /* [chunk_rows] d loss/d logp, d loss/d entropy   */
@@ -92,12 +98,23 @@ typedef struct fg_backend_call {
                                    the chunks, or NULL (summed in place)        */
     float *gb_sum;              /* [V] grad_bias's float32 sums, or NULL (while
                                    planning: non-NULL exactly when wanted)       */
+    int gb_seeded;              /* gb_sum started from the caller's grad_bias (the
+                                   CPU driver, accumulating: the sums then run in
+                                   the order one call over every token would) */
     void *scratch;              /* chunk_scratch_bytes(chunk_rows) bytes          */
     int *row_check;             /* 2 ints: the stats op's first bad chunk row (a
                                    token id outside [0, V), non-finite
                                    statistics), FG_BACKEND_ROW_NONE when none;
                                    reset by the driver before each chunk        */
 } fg_backend_call;
+
+/* The loss's derivatives of one token, for stats_backward: g = d loss/d logp
+ * and e = d loss/d entropy of the token at c->rows[k] from its log-prob and
+ * entropy (the driver's loss math; the backend never sees the loss). */
+typedef struct fg_backend_derivs {
+    void (*at)(const void *user, int64_t k, float logp, float entropy, float *g, float *e);
+    const void *user;
+} fg_backend_derivs;
 
 typedef struct fg_backend_ops {
     int abi;          /* FG_BACKEND_ABI                                        */
@@ -161,11 +178,38 @@ typedef struct fg_backend_ops {
     fg_status (*grads)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
                        char *msg, size_t msg_size);
     /* After every chunk: gw_sum rounded into a bf16 grad_weight (added to it
-     * when accumulating), grad_bias = gb_sum (+ grad_bias when accumulating;
-     * rounded once for bf16), grad_hidden's rows at masked tokens (mask[r]
-     * == 0) zeroed, and grad_weight zeroed when no token is unmasked and the
-     * call does not accumulate. The driver zeroes gb_sum before the chunks. */
+     * when accumulating), grad_bias = gb_sum (+ grad_bias when accumulating
+     * and not gb_seeded; rounded once for bf16), grad_hidden's rows at masked
+     * tokens (mask[r] == 0) zeroed, and grad_weight zeroed when no token is
+     * unmasked and the call does not accumulate. The driver starts gb_sum
+     * before the chunks: zeroes, or the caller's values (gb_seeded). */
     fg_status (*finish)(void *be, const fg_backend_call *c, char *msg, size_t msg_size);
+
+    /* Capabilities: optional ops, NULL where a backend lacks them (all but
+     * the CPU backend, backend_cpu.h, whose memory the host reads). */
+    /* stats, then each row's g and e from `derivs` (also into c->g, c->e),
+     * then backward: one read of each row of logits while it is in cache,
+     * for losses whose token derivatives need only the token's own row. */
+    fg_status (*stats_backward)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                                const fg_backend_derivs *derivs, char *msg, size_t msg_size);
+    /* Each row's own statistics over this shard's vocab rows (shard_stats.h:
+     * the max, the sums, the target's logit or -inf in another shard) into
+     * `out`, a layout of `count` tokens: at row i, or at token c->rows[r0 + i]
+     * when `by_token` (the phase API's [B*T] array). */
+    fg_status (*shard_stats)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                             float *out, int64_t count, int by_token, char *msg, size_t msg_size);
+    /* grads' GEMM 2 in two steps, so that the communicator hook sums each
+     * shard's share between them: the product alone into ghbuf's float32
+     * rows, then those rows into grad_hidden (rounded once to bf16). */
+    fg_status (*dhidden)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                         size_t msg_size);
+    fg_status (*put_grad_hidden)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                                 char *msg, size_t msg_size);
+    /* Gradient filtering, after backward: each row's kept entries of dlogits
+     * (the backend's threshold); where every row keeps few enough, the
+     * chunk's dhidden and grads run as sparse products over them. */
+    fg_status (*filter)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                        size_t msg_size);
 } fg_backend_ops;
 
 /* A backend instance: its ops and its state. */

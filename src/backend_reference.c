@@ -135,11 +135,11 @@ static fg_status ref_logits(void *be, const fg_backend_call *c, int64_t r0, int6
     for (int64_t i = 0; i < m; i++) {
         const int64_t row = c->rows[r0 + i];
         for (int64_t h = 0; h < c->H; h++) /* the gathered rows, as GEMM 3 reads them */
-            store(c->hbuf, c->in_t, at(i, c->H, h), load(c->hidden.data, c->in_t, at(row, c->hidden.ld, h)));
+            store(c->hbuf, c->dlogit_t, at(i, c->H, h), load(c->hidden.data, c->in_t, at(row, c->hidden.ld, h)));
         for (int64_t v = 0; v < c->V; v++) {
             double acc = c->bias.data ? load(c->bias.data, c->in_t, (size_t)v) : 0.0;
             for (int64_t h = 0; h < c->H; h++)
-                acc += (double)load(c->hbuf, c->in_t, at(i, c->H, h)) *
+                acc += (double)load(c->hbuf, c->dlogit_t, at(i, c->H, h)) *
                        load(c->weight.data, c->in_t, at(v, c->weight.ld, h));
             store(c->logits, c->logit_t, at(i, c->V, v), (float)acc);
         }
@@ -234,7 +234,7 @@ static fg_status ref_grads(void *be, const fg_backend_call *c, int64_t r0, int64
                 double acc = first ? 0.0 : load(dst, dt, at(v, ld, h));
                 for (int64_t i = 0; i < m; i++)
                     acc += (double)load(c->dlogits, c->dlogit_t, at(i, c->V, v)) *
-                           load(c->hbuf, c->in_t, at(i, c->H, h));
+                           load(c->hbuf, c->dlogit_t, at(i, c->H, h));
                 store(dst, dt, at(v, ld, h), (float)acc);
             }
     }
@@ -257,7 +257,9 @@ static fg_status ref_finish(void *be, const fg_backend_call *c, char *msg, size_
                    (size_t)c->H * fg_dtype_size(gw->dtype));
     if (c->grad_bias.data)
         for (int64_t v = 0; v < c->V; v++) {
-            const float old = c->accumulate ? load(c->grad_bias.data, c->grad_bias.dtype, (size_t)v) : 0.0f;
+            const float old = c->accumulate && !c->gb_seeded
+                                  ? load(c->grad_bias.data, c->grad_bias.dtype, (size_t)v)
+                                  : 0.0f;
             store(c->grad_bias.data, c->grad_bias.dtype, (size_t)v, c->gb_sum[v] + old);
         }
     const fg_matrix *gh = &c->grad_hidden;

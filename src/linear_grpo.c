@@ -28,16 +28,14 @@
  * rows with a separate [N, V] dlogits buffer, as a framework holds them.
  */
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 
+#include "backend_cpu.h"
 #include "bf16.h"
 #include "call.h"
 #include "collective.h"
 #include "finish.h"
-#include "gemm_onednn.h"
 #include "grad_filter.h"
-#include "row_kernels.h"
 #include "shard_stats.h"
 #include "linear_device.h"
 #include "linear_request.h"
@@ -73,7 +71,20 @@ typedef struct linear_plan {
     double filter_eps;    /* gradient filtering's threshold; 0: off                */
     int64_t kept_cap;     /* kept entries a row may have (fg_kept_cap), filtering  */
     input_bounds bounds;  /* what the up-front scan found (fg_linear_validate)     */
+    fg_backend_call bc;   /* the call as the CPU backend sees it: shapes, dtypes,
+                             views; its workspace pointers placed by the call
+                             (planning reads bc.gw_sum as a flag: set_gw_sum)    */
+    fg_cpu_backend cpu;   /* the backend's facts the planner asks               */
 } linear_plan;
+
+/* Whether GEMM 3 sums into float32 sums: the plan's flag and, for the
+ * backend's shapes while planning, a placeholder the call replaces. */
+static void set_gw_sum(linear_plan *p, int on)
+{
+    static float planned;
+    p->gw_sum = on;
+    p->bc.gw_sum = on ? &planned : NULL;
+}
 
 /* The chunk size is planned with room for this many GEMM scratchpads (or one,
  * when the budget holds no more), never with the thread count: the chunks,
@@ -82,78 +93,13 @@ typedef struct linear_plan {
  * scratchpads for. */
 #define PLAN_GEMM_WORKERS 8
 
-/* Converted weight tiles (bf16 on CPUs without native bf16 GEMMs; f32 for
- * short grad_hidden products whose weight rows lie 4 KiB multiples apart,
- * where half a chunk's logits hold two K pieces: gemm_onednn.c,
- * restride_f32) scale with the chunk: half its logits, at most
- * FG_TILE_CAP_BYTES. Everything the call
- * holds is then a function of the chunk rows alone, so the smallest budget is
- * the need of a one-row chunk. */
-static size_t tile_cap(const linear_plan *p, int64_t m)
-{
-    if (p->hook && p->in_t == FG_DTYPE_F32) /* no restrided f32 tiles where shards merge per
-        chunk: they replan at the agreed, smaller Nc without refitting (plan_chunks), and a
-        chunk short enough for the tiles would need more memory than its own plan */
-        return 0;
-    const size_t half_logits = (size_t)m * (size_t)p->V * sizeof(float) / 2;
-    return half_logits < FG_TILE_CAP_BYTES ? half_logits : FG_TILE_CAP_BYTES;
-}
-
-/* Every primitive call of the logits product is one whole block of
- * FG_BLOCK_LOGITS_M rows (gemm_onednn.h): a chunk's rows past its last whole
- * block run zero-padded inside the GEMM layer, which is why the planner cuts
- * chunks in whole blocks where it can (group_rows, lead_rows, block_rows). */
-static fg_gemm_shape shape_logits(const linear_plan *p, int64_t m)
-{
-    fg_gemm_shape s = {m, p->V, p->H, p->cmp_t, p->in_t, p->logit_t, p->H, 1, 1, p->w_ld, p->V, 0,
-                       p->has_bias, tile_cap(p, m), FG_BLOCK_LOGITS_M, FG_BLOCK_LOGITS_N, 1, 0};
-    return s;
-}
-
-static fg_gemm_shape shape_dhidden(const linear_plan *p, int64_t m)
-{
-    fg_gemm_shape s = {m, p->H, p->V, p->cmp_t, p->in_t, FG_DTYPE_F32, p->V, 1, p->w_ld, 1, p->H,
-                       0, 0, tile_cap(p, m), FG_BLOCK_DHIDDEN_M, FG_BLOCK_DHIDDEN_N, 0,
-                       FG_BLOCK_DHIDDEN_SPLIT_K};
-    return s;
-}
-
-/* GEMM 3 writes the caller's grad_weight, or the float32 sums of a bf16 one. */
-static fg_gemm_shape shape_dweight(const linear_plan *p, int64_t m, int accumulate)
-{
-    fg_gemm_shape s = {p->V, p->H, m, p->cmp_t, p->cmp_t, p->gw_sum ? FG_DTYPE_F32 : p->gw_t,
-                       1, p->V, p->H, 1, p->gw_sum ? p->H : p->gw_ld, accumulate, 0,
-                       tile_cap(p, m), FG_BLOCK_DWEIGHT_M, 0, 0, 0};
-    return s;
-}
-
-/* Prepares every GEMM a chunk of m rows issues; raises *need to cover them. */
-static fg_status prepare_gemms(fg_call *call, const linear_plan *p, int64_t m,
-                               fg_gemm_scratch *need)
-{
-    fg_gemm_shape shapes[4];
-    int k = 0;
-    shapes[k++] = shape_logits(p, m);
-    if (p->want_gh)
-        shapes[k++] = shape_dhidden(p, m);
-    if (p->want_gw) {
-        shapes[k++] = shape_dweight(p, m, 0);
-        shapes[k++] = shape_dweight(p, m, 1);
-    }
-    for (int i = 0; i < k; i++) {
-        fg_status st = fg_gemm_prepare(call->gemm, &shapes[i], call->threads, need, call->err);
-        if (st != FG_OK)
-            return st;
-    }
-    return FG_OK;
-}
-
 static size_t chunk_bytes(const linear_plan *p, int64_t m)
 {
     size_t b = fg_ws_round((size_t)m * (size_t)p->V * fg_dtype_size(p->logit_t));
     if (p->any_grad && !p->dl_alias)
         b += fg_ws_round((size_t)m * (size_t)p->V * fg_dtype_size(p->dlogit_t));
     b += fg_ws_round((size_t)m * (size_t)p->H * fg_dtype_size(p->cmp_t));
+    b += fg_ws_round(6 * (size_t)m * sizeof(float)); /* the rows' statistics, g and e */
     if (p->want_gh) /* and the failure flag of its reduction */
         b += fg_ws_round(((size_t)m * (size_t)p->H + (size_t)p->hook) * sizeof(float));
     if (p->hook)
@@ -172,30 +118,22 @@ static size_t chunk_bytes(const linear_plan *p, int64_t m)
 static fg_status need_bytes(fg_call *call, const linear_plan *p, int64_t m, int64_t last,
                             int workers, size_t *need, fg_gemm_scratch *gs)
 {
+    (void)call;
     memset(gs, 0, sizeof *gs);
-    fg_status st = prepare_gemms(call, p, m, gs);
+    fg_status st = fg_cpu_prepare_chunk(&p->cpu, &p->bc, m, gs);
     if (st == FG_OK && last != m)
-        st = prepare_gemms(call, p, last, gs);
+        st = fg_cpu_prepare_chunk(&p->cpu, &p->bc, last, gs);
     *need = fg_ws_page_round(p->fixed_bytes + chunk_bytes(p, m) +
                              fg_gemm_scratch_bytes(gs, workers));
     return st;
 }
 
-/* Whether grad_hidden's blocks for a chunk of m rows may run at half speed:
- * blocks that short run oneDNN's no-copy kernels (fg_gemm_fast_rows), which
- * read the weight in place, and rows H floats apart (a power of two at H =
- * 1024, 2048, 4096) fall on one cache set: measured on AVX2, m = 188, H =
- * 1024: 38.7 GFLOP/s a core against 70.4 at a stride of 1040
- * (bench/block_probe.c). Products on weight tiles (fg_gemm_tiled) are
- * stored at such a stride and run fast at any m. */
+/* Whether grad_hidden's blocks for a chunk of m rows may run at half speed
+ * (the CPU backend's fact: fg_cpu_dhidden_slow). */
 static int dhidden_slow(fg_call *call, const linear_plan *p, int64_t m)
 {
-    if (!p->want_gh)
-        return 0;
-    const fg_gemm_shape s = shape_dhidden(p, m);
-    if (fg_gemm_tiled(call->gemm, &s))
-        return 0;
-    return m < fg_gemm_fast_rows(p->H < FG_BLOCK_DHIDDEN_N ? p->H : FG_BLOCK_DHIDDEN_N);
+    (void)call;
+    return fg_cpu_dhidden_slow(&p->cpu, &p->bc, m);
 }
 
 /* Rows a chunk for n rows at most nc a chunk: equal chunks, so that the last
@@ -219,7 +157,7 @@ static int64_t chunk_rows(fg_call *call, const linear_plan *p, int64_t n, int64_
  * (dhidden_slow) that was not, or leave no shorter last chunk. */
 static int64_t group_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t nc)
 {
-    const int64_t g = FG_BLOCK_LOGITS_M, chunks = (n + nc - 1) / nc;
+    const int64_t g = fg_cpu_logits_block_rows(), chunks = (n + nc - 1) / nc;
     const int64_t rows = ((n + chunks - 1) / chunks + g - 1) / g * g;
     const int64_t k = (n + rows - 1) / rows, last = n - (k - 1) * rows;
     const int64_t was_last = n - (chunks - 1) * nc;
@@ -250,7 +188,7 @@ static int64_t chunk_len(const linear_plan *p, int64_t k)
  * not. */
 static int64_t lead_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t nc)
 {
-    const int64_t gr = FG_BLOCK_LOGITS_M, chunks = (n + nc - 1) / nc;
+    const int64_t gr = fg_cpu_logits_block_rows(), chunks = (n + nc - 1) / nc;
     const int64_t g = n / chunks / gr * gr, first = n - (chunks - 1) * g;
     const int64_t last = n - (chunks - 1) * nc;
     const int64_t partial = (chunks - 1) * (nc % gr != 0) + (last % gr != 0);
@@ -264,7 +202,7 @@ static int64_t lead_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t
  * shorter): each chunk's last block is whole (gemm_onednn.h). */
 static int64_t padded_logits_rows(int64_t n, int64_t m)
 {
-    const int64_t g = FG_BLOCK_LOGITS_M, full = n / m, last = n - full * m;
+    const int64_t g = fg_cpu_logits_block_rows(), full = n / m, last = n - full * m;
     return full * ((m + g - 1) / g * g - m) + (last ? (last + g - 1) / g * g - last : 0);
 }
 
@@ -280,7 +218,7 @@ static int64_t padded_logits_rows(int64_t n, int64_t m)
 static int64_t block_rows(fg_call *call, const linear_plan *p, int64_t n, int64_t nc,
                           int64_t *lead)
 {
-    const int64_t gr = FG_BLOCK_LOGITS_M, g = nc / gr * gr, chunks = (n + nc - 1) / nc;
+    const int64_t gr = fg_cpu_logits_block_rows(), g = nc / gr * gr, chunks = (n + nc - 1) / nc;
     if (g < gr || n <= nc || (dhidden_slow(call, p, g) && !dhidden_slow(call, p, nc)))
         return 0;
     const int64_t more = (n - nc + g - 1) / g + 1, first = n - (more - 1) * g;
@@ -612,46 +550,19 @@ fg_status fg_linear_validate(fg_call *call, const fg_linear_options *o, const li
     return FG_OK;
 }
 
-static void *row_at(const fg_matrix *m, int64_t r)
-{
-    return (unsigned char *)m->data + (size_t)r * (size_t)m->ld * fg_dtype_size(m->dtype);
-}
-
-/* hbuf[i] = hidden[tok[i]], converted to the compute dtype. */
-static void gather_rows(const linear_plan *p, const fg_matrix *hidden, const int64_t *tok,
-                        int64_t m, void *hbuf)
-{
-    const size_t hrow = (size_t)p->H * fg_dtype_size(p->cmp_t);
-    for (int64_t i = 0; i < m; i++) {
-        const void *src = row_at(hidden, tok[i]);
-        void *dst = (unsigned char *)hbuf + (size_t)i * hrow;
-        if (p->cmp_t == p->in_t) {
-            memcpy(dst, src, hrow);
-        } else { /* bf16 storage, f32 compute */
-            fg_bf16_to_f32_strided(dst, src, p->H, 1);
-        }
-    }
-}
-
-/* Everything one call carries from chunk to chunk. */
+/* Everything one call carries from chunk to chunk. The chunk buffers are
+ * the CPU backend's: p.bc's workspace pointers. */
 typedef struct linear_call {
     linear_plan p;
+    fg_device be; /* the CPU backend (backend_cpu.h) over p.cpu */
     fg_common c;
     const fg_linear_inputs *in;
     fg_linear_outputs *out;
-    float inv_temp;
-    void *logits, *dlogits, *hbuf, *scratch;
-    float *ghbuf;
-    float *gbacc; /* grad_bias's f32 sums, [V] floats of the workspace committed
-                     at the end (rounded once for a bf16 grad_bias)             */
-    float *gwsum; /* a bf16 grad_weight's float32 sums [V, H] (plan.gw_sum)   */
     float *stats; /* the hook: a chunk's statistics and their reductions (shard_stats.h) */
     enum call_kind kind;
     float *shard_out; /* KIND_SHARD_STATS: the caller's [B*T] statistics        */
     fg_status failed; /* the hook: this shard failed; it skips its work up to the
                          next reduction, whose flag stops every shard            */
-    int32_t *kept_idx, *kept_nnz; /* gradient filtering: [Nc, kept_cap], [Nc] */
-    int64_t *kept_tgt;            /* [Nc] each row's token in this shard's rows */
     fg_grad_bound gb;  /* the gradient bound of the tokens checked so far     */
     int64_t checked;   /* tokens whose derivatives are checked (check_tokens) */
     double loss;       /* KIND_LOSS: the loss and metrics, evaluated once every
@@ -659,44 +570,15 @@ typedef struct linear_call {
     fg_metrics metrics;
     int evaluated;
     int certified; /* KIND_LOSS: no token can be refused (cannot_overflow) */
+    char msg[8];   /* CPU_OP */
 } linear_call;
 
 enum sweep_mode { SWEEP_FORWARD, SWEEP_BACKWARD, SWEEP_BOTH };
 
-/* Gradient filtering of chunk rows `rows` (tokens tok): the kept entries,
- * compacted as *k describes, or -1 when the chunk runs dense. Counts the
- * entries the backward products use either way. */
-static int64_t filter_chunk(fg_call *call, linear_call *L, const fg_rows *rows,
-                            const int64_t *tok, fg_kept *k)
-{
-    const linear_plan *p = &L->p;
-    const int64_t m = rows->count;
-    call->dlogits_entries += m * p->V;
-    if (p->filter_eps <= 0) {
-        call->dlogits_kept += m * p->V;
-        return -1;
-    }
-    for (int64_t i = 0; i < m; i++) {
-        const int64_t t = L->c.plan.token_ids[tok[i]] - p->vocab_start;
-        L->kept_tgt[i] = t >= 0 && t < p->V ? t : -1;
-    }
-    *k = (fg_kept){rows->dx, rows->dxtype, rows->dx_ld, m, p->V, L->kept_tgt, L->kept_idx,
-                   p->kept_cap, L->kept_nnz};
-    const double t0 = omp_get_wtime();
-    const int64_t kept = fg_filter_select(call->threads, k, p->filter_eps);
-    if (kept >= 0)
-        fg_filter_compact(call->threads, k);
-    call->gemm_stats.seconds += omp_get_wtime() - t0;
-    call->dlogits_kept += kept >= 0 ? kept : m * p->V;
-    return kept;
-}
-
-/* A sparse product's time and work, with the GEMMs'. */
-static void count_sparse(fg_call *call, double t0, int64_t kept, int64_t H)
-{
-    call->gemm_stats.seconds += omp_get_wtime() - t0;
-    call->gemm_stats.flops += 2 * kept * H;
-}
+/* A CPU backend op on the call: its message is in the call's error sink
+ * already (backend_cpu.c), the op's own copy goes to L->msg unread. */
+#define CPU_OP(L, op, ...)                                                                        \
+    ((L)->be.ops->op((L)->be.state, &(L)->p.bc, __VA_ARGS__, (L)->msg, sizeof (L)->msg))
 
 /* Returned by a step of the hook when a reduction carried some shard's
  * failure flag: every shard stops there, and fg_collective_outcome agrees on
@@ -727,12 +609,12 @@ static fg_status exchange(fg_call *call, linear_call *L, float *buf, int64_t cou
 
 /* The hook's merge of a chunk's statistics: this shard's own, MAX, the sums
  * rescaled to exact limbs, SUM, then every row's lse/logp/entropy. */
-static fg_status merge_chunk(fg_call *call, linear_call *L, const fg_rows *rows)
+static fg_status merge_chunk(fg_call *call, linear_call *L, int64_t r0, int64_t m)
 {
-    const int64_t m = rows->count;
+    const fg_rows rows = {.count = m, .V = L->p.V, .token = L->c.active + r0};
     float *buf = L->stats;
     if (!L->failed)
-        fg_sweep_shard_local(call->threads, &L->c.plan, rows, L->inv_temp, buf, m, 0);
+        CPU_OP(L, shard_stats, r0, m, buf, m, 0);
     fg_status st = exchange(call, L, buf, fg_shard_max_count(m) - 1, FG_REDUCE_MAX);
     if (st != FG_OK)
         return st;
@@ -744,7 +626,7 @@ static fg_status merge_chunk(fg_call *call, linear_call *L, const fg_rows *rows)
         L->failed = fg_fail(call->err, FG_ERR_COMMUNICATOR, "the communicator's allreduce failed");
         return STOPPED;
     }
-    if (fg_sweep_shard_merged(rows, buf, &L->c.ta) != 0) {
+    if (fg_sweep_shard_merged(&rows, buf, &L->c.ta) != 0) {
         L->failed = fg_fail(call->err, FG_ERR_COMMUNICATOR,
                             "the summed statistics are not sums of shards' limbs (the "
                             "communicator's SUM is not a sum, or more than %d shards)",
@@ -776,38 +658,67 @@ static fg_status check_tokens(fg_call *call, linear_call *L, const int64_t *tok,
     return st;
 }
 
+/* The chunk's row statistics (the backend's per-row arrays) into c.ta at
+ * its tokens, where the loss math and the checks read them. */
+static void stats_to_tokens(linear_call *L, const int64_t *tok, int64_t m)
+{
+    const fg_backend_call *bc = &L->p.bc;
+    const fg_token_arrays *ta = &L->c.ta;
+    for (int64_t i = 0; i < m; i++) {
+        const int64_t n = tok[i];
+        ta->zmax[n] = bc->zmax[i];
+        ta->lsum[n] = bc->lsum[i];
+        ta->entropy[n] = bc->entropy[i];
+        ta->logp[n] = bc->logp[i];
+    }
+}
+
+/* The loss math's derivatives of a token for the backend (stats_backward). */
+static void token_derivs(const void *user, int64_t k, float logp, float entropy, float *g,
+                         float *e)
+{
+    const fg_common *c = user;
+    const int64_t n = c->active[k];
+    *g = fg_loss_dlogp(&c->plan, n, logp, entropy);
+    *e = fg_loss_dentropy(&c->plan, n, entropy);
+}
+
+/* The backward's inputs of the chunk from c.ta: its rows' statistics (as
+ * stats computed them, or as shards merged them) and the loss math's g, e. */
+static void tokens_to_backward(linear_call *L, int64_t r0, int64_t m)
+{
+    const fg_backend_call *bc = &L->p.bc;
+    const fg_token_arrays *ta = &L->c.ta;
+    for (int64_t i = 0; i < m; i++) {
+        const int64_t n = L->c.active[r0 + i];
+        bc->zmax[i] = ta->zmax[n];
+        bc->lsum[i] = ta->lsum[n];
+        bc->entropy[i] = ta->entropy[n];
+        token_derivs(&L->c, r0 + i, ta->logp[n], ta->entropy[n], &bc->g[i], &bc->e[i]);
+    }
+}
+
 /* One chunk k: GEMM 1 (unless the logits are still there), the row sweep of
- * `mode`, then the bias column sums and GEMMs 2 and 3 when gradients are due. */
+ * `mode`, then the bias column sums and GEMMs 2 and 3 when gradients are
+ * due; every step on the CPU backend (backend_cpu.h). */
 static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_mode mode,
                            int logits_ready, int first_backward_chunk)
 {
     const linear_plan *p = &L->p;
+    const fg_backend_call *bc = &p->bc;
     const int64_t r0 = chunk_start(p, k), m = chunk_len(p, k);
     const int64_t *tok = L->c.active + r0;
     fg_status st;
-    if (!logits_ready && !L->failed) {
-        gather_rows(p, &L->in->hidden, tok, m, L->hbuf);
-        fg_gemm_shape s1 = shape_logits(p, m);
-        st = fg_gemm_run(call->gemm, &s1, L->hbuf, L->in->weight.data, L->logits,
-                         L->in->bias.data, L->scratch, p->gemm_workers, &call->gemm_stats,
-                         call->err);
-        if ((st = fail(p, L, st)) != FG_OK)
-            return st;
-    }
-    fg_rows rows = {L->logits, p->logit_t, p->V, L->dlogits, p->dlogit_t, p->V, m, p->V, tok, 0,
-                    p->vocab_start};
-    const fg_loss_plan *plan = &L->c.plan;
-    if (L->kind == KIND_SHARD_STATS) { /* the phase API's (a): this shard's own */
-        fg_sweep_shard_local(call->threads, plan, &rows, L->inv_temp, L->shard_out,
-                             L->c.plan.B * L->c.plan.T, 1);
-        return FG_OK;
-    }
+    if (!logits_ready && !L->failed && (st = fail(p, L, CPU_OP(L, logits, r0, m))) != FG_OK)
+        return st;
+    if (L->kind == KIND_SHARD_STATS) /* the phase API's (a): this shard's own */
+        return CPU_OP(L, shard_stats, r0, m, L->shard_out, L->c.plan.B * L->c.plan.T, 1);
     if (p->hook && mode != SWEEP_BACKWARD) {
         /* Statistics need every shard: merge, check (every shard has the same
          * merged statistics; a gradient bound one shard's own weight rows
          * break stops every shard at the next reduction), then (token level)
          * the backward. */
-        if ((st = merge_chunk(call, L, &rows)) != FG_OK)
+        if ((st = merge_chunk(call, L, r0, m)) != FG_OK)
             return st;
         if (!L->failed &&
             (st = fail(p, L, check_tokens(call, L, tok, m, mode == SWEEP_BOTH))) != FG_OK)
@@ -819,113 +730,70 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     if (!L->failed) {
         switch (mode) {
         case SWEEP_FORWARD:
-            fg_sweep_forward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+            CPU_OP(L, stats, r0, m);
+            stats_to_tokens(L, tok, m);
             return check_tokens(call, L, tok, m, 0);
         case SWEEP_BACKWARD:
-            fg_sweep_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+            tokens_to_backward(L, r0, m);
+            CPU_OP(L, backward, r0, m);
             break;
-        case SWEEP_BOTH: /* dlogits are the workspace's: checked before the outputs */
-            fg_sweep_forward_backward(call->threads, plan, &rows, L->inv_temp, &L->c.ta);
+        case SWEEP_BOTH: { /* dlogits are the workspace's: checked before the outputs */
+            const fg_backend_derivs d = {token_derivs, &L->c};
+            CPU_OP(L, stats_backward, r0, m, &d);
+            stats_to_tokens(L, tok, m);
             if ((st = check_tokens(call, L, tok, m, 1)) != FG_OK)
                 return st;
             break;
         }
-        if (p->want_gb)
-            fg_sweep_column_sums(call->threads, &rows, L->gbacc);
+        }
     }
-    fg_kept kept;
-    const int64_t nkept =
-        (p->want_gh || p->want_gw) && !L->failed ? filter_chunk(call, L, &rows, tok, &kept) : -1;
-    const int sparse = nkept >= 0;
+    /* Gradient filtering (the backend's threshold; counts the entries either
+     * way): the products below then run sparse where every row keeps few. */
+    if ((p->want_gh || p->want_gw) && !L->failed)
+        CPU_OP(L, filter, r0, m);
+    /* GEMM 3 overwrites in the first backward chunk, unless it sums straight
+     * into the grad_weight of an accumulating call; a bf16 one's float32
+     * sums start afresh (finish adds the caller's values). */
+    const int sum_in = !first_backward_chunk || (p->accumulate && !p->gw_sum);
+    if (!p->hook) /* the seam's grads: GEMM 2 into grad_hidden, GEMM 3 */
+        return L->failed ? FG_OK : CPU_OP(L, grads, r0, m, !sum_in);
+    /* The hook: each shard holds its vocab rows' share of grad_hidden, summed
+     * between the product and the rows it writes; then GEMM 3 alone. */
     if (p->want_gh) {
-        fg_gemm_shape s2 = shape_dhidden(p, m);
-        if (L->failed) {
-            /* skip to the reduction */
-        } else if (sparse) {
-            const double t0 = omp_get_wtime();
-            fg_kept_dhidden(call->threads, &kept, L->in->weight.data, p->in_t, p->w_ld, p->H,
-                            L->ghbuf, p->H);
-            count_sparse(call, t0, nkept, p->H);
-        } else {
-            st = fg_gemm_run(call->gemm, &s2, L->dlogits, L->in->weight.data, L->ghbuf, NULL,
-                             L->scratch, p->gemm_workers, &call->gemm_stats, call->err);
-            if ((st = fail(p, L, st)) != FG_OK)
-                return st;
-        }
-        /* Each shard holds its vocab rows' share of grad_hidden: sum them. */
-        if (p->hook && (st = exchange(call, L, L->ghbuf, m * p->H, FG_REDUCE_SUM)) != FG_OK)
+        if (!L->failed && (st = fail(p, L, CPU_OP(L, dhidden, r0, m))) != FG_OK)
             return st;
-        for (int64_t i = 0; i < m && !L->failed; i++) {
-            const float *src = L->ghbuf + (size_t)i * (size_t)p->H;
-            void *dst = row_at(&L->out->grad_hidden, tok[i]);
-            if (p->gh_t == FG_DTYPE_BF16) /* one rounding of the f32 row */
-                for (int64_t h = 0; h < p->H; h++)
-                    ((uint16_t *)dst)[h] = fg_bf16_store(src[h]);
-            else
-                memcpy(dst, src, (size_t)p->H * sizeof(float));
-        }
+        if ((st = exchange(call, L, bc->ghbuf, m * p->H, FG_REDUCE_SUM)) != FG_OK)
+            return st;
+        if (!L->failed)
+            CPU_OP(L, put_grad_hidden, r0, m);
     }
     if (p->want_gw && !L->failed) {
-        /* The caller's values are added at the end to float32 sums. */
-        const int sum_in = !first_backward_chunk || (p->accumulate && !p->gw_sum);
-        fg_gemm_shape s3 = shape_dweight(p, m, sum_in);
-        void *dst = p->gw_sum ? (void *)L->gwsum : L->out->grad_weight.data;
-        if (sparse) { /* a float32 destination (plan_filter) */
-            const double t0 = omp_get_wtime();
-            fg_kept_dweight(call->threads, &kept, L->hbuf, p->cmp_t, p->H, p->H, dst,
-                            p->gw_sum ? p->H : p->gw_ld, sum_in);
-            count_sparse(call, t0, nkept, p->H);
-        } else {
-            st = fg_gemm_run(call->gemm, &s3, L->dlogits, L->hbuf, dst, NULL, L->scratch,
-                             p->gemm_workers, &call->gemm_stats, call->err);
-            if ((st = fail(p, L, st)) != FG_OK)
-                return st;
-        }
+        fg_backend_call gw_only = *bc;
+        gw_only.grad_hidden.data = NULL;
+        st = L->be.ops->grads(L->be.state, &gw_only, r0, m, !sum_in, L->msg, sizeof L->msg);
+        if ((st = fail(p, L, st)) != FG_OK)
+            return st;
     }
     return FG_OK;
 }
 
-/* grad_bias's float32 sums start from the caller's values when accumulating,
- * else from 0: they live in the workspace and reach the caller at the end
- * (commit_outputs), so a refused call leaves grad_bias as it was. The sums
- * are the same float additions, in the same order, as summing in place. */
-static void start_bias_sums(const linear_call *L)
+/* grad_bias's float32 sums start from the caller's values when accumulating
+ * (gb_seeded), else from 0: they live in the workspace and reach the caller
+ * in finish, so a refused call leaves grad_bias as it was. The sums are the
+ * same float additions, in the same order, as one call over every token of
+ * the micro-batches would make. */
+static void start_bias_sums(linear_call *L)
 {
     const linear_plan *p = &L->p;
-    const fg_linear_outputs *out = L->out;
+    fg_backend_call *bc = &L->p.bc;
     if (!p->want_gb)
         return;
+    const void *gb = L->out->grad_bias.data;
     for (int64_t v = 0; v < p->V; v++)
-        L->gbacc[v] = !p->accumulate                ? 0.0f
-                      : p->gb_t == FG_DTYPE_BF16 ? fg_bf16_load(((const uint16_t *)out->grad_bias.data)[v])
-                                                 : ((const float *)out->grad_bias.data)[v];
-}
-
-/* After every check and chunk has passed: grad_bias from its float32 sums
- * (rounded once for bf16); a bf16 grad_weight summed in float32, rounded
- * once (onto the caller's values when accumulating); the zeros no chunk
- * writes (masked rows of grad_hidden; grad_weight when no token is unmasked,
- * unless accumulating). */
-static void commit_gradients(int threads, const linear_call *L, const fg_batch *batch)
-{
-    const linear_plan *p = &L->p;
-    const fg_linear_outputs *out = L->out;
-    if (p->gw_sum && p->n_active > 0)
-        fg_sweep_round_bf16(threads, L->gwsum, p->H, out->grad_weight.data, p->gw_ld, p->V, p->H,
-                            p->accumulate);
-    if (p->want_gb && p->gb_t == FG_DTYPE_BF16)
-        for (int64_t v = 0; v < p->V; v++)
-            ((uint16_t *)out->grad_bias.data)[v] = fg_bf16_store(L->gbacc[v]);
-    else if (p->want_gb)
-        memcpy(out->grad_bias.data, L->gbacc, (size_t)p->V * sizeof(float));
-    if (p->want_gh) {
-        const size_t es = fg_dtype_size(p->gh_t);
-        fg_zero_masked_rows(&L->c, batch->batch * batch->seq_len, out->grad_hidden.data,
-                            (size_t)out->grad_hidden.ld * es, (size_t)p->H * es);
-    }
-    if (p->want_gw && !p->accumulate && L->c.n_active == 0)
-        for (int64_t v = 0; v < p->V; v++)
-            memset(row_at(&out->grad_weight, v), 0, (size_t)p->H * fg_dtype_size(p->gw_t));
+        bc->gb_sum[v] = !p->accumulate             ? 0.0f
+                        : p->gb_t == FG_DTYPE_BF16 ? fg_bf16_load(((const uint16_t *)gb)[v])
+                                                   : ((const float *)gb)[v];
+    bc->gb_seeded = p->accumulate;
 }
 
 /* Whether no token of a loss call can be refused once the chunks run: the
@@ -1023,14 +891,14 @@ static fg_status plan_grad_weight_sums(fg_call *call, linear_plan *p)
         if (st != FG_OK || nc < 1 || nc >= p->n_active)
             return st; /* too small (plan_chunks says so), or one chunk */
         linear_plan q = *p;
-        q.gw_sum = 1;
+        set_gw_sum(&q, 1);
         q.fixed_bytes += bytes;
         if ((st = fit_any(call, &q, &nc_sum, NULL)) != FG_OK)
             return st;
         if (nc_sum < 1)
             return FG_OK;
     }
-    p->gw_sum = 1;
+    set_gw_sum(p, 1);
     p->gw_sum_bytes = bytes;
     p->fixed_bytes += bytes;
     return FG_OK;
@@ -1058,8 +926,7 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const line
     memset(p, 0, sizeof *p);
     p->fused = o->impl == FG_IMPL_FUSED;
     p->in_t = in->hidden.dtype;
-    p->cmp_t = (p->in_t == FG_DTYPE_BF16 && fg_gemm_native_bf16(call->gemm)) ? FG_DTYPE_BF16
-                                                                             : FG_DTYPE_F32;
+    p->cmp_t = fg_cpu_gemm_dtype(call, p->in_t);
     p->logit_t = (!p->fused && o->round_logits_to_input_dtype) ? p->in_t : FG_DTYPE_F32;
     p->dlogit_t = p->cmp_t; /* the gradient GEMMs take dlogits in the compute dtype */
     p->dl_alias = p->fused && p->dlogit_t == p->logit_t;
@@ -1084,6 +951,18 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const line
     p->fixed_bytes = fg_common_workspace_bytes(batch->batch, batch->batch * batch->seq_len);
     if (p->want_gb) /* grad_bias's f32 sums, committed at the end */
         p->fixed_bytes += fg_ws_round((size_t)p->V * sizeof(float));
+    /* The unmasked tokens' targets (local ids) and the stats op's row check. */
+    p->fixed_bytes += fg_ws_round((size_t)n_active * sizeof(int64_t)) + fg_ws_round(2 * sizeof(int));
+    p->cpu = (fg_cpu_backend){.call = call, .gemm_workers = 1,
+                              .tiles = !(p->hook && p->in_t == FG_DTYPE_F32)};
+    p->bc = (fg_backend_call){.N = batch->batch * batch->seq_len, .H = p->H, .V = p->V,
+                              .n_active = n_active, .in_t = p->in_t, .logit_t = p->logit_t,
+                              .dlogit_t = p->dlogit_t,
+                              .inv_temp = (float)(1.0 / req->cfg->temperature),
+                              .accumulate = p->accumulate, .hidden = in->hidden,
+                              .weight = in->weight, .bias = in->bias, .mask = batch->mask,
+                              .grad_hidden = out->grad_hidden, .grad_weight = out->grad_weight,
+                              .grad_bias = out->grad_bias};
     if (p->n_active == 0)
         return FG_OK;
     fg_status st = plan_grad_weight_sums(call, p);
@@ -1221,7 +1100,7 @@ fg_status fg_linear_grpo_plan(fg_context *ctx, const fg_linear_options *opts,
          * sums (plan_grad_weight_sums): the smallest budget leaves them out. */
         linear_plan q = p;
         if (q.gw_sum && q.cmp_t == FG_DTYPE_BF16) {
-            q.gw_sum = 0;
+            set_gw_sum(&q, 0);
             q.fixed_bytes -= q.gw_sum_bytes;
         }
         fg_gemm_scratch gs1;
@@ -1286,29 +1165,50 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
     L.out = out;
     L.kind = req->kind;
     L.shard_out = req->stats_out;
-    L.inv_temp = (float)(1.0 / req->cfg->temperature);
-    L.gbacc = p->want_gb ? fg_call_take(&call, (size_t)p->V * sizeof(float)) : NULL;
     L.gb = fg_linear_grad_bound(&p->bounds, out, req->cfg->temperature,
                       p->sharded ? in->vocab_total : p->V);
     L.certified = cannot_overflow(&L);
-    if (p->gw_sum)
-        L.gwsum = fg_call_take(&call, (size_t)p->V * (size_t)p->H * sizeof(float));
+    /* The CPU backend's workspace (backend.h, fg_backend_call), carved from
+     * the arena as the plan counted it. */
+    fg_backend_cpu_init(&p->cpu, &call, p->cpu.tiles, &L.be);
+    p->cpu.gemm_workers = p->gemm_workers;
+    p->cpu.filter_eps = p->filter_eps;
+    p->cpu.kept_cap = p->kept_cap;
+    fg_backend_call *bc = &p->bc;
+    bc->rows = L.c.active;
+    int64_t *targets = fg_call_take(&call, (size_t)p->n_active * sizeof(int64_t));
+    for (int64_t i = 0; i < p->n_active; i++) /* local ids: this shard's rows */
+        targets[i] = batch->token_ids[L.c.active[i]] - p->vocab_start;
+    bc->targets = targets;
+    bc->row_check = fg_call_take(&call, 2 * sizeof(int));
+    bc->row_check[0] = bc->row_check[1] = FG_BACKEND_ROW_NONE;
+    bc->gb_sum = p->want_gb ? fg_call_take(&call, (size_t)p->V * sizeof(float)) : NULL;
+    bc->gw_sum = p->gw_sum ? fg_call_take(&call, (size_t)p->V * (size_t)p->H * sizeof(float))
+                           : NULL;
     if (p->n_active > 0) {
-        L.logits = fg_call_take(&call, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->logit_t));
-        L.dlogits = L.logits;
-        if (p->any_grad && !p->dl_alias)
-            L.dlogits = fg_call_take(&call, (size_t)p->Nc * (size_t)p->V * fg_dtype_size(p->dlogit_t));
-        L.hbuf = fg_call_take(&call, (size_t)p->Nc * (size_t)p->H * fg_dtype_size(p->cmp_t));
-        if (p->want_gh)
-            L.ghbuf = fg_call_take(&call, ((size_t)p->Nc * (size_t)p->H + (size_t)p->hook) *
-                                              sizeof(float));
-        L.scratch = p->scratch_bytes ? fg_call_take(&call, p->scratch_bytes) : NULL;
+        const size_t Nc = (size_t)p->Nc;
+        bc->chunk_rows = p->Nc;
+        bc->logits = fg_call_take(&call, Nc * (size_t)p->V * fg_dtype_size(p->logit_t));
+        bc->dlogits = p->any_grad && !p->dl_alias
+                          ? fg_call_take(&call, Nc * (size_t)p->V * fg_dtype_size(p->dlogit_t))
+                          : bc->logits;
+        bc->hbuf = fg_call_take(&call, Nc * (size_t)p->H * fg_dtype_size(p->cmp_t));
+        float *row_arrays = fg_call_take(&call, 6 * Nc * sizeof(float));
+        bc->zmax = row_arrays;
+        bc->lsum = row_arrays + Nc;
+        bc->entropy = row_arrays + 2 * Nc;
+        bc->logp = row_arrays + 3 * Nc;
+        bc->g = row_arrays + 4 * Nc;
+        bc->e = row_arrays + 5 * Nc;
+        if (p->want_gh) /* and the hook's flag slot */
+            bc->ghbuf = fg_call_take(&call, (Nc * (size_t)p->H + (size_t)p->hook) * sizeof(float));
+        bc->scratch = p->scratch_bytes ? fg_call_take(&call, p->scratch_bytes) : NULL;
         if (p->hook)
             L.stats = fg_call_take(&call, (size_t)fg_shard_floats(p->Nc) * sizeof(float));
         if (p->filter_eps > 0) {
-            L.kept_idx = fg_call_take(&call, (size_t)p->Nc * (size_t)p->kept_cap * sizeof(int32_t));
-            L.kept_nnz = fg_call_take(&call, (size_t)p->Nc * sizeof(int32_t));
-            L.kept_tgt = fg_call_take(&call, (size_t)p->Nc * sizeof(int64_t));
+            p->cpu.kept_idx = fg_call_take(&call, Nc * (size_t)p->kept_cap * sizeof(int32_t));
+            p->cpu.kept_nnz = fg_call_take(&call, Nc * sizeof(int32_t));
+            p->cpu.kept_tgt = fg_call_take(&call, Nc * sizeof(int64_t));
         }
     }
     start_bias_sums(&L);
@@ -1333,7 +1233,8 @@ static fg_status linear_execute(fg_context *ctx, const fg_linear_options *opts,
         return fg_call_end(&call, st);
     if (req->kind == KIND_SHARD_STATS)
         fg_shard_stats_close(L.shard_out, batch);
-    commit_gradients(call.threads, &L, batch);
+    if (p->any_grad && (st = L.be.ops->finish(L.be.state, bc, L.msg, sizeof L.msg)) != FG_OK)
+        return fg_call_end(&call, st);
     if (loss) {
         out->loss = L.loss;
         out->metrics = L.metrics;

@@ -23,6 +23,18 @@ fg_row_stats fg_row_stats_compute(const void *x, fg_dtype dtype, int64_t n, floa
 static inline float fg_row_lse(fg_row_stats s) { return s.max + logf(s.sum); }
 static inline float fg_row_entropy(fg_row_stats s) { return logf(s.sum) - s.dot / s.sum; }
 
+/* A row's lse as zmax + lsum, its target's log-prob from the target's
+ * logit z_tok (-inf: another shard's) and its entropy: every path's. */
+static inline void fg_row_finalize(fg_row_stats s, float z_tok, float *zmax, float *lsum,
+                                   float *logp, float *entropy)
+{
+    const float l = logf(s.sum);
+    *zmax = s.max;
+    *lsum = l;
+    *logp = (z_tok - s.max) - l;
+    *entropy = fg_row_entropy(s);
+}
+
 /* out_v = ∂loss/∂x_v = inv_temp · [ g (δ_v,tok − p_v) − e p_v (log p_v + entropy) ],
  * p_v = exp((z_v − zmax) − lsum), lse = zmax + lsum (see fg_token_arrays).
  * tok is the row-local index of the chosen token, or −1 when it lies outside

@@ -38,11 +38,7 @@ static fg_row_stats row_stats(const fg_loss_plan *plan, const fg_rows *rows, int
 /* lse, logp, entropy of token n from its (merged) statistics. */
 static void finalize_row(int64_t n, fg_row_stats s, float z_tok, const fg_token_arrays *ta)
 {
-    const float lsum = logf(s.sum);
-    ta->zmax[n] = s.max;
-    ta->lsum[n] = lsum;
-    ta->logp[n] = (z_tok - s.max) - lsum;
-    ta->entropy[n] = fg_row_entropy(s);
+    fg_row_finalize(s, z_tok, &ta->zmax[n], &ta->lsum[n], &ta->logp[n], &ta->entropy[n]);
 }
 
 static void forward_row(const fg_loss_plan *plan, const fg_rows *rows, int64_t i, float inv_temp,
