@@ -48,7 +48,7 @@ extern "C" {
  * refused when the context loads it. 2: a target outside [0, V) is another
  * vocab shard's token; the backward adds no one-hot term for it (the phase
  * API of a vocab-sharded weight). 3: the optional ops of a host backend
- * (capabilities, below). */
+ * (capabilities, below), fg_backend_call.gb_seeded, and hbuf in dlogit_t. */
 #define FG_BACKEND_ABI 3
 
 /* row_check's "no bad row": 0x7f in every byte, what a byte fill can give. */
@@ -99,13 +99,15 @@ typedef struct fg_backend_call {
     float *gb_sum;              /* [V] grad_bias's float32 sums, or NULL (while
                                    planning: non-NULL exactly when wanted)       */
     int gb_seeded;              /* gb_sum started from the caller's grad_bias (the
-                                   CPU driver, accumulating: the sums then run in
-                                   the order one call over every token would) */
+                                   CPU driver, accumulating: a float32 grad_bias
+                                   sums in place, row after row)               */
     void *scratch;              /* chunk_scratch_bytes(chunk_rows) bytes          */
     int *row_check;             /* 2 ints: the stats op's first bad chunk row (a
                                    token id outside [0, V), non-finite
                                    statistics), FG_BACKEND_ROW_NONE when none;
-                                   reset by the driver before each chunk        */
+                                   reset by the device driver before each chunk
+                                   (the CPU driver checks tokens on the host,
+                                   fg_common_check_tokens, and reads it not) */
 } fg_backend_call;
 
 /* The loss's derivatives of one token, for stats_backward: g = d loss/d logp

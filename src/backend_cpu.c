@@ -209,10 +209,18 @@ static size_t cpu_chunk_scratch(void *be, const fg_backend_call *c, int64_t m)
     return fg_gemm_scratch_bytes(&need, s->gemm_workers);
 }
 
+/* The products multiply the gathered rows and dlogits in this CPU's compute
+ * dtype (fg_cpu_gemm_dtype): bf16 dlogits only where oneDNN has bf16
+ * kernels, float32 ones only for float32 or widened bf16 inputs. */
 static fg_status cpu_supports(void *be, const fg_backend_call *c, char *msg, size_t n)
 {
-    (void)be, (void)c, (void)msg, (void)n;
-    return FG_OK;
+    const fg_dtype want = fg_cpu_gemm_dtype(state(be)->call, c->in_t);
+    if (c->dlogit_t == want)
+        return FG_OK;
+    snprintf(msg, n, "the CPU backend multiplies %s inputs with %s dlogits on this CPU, not %s",
+             c->in_t == FG_DTYPE_BF16 ? "bf16" : "f32", want == FG_DTYPE_BF16 ? "bf16" : "f32",
+             c->dlogit_t == FG_DTYPE_BF16 ? "bf16" : "f32");
+    return FG_ERR_UNSUPPORTED;
 }
 
 /* The finite check with its largest magnitude (validate.c's scan), then, on
@@ -350,6 +358,7 @@ static fg_status cpu_backward(void *be, const fg_backend_call *c, int64_t r0, in
 {
     (void)msg, (void)n;
     fg_cpu_backend *s = state(be);
+    s->kept_total = -1; /* new dlogits: dense until filtered */
 #pragma omp parallel for schedule(static) num_threads(s->call->threads)
     for (int64_t i = 0; i < m; i++)
         backward_row(c, r0, i);
@@ -362,6 +371,7 @@ static fg_status cpu_stats_backward(void *be, const fg_backend_call *c, int64_t 
 {
     (void)msg, (void)n;
     fg_cpu_backend *s = state(be);
+    s->kept_total = -1; /* new dlogits: dense until filtered */
 #pragma omp parallel for schedule(static) num_threads(s->call->threads)
     for (int64_t i = 0; i < m; i++) {
         stats_row(c, r0, i);

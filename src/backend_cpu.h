@@ -30,8 +30,9 @@ typedef struct fg_cpu_backend {
                          shards merge per chunk (the plan's tile_cap explains) */
     /* Gradient filtering (grad_filter.h): the threshold (0: off) and the
      * workspace the driver carved for it, [chunk_rows, kept_cap] ids,
-     * [chunk_rows] counts and targets; then the chunk's kept entries, sparse
-     * while kept_total >= 0. */
+     * [chunk_rows] counts and targets; then the chunk's kept entries: the
+     * products run sparse while kept_total >= 0 (from filter up to the next
+     * chunk's backward). */
     double filter_eps;
     int64_t kept_cap;
     int32_t *kept_idx, *kept_nnz;

@@ -296,9 +296,9 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
                 return st;
             return fg_fail(call->err, FG_ERR_BUDGET_TOO_SMALL,
                            "a memory budget of %zu bytes is too small: one token row a chunk "
-                           "needs %zu bytes (per-call arrays %zu%s + one row's logits, dlogits "
-                           "and hidden rows %zu + GEMM scratch %zu for one thread, in whole "
-                           "pages; V = %lld, H = %lld)",
+                           "needs %zu bytes (per-call arrays %zu%s + one row's logits, dlogits, "
+                           "hidden rows and statistics %zu + GEMM scratch %zu for one thread, "
+                           "in whole pages; V = %lld, H = %lld)",
                            call->budget, need1, p->fixed_bytes,
                            p->gw_sum ? ", with the bf16 grad_weight's float32 sums" : "",
                            chunk_bytes(p, 1), fg_gemm_scratch_bytes(&gs1, 1), (long long)p->V,
@@ -614,7 +614,7 @@ static fg_status merge_chunk(fg_call *call, linear_call *L, int64_t r0, int64_t 
     const fg_rows rows = {.count = m, .V = L->p.V, .token = L->c.active + r0};
     float *buf = L->stats;
     if (!L->failed)
-        CPU_OP(L, shard_stats, r0, m, buf, m, 0);
+        (void)fail(&L->p, L, CPU_OP(L, shard_stats, r0, m, buf, m, 0));
     fg_status st = exchange(call, L, buf, fg_shard_max_count(m) - 1, FG_REDUCE_MAX);
     if (st != FG_OK)
         return st;
@@ -730,16 +730,19 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     if (!L->failed) {
         switch (mode) {
         case SWEEP_FORWARD:
-            CPU_OP(L, stats, r0, m);
+            if ((st = CPU_OP(L, stats, r0, m)) != FG_OK) /* never with the hook */
+                return st;
             stats_to_tokens(L, tok, m);
             return check_tokens(call, L, tok, m, 0);
         case SWEEP_BACKWARD:
             tokens_to_backward(L, r0, m);
-            CPU_OP(L, backward, r0, m);
+            if ((st = fail(p, L, CPU_OP(L, backward, r0, m))) != FG_OK)
+                return st;
             break;
         case SWEEP_BOTH: { /* dlogits are the workspace's: checked before the outputs */
             const fg_backend_derivs d = {token_derivs, &L->c};
-            CPU_OP(L, stats_backward, r0, m, &d);
+            if ((st = CPU_OP(L, stats_backward, r0, m, &d)) != FG_OK) /* never with the hook */
+                return st;
             stats_to_tokens(L, tok, m);
             if ((st = check_tokens(call, L, tok, m, 1)) != FG_OK)
                 return st;
@@ -749,8 +752,9 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
     }
     /* Gradient filtering (the backend's threshold; counts the entries either
      * way): the products below then run sparse where every row keeps few. */
-    if ((p->want_gh || p->want_gw) && !L->failed)
-        CPU_OP(L, filter, r0, m);
+    if ((p->want_gh || p->want_gw) && !L->failed &&
+        (st = fail(p, L, CPU_OP(L, filter, r0, m))) != FG_OK)
+        return st;
     /* GEMM 3 overwrites in the first backward chunk, unless it sums straight
      * into the grad_weight of an accumulating call; a bf16 one's float32
      * sums start afresh (finish adds the caller's values). */
@@ -764,8 +768,8 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
             return st;
         if ((st = exchange(call, L, bc->ghbuf, m * p->H, FG_REDUCE_SUM)) != FG_OK)
             return st;
-        if (!L->failed)
-            CPU_OP(L, put_grad_hidden, r0, m);
+        if (!L->failed && (st = fail(p, L, CPU_OP(L, put_grad_hidden, r0, m))) != FG_OK)
+            return st;
     }
     if (p->want_gw && !L->failed) {
         fg_backend_call gw_only = *bc;
@@ -780,8 +784,9 @@ static fg_status run_chunk(fg_call *call, linear_call *L, int64_t k, enum sweep_
 /* grad_bias's float32 sums start from the caller's values when accumulating
  * (gb_seeded), else from 0: they live in the workspace and reach the caller
  * in finish, so a refused call leaves grad_bias as it was. The sums are the
- * same float additions, in the same order, as one call over every token of
- * the micro-batches would make. */
+ * same float additions, in the same order, as summing in place: float32
+ * micro-batches give one call's bits (a bf16 grad_bias is rounded at the end
+ * of each call). */
 static void start_bias_sums(linear_call *L)
 {
     const linear_plan *p = &L->p;

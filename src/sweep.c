@@ -69,17 +69,6 @@ void fg_sweep_forward(int threads, const fg_loss_plan *plan, const fg_rows *rows
         forward_row(plan, rows, i, inv_temp, ta);
 }
 
-void fg_sweep_shard_local(int threads, const fg_loss_plan *plan, const fg_rows *rows,
-                          float inv_temp, float *buf, int64_t c, int by_token)
-{
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < rows->count; i++) {
-        float z_tok;
-        const fg_row_stats s = row_stats(plan, rows, i, inv_temp, &z_tok);
-        fg_shard_put_local(buf, c, by_token ? rows->token[i] : i, s, z_tok);
-    }
-}
-
 int fg_sweep_shard_merged(const fg_rows *rows, const float *buf, const fg_token_arrays *ta)
 {
     const int64_t c = rows->count;
@@ -101,16 +90,6 @@ void fg_sweep_backward(int threads, const fg_loss_plan *plan, const fg_rows *row
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < rows->count; i++)
         backward_row(plan, rows, i, inv_temp, ta);
-}
-
-void fg_sweep_forward_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
-                               float inv_temp, const fg_token_arrays *ta)
-{
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < rows->count; i++) {
-        forward_row(plan, rows, i, inv_temp, ta);
-        backward_row(plan, rows, i, inv_temp, ta);
-    }
 }
 
 void fg_sweep_column_sums(int threads, const fg_rows *rows, float *acc)

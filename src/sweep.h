@@ -41,12 +41,6 @@ typedef struct fg_token_arrays {
 void fg_sweep_forward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
                       float inv_temp, const fg_token_arrays *ta);
 
-/* Vocab shards (shard_stats.h): each row's statistics over this shard's
- * vocab rows into buf (a layout of c tokens), at row i, or at row token[i]
- * when by_token (the phase API's [B*T] layout). */
-void fg_sweep_shard_local(int threads, const fg_loss_plan *plan, const fg_rows *rows,
-                          float inv_temp, float *buf, int64_t c, int by_token);
-
 /* After both reductions of a chunk's buf (c = rows->count): every row's
  * merged lse, logp and entropy into ta (NaN where a shard's statistics were
  * not finite). -1 when the summed limbs are not what a SUM gives (the
@@ -57,11 +51,6 @@ int fg_sweep_shard_merged(const fg_rows *rows, const float *buf, const fg_token_
  * d loss / d logp and d loss / d entropy. */
 void fg_sweep_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
                        float inv_temp, const fg_token_arrays *ta);
-
-/* Both, one row at a time while the row is still in cache: valid when a
- * token's gradient needs only its own log-prob (token-level ratio). */
-void fg_sweep_forward_backward(int threads, const fg_loss_plan *plan, const fg_rows *rows,
-                               float inv_temp, const fg_token_arrays *ta);
 
 /* acc[c] += Σ_rows dx[r, c] for all c, columns split across threads. */
 void fg_sweep_column_sums(int threads, const fg_rows *rows, float *acc);

@@ -14,9 +14,11 @@
  *     into a bf16 grad_weight and grad_bias, seeded or not; masked rows
  *     zeroed: elementwise, so bitwise equal), scan (a NaN's place; the
  *     largest magnitude and its row).
- *  2. The CPU backend's optional ops against its own seam ops, bitwise:
- *     stats_backward = stats, then g, e, then backward; dhidden +
- *     put_grad_hidden = grads' GEMM 2.
+ *  2. The CPU backend's optional ops against its own seam ops: bitwise,
+ *     stats_backward = stats, then g, e, then backward, and dhidden +
+ *     put_grad_hidden = grads' GEMM 2; shard_stats of one shard, merged
+ *     alone, = stats; filter, then grads (sparse) = the reference's grads
+ *     of dlogits with the dropped entries zeroed.
  *  3. One seam, two walks: the device driver (src/linear_device.c, which
  *     asks nothing optional) over the CPU backend, in three chunks, against
  *     the float64 oracle and against the CPU driver's call: f32, a token-
@@ -38,6 +40,7 @@
 #include "backend_cpu.h"
 #include "fg_oracle.h"
 #include "linear_device.h"
+#include "shard_stats.h"
 #include "test_util.h"
 
 enum { NTOK = 202, NACT = 160, R0 = 5, M = 150, H = 37, LDW = 40, V = 1031 };
@@ -211,6 +214,26 @@ static void compare_ops(fg_context *ctx, fg_dtype in_t)
                   sname[i]);
     }
 
+    /* shard_stats: one shard's own statistics, merged alone, are stats' */
+    float *sbuf = tu_xmalloc((size_t)fg_shard_floats(M) * sizeof(float));
+    OK(co->shard_stats(cs, &cc, R0, M, sbuf, M, 0, msg, sizeof msg));
+    for (int64_t i = 0; i < M; i++)
+        fg_shard_encode(sbuf, M, i);
+    double sworst = 0.0;
+    int decoded = 1;
+    for (int64_t i = 0; i < M; i++) {
+        float st[4];
+        decoded &= fg_shard_decode(sbuf, M, i, &st[0], &st[1], &st[2], &st[3]) == 0;
+        static const int order[4] = {0, 1, 3, 2}; /* decode: zmax, lsum, logp, entropy */
+        for (int q = 0; q < 4 && i != 7; q++) /* row 7: another shard's token */
+            sworst = fmax(sworst, fabs(st[q] - cs_arr[order[q]][i]) /
+                                      fmax(fabs(cs_arr[order[q]][i]), 1.0));
+    }
+    CHECK(decoded, "%s: shard_stats did not decode", dn);
+    snprintf(name, sizeof name, "cpu backend shard_stats merged alone");
+    TOL_CHECK(name, sworst, 4e-7, "%s shard_stats vs stats", dn);
+    free(sbuf);
+
     /* backward from the same statistics, g and e */
     for (int64_t i = 0; i < M; i++) {
         rc.g[i] = cc.g[i] = (float)(0.5 * tu_normal(&rng));
@@ -275,6 +298,45 @@ static void compare_ops(fg_context *ctx, fg_dtype in_t)
           "%s: stats_backward differs from stats + backward", dn);
     free(dl_once);
     free(gb_once);
+
+    /* filter, then grads as sparse products = the reference's grads of the
+     * same dlogits with the entries the filter drops zeroed (filter's rule:
+     * |d| > eps * the row's largest |d|, or the row's target). */
+    const double eps = 0.3;
+    cpu.filter_eps = eps;
+    cpu.kept_cap = fg_kept_cap(V);
+    cpu.kept_idx = tu_xmalloc((size_t)M * (size_t)cpu.kept_cap * sizeof(int32_t));
+    cpu.kept_nnz = tu_xmalloc((size_t)M * sizeof(int32_t));
+    cpu.kept_tgt = tu_xmalloc((size_t)M * sizeof(int64_t));
+    memcpy(rc.dlogits, cc.dlogits, dbytes);
+    int64_t kept_ref = 0;
+    for (int64_t i = 0; i < M; i++) {
+        double top = 0.0;
+        for (int64_t v = 0; v < V; v++)
+            top = fmax(top, fabs(tu_load(rc.dlogits, dl, i * V + v)));
+        for (int64_t v = 0; v < V; v++) {
+            const int keep = fabs(tu_load(rc.dlogits, dl, i * V + v)) > eps * top ||
+                             v == targets[R0 + i];
+            kept_ref += keep;
+            if (!keep && dl == FG_DTYPE_BF16)
+                ((uint16_t *)rc.dlogits)[i * V + v] = 0;
+            else if (!keep)
+                ((float *)rc.dlogits)[i * V + v] = 0.0f;
+        }
+    }
+    OK(co->filter(cs, &cc, R0, M, msg, sizeof msg));
+    CHECK(cpu.kept_total == kept_ref, "%s: filter kept %lld entries, the rule %lld", dn,
+          (long long)cpu.kept_total, (long long)kept_ref);
+    OK(co->grads(cs, &cc, R0, M, 1, msg, sizeof msg));
+    OK(ro->grads(rs, &rc, R0, M, 1, msg, sizeof msg));
+    snprintf(name, sizeof name, "cpu backend filtered grad_weight %s", dn);
+    TOL_CHECK(name, rel_max(gw_c, gw_r, FG_DTYPE_F32, (int64_t)V * H), 2e-7,
+              "%s filtered grad_weight", dn);
+    snprintf(name, sizeof name, "cpu backend filtered grad_hidden %s", dn);
+    TOL_CHECK(name, rel_max(gh_c, gh_r, in_t, (int64_t)NTOK * H),
+              in_t == FG_DTYPE_BF16 ? 4e-3 : 2e-7, "%s filtered grad_hidden", dn);
+    cpu.filter_eps = 0.0;
+    free(cpu.kept_idx), free(cpu.kept_nnz), free(cpu.kept_tgt);
 
     /* finish: float32 sums into bf16 grad_weight and grad_bias, accumulating,
      * the bias sums seeded or not; masked rows of grad_hidden zeroed. */
@@ -374,28 +436,28 @@ static void device_walk(fg_context *ctx, int lt, int lvl)
     const linear_request req = {.kind = KIND_LOSS, .cfg = &cfg, .batch = batch};
 
     fg_call call;
-    if (fg_call_begin(ctx, NULL, &call) != FG_OK) {
-        CHECK(0, "%s", "fg_call_begin");
-        return;
-    }
-    fg_cpu_backend cpu;
-    fg_device dev;
-    fg_backend_cpu_init(&cpu, &call, 1, &dev);
-    call.device = &dev;
-    const size_t ws_bytes = (size_t)1 << 22;
-    call.device_workspace = tu_xmalloc_aligned(ws_bytes);
-    call.device_workspace_bytes = ws_bytes;
-    /* The least budget (in 256-byte steps) of three chunks or fewer. */
+    fg_status st = fg_call_begin(ctx, NULL, &call);
+    CHECK(st == FG_OK, "%s: fg_call_begin", tag);
     fg_linear_plan_info info = {0};
-    for (call.budget = 4096; call.budget < ws_bytes; call.budget += 256)
-        if (fg_linear_device_plan(&call, NULL, &req, &in, &dev_out.out, &info) == FG_OK &&
-            info.chunks <= 3)
-            break;
-    fg_status st = fg_linear_device_execute(&call, NULL, &req, &in, &dev_out.out);
-    CHECK(st == FG_OK && call.chunks == 3, "%s: %s, %lld chunks", tag, call.err->msg,
-          (long long)call.chunks);
-    free(call.device_workspace);
-    fg_call_end(&call, st);
+    if (st == FG_OK) {
+        fg_cpu_backend cpu;
+        fg_device dev;
+        fg_backend_cpu_init(&cpu, &call, 1, &dev);
+        call.device = &dev;
+        const size_t ws_bytes = (size_t)1 << 22;
+        call.device_workspace = tu_xmalloc_aligned(ws_bytes);
+        call.device_workspace_bytes = ws_bytes;
+        /* The least budget (in 256-byte steps) of three chunks or fewer. */
+        for (call.budget = 4096; call.budget < ws_bytes; call.budget += 256)
+            if (fg_linear_device_plan(&call, NULL, &req, &in, &dev_out.out, &info) == FG_OK &&
+                info.chunks <= 3)
+                break;
+        st = fg_linear_device_execute(&call, NULL, &req, &in, &dev_out.out);
+        CHECK(st == FG_OK && call.chunks == 3, "%s: %s, %lld chunks", tag, call.err->msg,
+              (long long)call.chunks);
+        free(call.device_workspace);
+        fg_call_end(&call, st);
+    }
 
     fg_exec ex;
     fg_exec_init(&ex);
