@@ -58,11 +58,9 @@ typedef struct linear_plan {
     int gw_sum;     /* a bf16 grad_weight summed over the chunks in a float32 [V, H]
                        buffer of the workspace (in fixed_bytes), rounded once      */
     size_t gw_sum_bytes;
-    int has_bias;
     int sharded; /* weight holds vocab rows [vocab_start, vocab_start + V) */
     int hook;    /* sharded, merged through the context's communicator per chunk */
     int64_t vocab_start;
-    int64_t w_ld, gw_ld;
     int64_t n_active;     /* unmasked tokens: the rows the chunks cover            */
     size_t fixed_bytes;   /* per-call [B, T] arrays (fg_common_workspace_bytes)    */
     fg_gemm_scratch gemm; /* GEMM scratch of the chosen chunk sizes               */
@@ -937,9 +935,6 @@ static fg_status plan_call(fg_call *call, const fg_linear_options *o, const line
     p->dl_alias = p->fused && p->dlogit_t == p->logit_t;
     p->H = in->hidden.cols;
     p->V = in->weight.rows;
-    p->w_ld = in->weight.ld;
-    p->gw_ld = out->grad_weight.data ? out->grad_weight.ld : p->H;
-    p->has_bias = in->bias.data != NULL;
     p->sharded = fg_linear_is_sharded(in);
     p->hook = p->sharded && fg_uses_hook(req->kind);
     p->vocab_start = in->vocab_start;
