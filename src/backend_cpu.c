@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "backend_cpu.h"
+#include "backend_host.h"
 #include "bf16.h"
 #include "row_kernels.h"
 #include "shard_stats.h"
@@ -145,49 +146,6 @@ int fg_cpu_dhidden_slow(const fg_cpu_backend *s, const fg_backend_call *c, int64
     if (fg_gemm_tiled(s->call->gemm, &g))
         return 0;
     return m < fg_gemm_fast_rows(c->H < FG_BLOCK_DHIDDEN_N ? c->H : FG_BLOCK_DHIDDEN_N);
-}
-
-/* -------------------------------------------------------------- memory */
-
-static void cpu_destroy(void *be) { (void)be; }
-
-static fg_status cpu_alloc(void *be, size_t bytes, void **ptr, char *msg, size_t n)
-{
-    (void)be;
-    *ptr = aligned_alloc(256, bytes ? (bytes + 255) / 256 * 256 : 256);
-    if (*ptr)
-        return FG_OK;
-    snprintf(msg, n, "cannot allocate %zu bytes", bytes);
-    return FG_ERR_OUT_OF_MEMORY;
-}
-
-static void cpu_release(void *be, void *ptr)
-{
-    (void)be;
-    free(ptr);
-}
-
-static fg_status cpu_copy(void *be, void *dst, const void *src, size_t bytes, char *msg, size_t n)
-{
-    (void)be, (void)msg, (void)n;
-    if (bytes)
-        memmove(dst, src, bytes);
-    return FG_OK;
-}
-
-static fg_status cpu_fill_zero(void *be, void *dst, size_t bytes, char *msg, size_t n)
-{
-    (void)be, (void)msg, (void)n;
-    if (bytes)
-        memset(dst, 0, bytes);
-    return FG_OK;
-}
-
-/* Every op has finished when it returns. */
-static fg_status cpu_wait(void *be, char *msg, size_t n)
-{
-    (void)be, (void)msg, (void)n;
-    return FG_OK;
 }
 
 /* ------------------------------------------------------------ planning */
@@ -529,13 +487,13 @@ static fg_status cpu_finish(void *be, const fg_backend_call *c, char *msg, size_
 static const fg_backend_ops cpu_ops = {
     .abi = FG_BACKEND_ABI,
     .name = "cpu",
-    .destroy = cpu_destroy,
-    .alloc = cpu_alloc,
-    .release = cpu_release,
-    .to_host = cpu_copy,
-    .to_device = cpu_copy,
-    .fill_zero = cpu_fill_zero,
-    .wait = cpu_wait,
+    .destroy = fg_host_destroy,
+    .alloc = fg_host_alloc,
+    .release = fg_host_release,
+    .to_host = fg_host_copy,
+    .to_device = fg_host_copy,
+    .fill_zero = fg_host_fill_zero,
+    .wait = fg_host_wait,
     .call_scratch_bytes = cpu_call_scratch,
     .chunk_scratch_bytes = cpu_chunk_scratch,
     .supports = cpu_supports,

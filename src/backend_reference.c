@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend_host.h"
 #include "bf16.h"
 #include "internal.h"
 
@@ -31,50 +31,6 @@ static void store(void *base, fg_dtype t, size_t i, float x)
 }
 
 static size_t at(int64_t r, int64_t ld, int64_t c) { return (size_t)r * (size_t)ld + (size_t)c; }
-
-static fg_status say(char *msg, size_t n, fg_status st, const char *what)
-{
-    snprintf(msg, n, "%s", what);
-    return st;
-}
-
-static void ref_destroy(void *be) { (void)be; }
-
-static fg_status ref_alloc(void *be, size_t bytes, void **ptr, char *msg, size_t n)
-{
-    (void)be;
-    /* Whole 256-byte units, as the interface promises its alignment. */
-    *ptr = aligned_alloc(256, bytes ? (bytes + 255) / 256 * 256 : 256);
-    return *ptr ? FG_OK : say(msg, n, FG_ERR_OUT_OF_MEMORY, "aligned_alloc failed");
-}
-
-static void ref_release(void *be, void *ptr)
-{
-    (void)be;
-    free(ptr);
-}
-
-static fg_status ref_copy(void *be, void *dst, const void *src, size_t bytes, char *msg, size_t n)
-{
-    (void)be, (void)msg, (void)n;
-    if (bytes)
-        memmove(dst, src, bytes);
-    return FG_OK;
-}
-
-static fg_status ref_fill_zero(void *be, void *dst, size_t bytes, char *msg, size_t n)
-{
-    (void)be, (void)msg, (void)n;
-    if (bytes)
-        memset(dst, 0, bytes);
-    return FG_OK;
-}
-
-static fg_status ref_wait(void *be, char *msg, size_t n)
-{
-    (void)be, (void)msg, (void)n;
-    return FG_OK;
-}
 
 static size_t ref_call_scratch(void *be, const fg_backend_call *c)
 {
@@ -274,13 +230,13 @@ static fg_status ref_finish(void *be, const fg_backend_call *c, char *msg, size_
 static const fg_backend_ops reference_ops = {
     .abi = FG_BACKEND_ABI,
     .name = "reference",
-    .destroy = ref_destroy,
-    .alloc = ref_alloc,
-    .release = ref_release,
-    .to_host = ref_copy,
-    .to_device = ref_copy,
-    .fill_zero = ref_fill_zero,
-    .wait = ref_wait,
+    .destroy = fg_host_destroy,
+    .alloc = fg_host_alloc,
+    .release = fg_host_release,
+    .to_host = fg_host_copy,
+    .to_device = fg_host_copy,
+    .fill_zero = fg_host_fill_zero,
+    .wait = fg_host_wait,
     .call_scratch_bytes = ref_call_scratch,
     .chunk_scratch_bytes = ref_chunk_scratch,
     .supports = ref_supports,

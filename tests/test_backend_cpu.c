@@ -20,7 +20,8 @@
  *     alone, = stats; filter, then grads (sparse) = the reference's grads
  *     of dlogits with the dropped entries zeroed.
  *  3. One seam, two walks: the device driver (src/linear_device.c, which
- *     asks nothing optional) over the CPU backend, in three chunks, against
+ *     asks nothing optional) over the CPU backend, in the chunks of the
+ *     least budget its plan query gives three or fewer (several), against
  *     the float64 oracle and against the CPU driver's call: f32, a token-
  *     level loss with the KL and a bias (chunks walked once), and a
  *     sequence-level one (every log-prob first, then the gradient sweep).
@@ -453,8 +454,11 @@ static void device_walk(fg_context *ctx, int lt, int lvl)
                 info.chunks <= 3)
                 break;
         st = fg_linear_device_execute(&call, NULL, &req, &in, &dev_out.out);
-        CHECK(st == FG_OK && call.chunks == 3, "%s: %s, %lld chunks", tag, call.err->msg,
-              (long long)call.chunks);
+        /* The chunks the plan query gave, several (the scratch oneDNN asks
+         * for differs between CPUs, so the count comes from the plan). */
+        CHECK(st == FG_OK && call.chunks == info.chunks && call.chunks >= 2,
+              "%s: %s, %lld chunks, the plan %lld", tag, call.err->msg, (long long)call.chunks,
+              (long long)info.chunks);
         free(call.device_workspace);
         fg_call_end(&call, st);
     }
