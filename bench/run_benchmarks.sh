@@ -3,9 +3,9 @@
 # bench/results/<question>/<isa>/, where <isa> is avx512_bf16 on a CPU with
 # AVX-512 BF16 and avx2 otherwise, so runs on the two CPU families never mix.
 # Run on an idle machine: every figure is a ratio of runs made back to back.
-#   bash bench/run_benchmarks.sh [scaled|aa|separate|sweep|budgets|headline|replay|filter|peaked|peers|mpi|portable|blocks|train]...
+#   bash bench/run_benchmarks.sh [scaled|aa|separate|sweep|budgets|headline|replay|filter|peaked|peers|mpi|portable|blocks|logits_blocks|train]...
 # Without a part it runs scaled aa sweep budgets replay filter peaked peers (hours on
-# two AVX2 cores); separate, headline, mpi, portable, blocks and train run only when named.
+# two AVX2 cores); separate, headline, mpi, portable, blocks, logits_blocks and train run only when named.
 # scaled, aa and budgets take FG_SHAPES="H:dtype ..." to run a subset (default: all
 # four); aa takes FG_PAIRS (default 8: as many pairs with A first as with B first);
 # budgets takes FG_BUDGETS (default: the five budgets that give 5 to 1 chunks at
@@ -118,7 +118,44 @@ for part in "${parts[@]}"; do
       for a in "342 1008 2048 2048" "342 2016 2048 2048" "372 1008 1024 1024" "408 1008 1024 1024" \
                "504 1008 1024 1024" "316 1008 4096 4096" "316 2016 4096 4096" "6 384 1024 1024" "24 96 1024 1024"; do
         OMP_NUM_THREADS=1 ./build/block_probe $a t
-      done | tee "$out/logits_blocks.txt" ;;
+      done | tee "$out/logits_blocks.txt"
+      # where the time goes: one block of all the rows against 144-row blocks (free: no
+      # padding, C in place), and the weight's rows 4 KiB apart or not
+      { ./build/logits_blocks_ab 288 1024 f32 7 fixed:144x1008 free:504x1008 free:144x1008
+        ./build/logits_blocks_ab 432 1024 f32 7 fixed:144x1008 free:504x1008 free:144x1008
+        ./build/logits_blocks_ab 410 1024 f32 7 fixed:144x1008 free:504x1008 \
+            fixed:144x1008:ld1040 free:504x1008:ld1040
+      } | tee "$out/logits_blocks_rows.txt"
+      # oneDNN's kernel edge for 1008 columns (no-copy up to 356 rows, packed from 357),
+      # and a fixed block wide enough to run packed (288 x 4032)
+      ./build/logits_blocks_ab 714 1024 f32 5 free:357x1008 free:356x1008 free:357x1008 \
+          free:356x1008 | tee "$out/logits_blocks_nocopy_edge.txt"
+      { ./build/logits_blocks_ab 2048 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
+        ./build/logits_blocks_ab 288 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
+      } | tee "$out/logits_blocks_288x4032.txt" ;;
+    logits_blocks) # the logits product alone, fixed 144-row blocks against free 504-row ones
+      out=$res/row_position_cost/$isa; mkdir -p "$out"
+      cc -O2 -fopenmp -Isrc -Iinclude -o build/logits_blocks_ab bench/logits_blocks_ab.c \
+          build/libfusedgrpo.a -ldnnl -lm
+      for shape in "410 1024 f32" "2048 1024 f32" "410 2048 f32" "2048 2048 f32" \
+                   "288 1024 bf16" "2048 1024 bf16" "288 2048 bf16" "2048 2048 bf16"; do
+        # shellcheck disable=SC2086
+        ./build/logits_blocks_ab $shape 5 fixed:144x1008 free:504x1008 fixed:432x1008
+      done | tee "$out/logits_blocks.txt"
+      # where the time goes: one block of all the rows against 144-row blocks (free: no
+      # padding, C in place), and the weight's rows 4 KiB apart or not
+      { ./build/logits_blocks_ab 288 1024 f32 7 fixed:144x1008 free:504x1008 free:144x1008
+        ./build/logits_blocks_ab 432 1024 f32 7 fixed:144x1008 free:504x1008 free:144x1008
+        ./build/logits_blocks_ab 410 1024 f32 7 fixed:144x1008 free:504x1008 \
+            fixed:144x1008:ld1040 free:504x1008:ld1040
+      } | tee "$out/logits_blocks_rows.txt"
+      # oneDNN's kernel edge for 1008 columns (no-copy up to 356 rows, packed from 357),
+      # and a fixed block wide enough to run packed (288 x 4032)
+      ./build/logits_blocks_ab 714 1024 f32 5 free:357x1008 free:356x1008 free:357x1008 \
+          free:356x1008 | tee "$out/logits_blocks_nocopy_edge.txt"
+      { ./build/logits_blocks_ab 2048 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
+        ./build/logits_blocks_ab 288 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
+      } | tee "$out/logits_blocks_288x4032.txt" ;;
     train)    # the 100-step GRPO training A/B of docs/TRAINING.md, one arm after the other
       for arm in trl fusedgrpo fusedgrpo_unfiltered materialized; do
         python3 examples/grpo_smollm2/train.py --config examples/grpo_smollm2/configs/$arm.yaml

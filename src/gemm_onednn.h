@@ -123,7 +123,12 @@ typedef struct fg_gemm_shape {
  * (tests/test_row_position.c, which asserts it on every ISA; AVX-512 not
  * yet run). The cost: up to 143 padded rows a product (the planner cuts
  * chunks in whole blocks, linear_grpo.c; a chunk of fewer rows pays for
- * 144), and C copied once from the tile (bench/results/row_position_cost). */
+ * 144), C copied once from the tile, and on AVX2 oneDNN's no-copy kernels
+ * (1/144 + 1/1008 >= 0.0038, see fg_gemm_fast_rows) where a chunk of 357 rows
+ * or more ran one packed block before: 1.10-1.19x the logits product's time
+ * at T = 2048 (docs/BENCHMARKS.md, "Cost of the fixed-shape logits product").
+ * A block tall enough to run packed (288 rows or more) pads short chunks by
+ * as much, and did not run faster at 288 rows. */
 #define FG_BLOCK_LOGITS_M 144
 #define FG_BLOCK_LOGITS_N 1008
 

@@ -98,11 +98,12 @@ int main(void) {
 
     /* A budget with several chunks on the fused path: the planner's smallest
      * plus a third of its one-chunk plan's chunk bytes (a third of the unmasked
-     * rows), for the dtype that needs more (bf16 keeps dlogits apart from the f32
-     * logits on CPUs with bf16 GEMMs). Not a multiple of the smallest: where
-     * GEMM scratch dominates it (AVX-512's, or the logits blocks' tiles) that
-     * holds every row in one chunk. */
-    size_t budget = 0;
+     * rows), each dtype its own: their GEMM scratch differs by CPU (native bf16
+     * kernels have scratchpads of their own), so one dtype's budget may hold the
+     * other's every row. Not a multiple of the smallest: where GEMM scratch
+     * dominates it (AVX-512's, or the logits blocks' tiles) that holds every row
+     * in one chunk. */
+    size_t budgets[2] = {0, 0};
     for (int d = 0; d < 2; d++) {
         fg_context *c = make_ctx(1);
         static res scratch;
@@ -118,13 +119,13 @@ int main(void) {
         CHECK(c && fg_linear_grpo_plan(c, NULL, &cfg, &in, tu_batch_view(tb), &out, NULL, &plan) ==
                        FG_OK,
               "%s", "plan for the budget");
-        const size_t want = plan.min_budget_bytes + plan.chunk_bytes / 3;
-        if (want > budget) budget = want;
+        budgets[d] = plan.min_budget_bytes + plan.chunk_bytes / 3;
         fg_context_destroy(c);
     }
 
     for (int dti = 0; dti < 2; dti++) {
         const fg_dtype dt = dti ? FG_DTYPE_BF16 : FG_DTYPE_F32;
+        const size_t budget = budgets[dti];
         double *l2 = tu_xmalloc(sizeof(double) * N * V);
         for (int64_t i = 0; i < (int64_t)N * V; i++) l2[i] = 4.0 * tu_normal(rng);
         inputs x = {&prob[dti], tu_store_matrix(l2, N, V, V, dt)};
@@ -191,7 +192,7 @@ int main(void) {
         free(x.lg);
         free(l2);
     }
-    printf("fused budget used: %zu bytes\n", budget);
+    printf("fused budgets used: %zu bytes (f32), %zu (bf16)\n", budgets[0], budgets[1]);
     tu_problem_free(&prob[0]);
     tu_problem_free(&prob[1]);
     return tu_finish();

@@ -15,11 +15,14 @@ def least_budget(**call) -> int:
 
 
 def several_chunks_budget(**call) -> int:
-    """A budget a third of the way from the smallest to what one chunk of every
-    row needs: the call then runs in several chunks of several rows."""
+    """The smallest budget plus a third of one chunk of every row: the call
+    then runs in several chunks. Not a third of the way to the whole call's
+    working_bytes: that also holds a GEMM scratchpad per thread, which on a
+    CPU with large ones (oneDNN's AVX-512 kernels) or many threads can leave
+    room for every row in one chunk."""
     least = least_budget(**call)
-    whole = fg.fused_linear_grpo_plan(**call, memory_budget=1 << 40)["working_bytes"]
-    budget = least + (whole - least) // 3
+    whole = fg.fused_linear_grpo_plan(**call, memory_budget=1 << 40)["chunk_bytes"]
+    budget = least + whole // 3
     plan = fg.fused_linear_grpo_plan(**call, memory_budget=budget)
     assert plan["chunks"] > 1, (plan, least, whole)
     return budget

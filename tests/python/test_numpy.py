@@ -228,8 +228,10 @@ def test_chunked_small_budget_matches_one_chunk():
 
 
 def test_plan_min_budget_is_exact():
-    """The planner's min_budget_bytes is the smallest budget the call runs with."""
-    inp = _inputs(19, {}, B=2, T=6, H=16, V=509)
+    """The planner's min_budget_bytes is the smallest budget the call runs with.
+    V = 1031: one row's logits alone (4124 bytes) are more than the page the
+    budget is rounded to, so no CPU's scratch size leaves room for a second row."""
+    inp = _inputs(19, {}, B=2, T=6, H=16, V=1031)
     with pytest.raises(fg.FusedGRPOError) as e:
         fg.fused_linear_grpo_plan(**inp, memory_budget=1024)
     assert e.value.status == "FG_ERR_BUDGET_TOO_SMALL"
