@@ -132,7 +132,10 @@ for part in "${parts[@]}"; do
           free:356x1008 | tee "$out/logits_blocks_nocopy_edge.txt"
       { ./build/logits_blocks_ab 2048 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
         ./build/logits_blocks_ab 288 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
-      } | tee "$out/logits_blocks_288x4032.txt" ;;
+      } | tee "$out/logits_blocks_288x4032.txt"
+      # the seeds' headline (T = 8192, H = 4096, bf16): its fused chunks are 288 rows here
+      ./build/logits_blocks_ab 288 4096 bf16 5 fixed:144x1008 free:504x1008 \
+          | tee "$out/logits_blocks_headline.txt" ;;
     logits_blocks) # the logits product alone, fixed 144-row blocks against free 504-row ones
       out=$res/row_position_cost/$isa; mkdir -p "$out"
       cc -O2 -fopenmp -Isrc -Iinclude -o build/logits_blocks_ab bench/logits_blocks_ab.c \
@@ -155,7 +158,10 @@ for part in "${parts[@]}"; do
           free:356x1008 | tee "$out/logits_blocks_nocopy_edge.txt"
       { ./build/logits_blocks_ab 2048 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
         ./build/logits_blocks_ab 288 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
-      } | tee "$out/logits_blocks_288x4032.txt" ;;
+      } | tee "$out/logits_blocks_288x4032.txt"
+      # the seeds' headline (T = 8192, H = 4096, bf16): its fused chunks are 288 rows here
+      ./build/logits_blocks_ab 288 4096 bf16 5 fixed:144x1008 free:504x1008 \
+          | tee "$out/logits_blocks_headline.txt" ;;
     train)    # the 100-step GRPO training A/B of docs/TRAINING.md, one arm after the other
       for arm in trl fusedgrpo fusedgrpo_unfiltered materialized; do
         python3 examples/grpo_smollm2/train.py --config examples/grpo_smollm2/configs/$arm.yaml
