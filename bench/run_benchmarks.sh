@@ -118,24 +118,7 @@ for part in "${parts[@]}"; do
       for a in "342 1008 2048 2048" "342 2016 2048 2048" "372 1008 1024 1024" "408 1008 1024 1024" \
                "504 1008 1024 1024" "316 1008 4096 4096" "316 2016 4096 4096" "6 384 1024 1024" "24 96 1024 1024"; do
         OMP_NUM_THREADS=1 ./build/block_probe $a t
-      done | tee "$out/logits_blocks.txt"
-      # where the time goes: one block of all the rows against 144-row blocks (free: no
-      # padding, C in place), and the weight's rows 4 KiB apart or not
-      { ./build/logits_blocks_ab 288 1024 f32 7 fixed:144x1008 free:504x1008 free:144x1008
-        ./build/logits_blocks_ab 432 1024 f32 7 fixed:144x1008 free:504x1008 free:144x1008
-        ./build/logits_blocks_ab 410 1024 f32 7 fixed:144x1008 free:504x1008 \
-            fixed:144x1008:ld1040 free:504x1008:ld1040
-      } | tee "$out/logits_blocks_rows.txt"
-      # oneDNN's kernel edge for 1008 columns (no-copy up to 356 rows, packed from 357),
-      # and a fixed block wide enough to run packed (288 x 4032)
-      ./build/logits_blocks_ab 714 1024 f32 5 free:357x1008 free:356x1008 free:357x1008 \
-          free:356x1008 | tee "$out/logits_blocks_nocopy_edge.txt"
-      { ./build/logits_blocks_ab 2048 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
-        ./build/logits_blocks_ab 288 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
-      } | tee "$out/logits_blocks_288x4032.txt"
-      # the seeds' headline (T = 8192, H = 4096, bf16): its fused chunks are 288 rows here
-      ./build/logits_blocks_ab 288 4096 bf16 5 fixed:144x1008 free:504x1008 \
-          | tee "$out/logits_blocks_headline.txt" ;;
+      done | tee "$out/logits_blocks.txt" ;;
     logits_blocks) # the logits product alone, fixed 144-row blocks against free 504-row ones
       out=$res/row_position_cost/$isa; mkdir -p "$out"
       cc -O2 -fopenmp -Isrc -Iinclude -o build/logits_blocks_ab bench/logits_blocks_ab.c \
