@@ -142,6 +142,18 @@ for part in "${parts[@]}"; do
       { ./build/logits_blocks_ab 2048 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
         ./build/logits_blocks_ab 288 1024 f32 5 fixed:144x1008 fixed:288x4032 free:504x1008
       } | tee "$out/logits_blocks_288x4032.txt"
+      # each block height's own rate, no padding at 576 rows but for 384 (two blocks)
+      # and 336 x 2016 (two blocks): how fast a fixed block runs against its height
+      { ./build/logits_blocks_ab 576 1024 f32 5 free:576x1008 fixed:48x1008 fixed:96x1008 \
+            fixed:144x1008 fixed:288x1008 fixed:384x1008 fixed:576x1008 fixed:288x4032
+        ./build/logits_blocks_ab 576 2048 f32 5 free:576x1008 fixed:144x1008 fixed:288x1008 \
+            fixed:336x2016 fixed:288x4032 fixed:576x1008
+      } | tee "$out/logits_blocks_heights.txt"
+      # oneDNN's own pack API (not public): the 144-row blocks against a packed weight block
+      cc -O2 -fopenmp -o build/sgemm_pack_probe bench/sgemm_pack_probe.c -ldnnl
+      mkdir -p "$res/tried_and_dropped/$isa"
+      { ./build/sgemm_pack_probe 432 1024 30240; ./build/sgemm_pack_probe 432 2048 30240
+      } | tee "$res/tried_and_dropped/$isa/sgemm_pack_probe.txt"
       # the seeds' headline (T = 8192, H = 4096, bf16): its fused chunks are 288 rows here
       ./build/logits_blocks_ab 288 4096 bf16 5 fixed:144x1008 free:504x1008 \
           | tee "$out/logits_blocks_headline.txt" ;;
