@@ -54,6 +54,12 @@ def _loss_and_grads(t, **options):
             None if b is None else b.grad.cpu().float())
 
 
+def _seed(loss_type, level):
+    """A fixed seed per case (Python's hash() of a str is salted per process,
+    so a seed drawn from it gave other data on every run)."""
+    return 1000 * LOSS_TYPES.index(loss_type) + 100 * (level == "sequence")
+
+
 def _close(a, b, rtol, what):
     a, b = a.double(), b.double()
     err = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
@@ -66,22 +72,31 @@ def reference_backend(monkeypatch):
     monkeypatch.setattr(ti, "call_context", lambda device: fl.device_context("reference"))
 
 
+# Reference backend against the CPU's, both f32 with their own product orders:
+# about 4x the worst of 200 seeds a case, every loss type and level, on
+# oneDNN's AVX2 and SSE4.1 kernels (AMD EPYC Zen 3): loss and metrics 3.6e-6
+# (kl; the loss 2.9e-6), logp and entropy 3.5e-7, gradients 8.8e-6 (sapo at
+# sequence level, whose weights amplify a log-ratio's error).
+REFERENCE_TOL = dict(loss=1.5e-5, logp=1.5e-6, grads=4e-5)
+
+
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_reference_backend_matches_cpu(loss_type, level, reference_backend, monkeypatch):
-    t = _tensors(hash((loss_type, level)) % 1000)
+    t = _tensors(_seed(loss_type, level))
     opts = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04,
                 temperature=0.8, memory_budget=None)
     got = _loss_and_grads(t, **opts)
     monkeypatch.setattr(ti, "call_context", lambda device: None)
     want = _loss_and_grads(t, **opts)
-    assert abs(got[0] - want[0]) <= 2e-6 * max(1.0, abs(want[0].item()))
+    tol = REFERENCE_TOL
+    assert abs(got[0] - want[0]) <= tol["loss"] * max(1.0, abs(want[0].item()))
     for k in want[1]:
-        assert abs(got[1][k] - want[1][k]) <= 2e-6 * max(1.0, abs(want[1][k].item())), k
-    _close(got[2], want[2], 2e-6, "logp")
-    _close(got[3], want[3], 2e-6, "entropy")
+        assert abs(got[1][k] - want[1][k]) <= tol["loss"] * max(1.0, abs(want[1][k].item())), k
+    _close(got[2], want[2], tol["logp"], "logp")
+    _close(got[3], want[3], tol["logp"], "entropy")
     for i, name in ((4, "grad_hidden"), (5, "grad_weight"), (6, "grad_bias")):
-        _close(got[i], want[i], 5e-6, name)
+        _close(got[i], want[i], tol["grads"], name)
 
 
 def test_reference_backend_refuses_like_cpu(reference_backend):
@@ -120,7 +135,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_cuda_matches_cpu(loss_type, level, dtype):
     torch.backends.cuda.matmul.allow_tf32 = False
-    seed = hash((loss_type, level)) % 1000
+    seed = _seed(loss_type, level)
     opts = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04,
                 temperature=0.8)
     want = _loss_and_grads(_tensors(seed, "cpu", dtype), **opts)

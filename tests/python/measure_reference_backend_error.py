@@ -1,0 +1,52 @@
+"""The worst error of the reference backend against the CPU's, the measurement
+behind test_device_backends.REFERENCE_TOL: for every loss type and level,
+SEEDS inputs (the test's own seed first), the torch op through the reference
+backend's context against the CPU context. Prints each quantity's worst
+relative error and the case it came from.
+
+    python3 tests/python/measure_reference_backend_error.py 200
+    DNNL_MAX_CPU_ISA=SSE41 python3 tests/python/measure_reference_backend_error.py 200
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import fusedgrpo._lib as fl  # noqa: E402
+import fusedgrpo._torch_inputs as ti  # noqa: E402
+import test_device_backends as tdb  # noqa: E402
+
+
+def main(seeds):
+    worst = {}
+    cpu_context = ti.call_context
+
+    def record(what, err, case):
+        if err > worst.get(what, (-1.0,))[0]:
+            worst[what] = (err, case)
+
+    for loss_type in tdb.LOSS_TYPES:
+        for level in ("token", "sequence"):
+            for k in range(seeds):
+                case = f"{loss_type} {level} seed {tdb._seed(loss_type, level) + k}"
+                t = tdb._tensors(tdb._seed(loss_type, level) + k)
+                opts = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04,
+                            temperature=0.8, memory_budget=None)
+                ti.call_context = lambda device: fl.device_context("reference")
+                got = tdb._loss_and_grads(t, **opts)
+                ti.call_context = cpu_context
+                want = tdb._loss_and_grads(t, **opts)
+                record("loss", (abs(got[0] - want[0]) / max(1.0, abs(want[0].item()))).item(), case)
+                for m in want[1]:
+                    err = abs(got[1][m] - want[1][m]) / max(1.0, abs(want[1][m].item()))
+                    record("metric " + m, err.item(), case)
+                for i, name in ((2, "logp"), (3, "entropy"), (4, "grad_hidden"),
+                                (5, "grad_weight"), (6, "grad_bias")):
+                    a, b = got[i].double(), want[i].double()
+                    record(name, ((a - b).norm() / b.norm().clamp_min(1e-30)).item(), case)
+    for what, (err, case) in sorted(worst.items()):
+        print(f"{what:28s} {err:.3g}  ({case})")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 200)
