@@ -36,14 +36,8 @@ def main(seeds):
                 got = tdb._loss_and_grads(t, **opts)
                 ti.call_context = cpu_context
                 want = tdb._loss_and_grads(t, **opts)
-                record("loss", (abs(got[0] - want[0]) / max(1.0, abs(want[0].item()))).item(), case)
-                for m in want[1]:
-                    err = abs(got[1][m] - want[1][m]) / max(1.0, abs(want[1][m].item()))
-                    record("metric " + m, err.item(), case)
-                for i, name in ((2, "logp"), (3, "entropy"), (4, "grad_hidden"),
-                                (5, "grad_weight"), (6, "grad_bias")):
-                    a, b = got[i].double(), want[i].double()
-                    record(name, ((a - b).norm() / b.norm().clamp_min(1e-30)).item(), case)
+                for what, (_, err) in tdb.reference_errors(got, want).items():
+                    record(what, err, case)
     for what, (err, case) in sorted(worst.items()):
         print(f"{what:28s} {err:.3g}  ({case})")
 
