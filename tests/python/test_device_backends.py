@@ -60,9 +60,13 @@ def _seed(loss_type, level):
     return 1000 * LOSS_TYPES.index(loss_type) + 100 * (level == "sequence")
 
 
-def _close(a, b, rtol, what):
+def _rel_l2(a, b):
     a, b = a.double(), b.double()
-    err = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _close(a, b, rtol, what):
+    err = _rel_l2(a, b)
     assert err <= rtol, f"{what}: relative error {err:.3g} > {rtol:g}"
 
 
@@ -72,21 +76,29 @@ def reference_backend(monkeypatch):
     monkeypatch.setattr(ti, "call_context", lambda device: fl.device_context("reference"))
 
 
-def reference_errors(got, want):
-    """Each quantity's relative error of _loss_and_grads `got` against `want`,
-    with the class of tolerance that bounds it (REFERENCE_TOL)."""
+def reference_errors(seed, loss_type, level):
+    """The torch op on _tensors(seed) through the reference backend's context
+    against the CPU context: each quantity's relative error, with the class of
+    tolerance that bounds it (REFERENCE_TOL)."""
+    t = _tensors(seed)
+    opts = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04,
+                temperature=0.8, memory_budget=None)
+    cpu_context = ti.call_context
+    ti.call_context = lambda device: fl.device_context("reference")
+    try:
+        got = _loss_and_grads(t, **opts)
+    finally:
+        ti.call_context = cpu_context
+    want = _loss_and_grads(t, **opts)
+
     def rel(a, b):
         return abs(a - b).item() / max(1.0, abs(b.item()))
 
-    def rel_l2(a, b):
-        a, b = a.double(), b.double()
-        return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
     errors = {"loss": ("loss", rel(got[0], want[0]))}
     errors.update({"metric " + k: ("loss", rel(got[1][k], want[1][k])) for k in want[1]})
-    errors.update({name: ("logp", rel_l2(got[i], want[i]))
+    errors.update({name: ("logp", _rel_l2(got[i], want[i]))
                    for i, name in ((2, "logp"), (3, "entropy"))})
-    errors.update({name: ("grads", rel_l2(got[i], want[i]))
+    errors.update({name: ("grads", _rel_l2(got[i], want[i]))
                    for i, name in ((4, "grad_hidden"), (5, "grad_weight"), (6, "grad_bias"))})
     return errors
 
@@ -102,14 +114,8 @@ REFERENCE_TOL = dict(loss=1.5e-5, logp=1.5e-6, grads=4e-5)
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_reference_backend_matches_cpu(loss_type, level, reference_backend, monkeypatch):
-    t = _tensors(_seed(loss_type, level))
-    opts = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04,
-                temperature=0.8, memory_budget=None)
-    got = _loss_and_grads(t, **opts)
-    monkeypatch.setattr(ti, "call_context", lambda device: None)
-    want = _loss_and_grads(t, **opts)
-    for what, (kind, err) in reference_errors(got, want).items():
+def test_reference_backend_matches_cpu(loss_type, level):
+    for what, (kind, err) in reference_errors(_seed(loss_type, level), loss_type, level).items():
         assert err <= REFERENCE_TOL[kind], f"{what}: relative error {err:.3g} > {REFERENCE_TOL[kind]:g}"
 
 
