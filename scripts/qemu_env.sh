@@ -7,7 +7,8 @@
 # fg_qemu CMD ARGS...  runs CMD under qemu-x86_64 -cpu $FG_QEMU_CPU, without
 #                      qemu's "TCG doesn't support requested feature" warnings
 #                      (printed once per thread: Haswell's pcid, hle, rtm, ...),
-#                      with OMP_WAIT_POLICY=passive unless set
+#                      with OMP_WAIT_POLICY=passive unless set; with
+#                      FG_QEMU_TIMEOUT=S set, killed after S seconds (status 124)
 # fg_qemu_hint STATUS BUILD_DIR   explains an "Illegal instruction" (status 132)
 
 FG_QEMU_CPU="${FG_QEMU_CPU:-Haswell}"
@@ -29,7 +30,9 @@ fg_qemu() {
   # OpenMP threads that spin while waiting are slow and erratic when emulated
   # (seconds instead of a tenth): they sleep instead (no effect on results).
   local rc
-  { OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}" qemu-x86_64 -cpu "$FG_QEMU_CPU" "$@" 2>&1 1>&3 3>&- |
+  local limit=()
+  [ -n "${FG_QEMU_TIMEOUT:-}" ] && limit=(timeout --kill-after=10 "$FG_QEMU_TIMEOUT")
+  { OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}" "${limit[@]}" qemu-x86_64 -cpu "$FG_QEMU_CPU" "$@" 2>&1 1>&3 3>&- |
       { grep --line-buffered -v "TCG doesn't support requested feature" || true; } >&2
     rc=${PIPESTATUS[0]}; } 3>&1
   return "$rc"
