@@ -31,6 +31,17 @@
  *   - Every call validates all of its arguments first and writes nothing to any
  *     output unless the checks pass. It returns an fg_status; on failure
  *     fg_last_error(ctx) holds a readable message. Nothing here exits or aborts.
+ *   - No output may share memory with an input or with another output: a call
+ *     reads its inputs while it writes (chunk by chunk, or summing into
+ *     grad_weight), so an output over an input would corrupt what is still to
+ *     be read. Each array's bytes are taken as one range, from its first
+ *     element's to its last's (a matrix's row padding included); ranges that
+ *     meet are refused with FG_ERR_ALIASED_OUTPUT, naming both arguments,
+ *     before anything is written. Inputs may share memory with one another.
+ *     The one exception: fg_logits_grpo's grad_logits may be the logits
+ *     themselves (same data, dtype and ld: an in-place backward). The phase
+ *     API's stats, read and written by one argument, are not an alias; the
+ *     plan query, which writes nothing, does not check.
  *   - No non-finite result is returned as success. Finite inputs whose logits,
  *     loss or gradients would leave the float range are refused with
  *     FG_ERR_OVERFLOW, naming the row or token (b, t) and the quantity: the
@@ -98,6 +109,8 @@ typedef enum fg_status {
     FG_ERR_OVERFLOW,           /* finite inputs whose logits, loss or gradients would
                                   leave the float range (docs/LOSS_SPEC.md "Option
                                   ranges and overflow")                             */
+    FG_ERR_ALIASED_OUTPUT,     /* an output's memory meets an input's or another
+                                  output's ("Conventions")                          */
     FG_STATUS_COUNT
 } fg_status;
 
@@ -490,7 +503,9 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
 /*
  * The planner: what fg_linear_grpo would hold for these exact arguments and
  * exec (budget, threads, workspace), and the least it can run with. Validates the
- * arguments as the call does (without the NaN/Inf scan), reads shapes and the
+ * arguments as the call does (without the NaN/Inf scan, and without the
+ * aliasing check: the outputs' data only say which results are wanted, so
+ * one placeholder may stand for all of them), reads shapes and the
  * mask only, writes no output, and prepares the call's GEMMs (so the call
  * that follows finds them made). Tests, tools and front ends size budgets
  * with it instead of restating the formula.

@@ -9,7 +9,8 @@
  * what is O(chunk x vocab) and O(vocab x hidden). Per call:
  *
  *   stage    the [B, T] token arrays to the host                  wait 1
- *   check    every argument (fg_linear_validate, on the staged copies)
+ *   check    every argument (fg_linear_validate, on the staged copies);
+ *            no output over an input (fg_linear_check_aliasing, the caller's)
  *   plan     chunk rows within the budget; the backend's workspace
  *   scan     NaN/Inf and the largest |x| of hidden, weight, bias  wait 2
  *   per chunk of m tokens:
@@ -741,7 +742,7 @@ static fg_status check_and_plan(device_call *D, fg_call *call, const fg_linear_o
     if (st != FG_OK)
         return st;
     input_bounds unscanned;
-    if ((st = fg_linear_validate(call, o, &D->hreq, in, out, 0, n_active, &unscanned)) != FG_OK)
+    if ((st = fg_linear_validate(call, o, &D->hreq, in, out, n_active, &unscanned)) != FG_OK)
         return st;
     return plan_device(D, o, in, out, *n_active);
 }
@@ -755,6 +756,8 @@ fg_status fg_linear_device_execute(fg_call *call, const fg_linear_options *opts,
     device_call D;
     int64_t n_active = 0;
     fg_status st = check_and_plan(&D, call, opts, req, in, out, &n_active);
+    if (st == FG_OK) /* the caller's pointers, in backend memory, not the staged copies */
+        st = fg_linear_check_aliasing(call->err, req, in, out);
     if (st == FG_OK)
         st = fg_call_reserve(call, fg_common_workspace_bytes(D.hbatch.batch, D.bc.N) +
                                        6 * (size_t)D.bc.chunk_rows * sizeof(float) + 256);

@@ -450,7 +450,7 @@ static fg_status scan_inputs(fg_call *call, const linear_request *req, const fg_
 }
 
 fg_status fg_linear_validate(fg_call *call, const fg_linear_options *o, const linear_request *req,
-                             const fg_linear_inputs *in, const fg_linear_outputs *out, int scan,
+                             const fg_linear_inputs *in, const fg_linear_outputs *out,
                              int64_t *n_active, input_bounds *ib)
 {
     fg_error *err = call->err;
@@ -543,9 +543,31 @@ fg_status fg_linear_validate(fg_call *call, const fg_linear_options *o, const li
         return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "filter_eps is a fused-path option (the materialized baseline is exact)");
     memset(ib, 0, sizeof *ib);
-    if (scan && call->check_finite)
-        return scan_inputs(call, req, in, out, ib);
     return FG_OK;
+}
+
+fg_status fg_linear_check_aliasing(fg_error *err, const linear_request *req,
+                                   const fg_linear_inputs *in, const fg_linear_outputs *out)
+{
+    const fg_batch *b = req->batch; /* the head kinds' view holds their tokens */
+    const size_t N = (size_t)(b->batch * b->seq_len), f = sizeof(float);
+    const size_t stats = (size_t)FG_SHARD_STATS_FLOATS(N) * f;
+    fg_span ins[FG_BATCH_SPANS + 6];
+    fg_batch_spans(b, ins);
+    ins[FG_BATCH_SPANS + 0] = fg_span_matrix("hidden", &in->hidden);
+    ins[FG_BATCH_SPANS + 1] = fg_span_matrix("weight", &in->weight);
+    ins[FG_BATCH_SPANS + 2] = fg_span_vector("bias", &in->bias);
+    ins[FG_BATCH_SPANS + 3] = fg_span_bytes("grad_logp", req->dlogp, N * f);
+    ins[FG_BATCH_SPANS + 4] = fg_span_bytes("grad_entropy", req->dentropy, N * f);
+    ins[FG_BATCH_SPANS + 5] = fg_span_bytes("stats", req->stats_in, stats);
+    const fg_span outs[] = {fg_span_bytes("logp", out->logp, N * f),
+                            fg_span_bytes("entropy", out->entropy, N * f),
+                            fg_span_matrix("grad_hidden", &out->grad_hidden),
+                            fg_span_matrix("grad_weight", &out->grad_weight),
+                            fg_span_vector("grad_bias", &out->grad_bias),
+                            fg_span_bytes("stats", req->stats_out, stats)};
+    return fg_check_aliasing(err, outs, (int)(sizeof outs / sizeof outs[0]), ins,
+                             (int)(sizeof ins / sizeof ins[0]));
 }
 
 /* Everything one call carries from chunk to chunk. The chunk buffers are
@@ -992,7 +1014,13 @@ static fg_status check_and_plan(fg_call *call, const fg_linear_options *opts,
     const fg_linear_options *o = opts ? opts : &fused;
     int64_t n_active = 0;
     input_bounds ib;
-    fg_status st = fg_linear_validate(call, o, req, in, out, is_call, &n_active, &ib);
+    fg_status st = fg_linear_validate(call, o, req, in, out, &n_active, &ib);
+    /* The call writes its outputs: they must not overlap what it reads (the
+     * cheap check first, then the pass over the inputs' values). */
+    if (st == FG_OK && is_call)
+        st = fg_linear_check_aliasing(call->err, req, in, out);
+    if (st == FG_OK && is_call && call->check_finite)
+        st = scan_inputs(call, req, in, out, &ib);
     if (st != FG_OK)
         return st;
     st = plan_call(call, o, req, in, out, n_active, p);

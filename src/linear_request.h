@@ -51,14 +51,21 @@ typedef struct input_bounds {
     double logit_max; /* every |z| is at most this */
 } input_bounds;
 
-/* Every check of a request, without the scan of the inputs' values when
- * `scan` is 0 (the plan query, and a device call, which scans in the
- * backend's memory): config, views, batch or tokens (host memory),
- * outputs, options. *n_active: the unmasked tokens. With `scan` (and the
- * finite check on), the NaN/Inf scan and fg_linear_check_bounds. */
+/* Every check of a request's arguments: config, views, batch or tokens
+ * (host memory), outputs, options. *n_active: the unmasked tokens; *ib
+ * zeroed (unscanned). Neither the aliasing check nor the scan of the
+ * inputs' values: the plan query makes neither, a call both (on a backend,
+ * the scan in the backend's memory). */
 fg_status fg_linear_validate(fg_call *call, const fg_linear_options *o, const linear_request *req,
-                             const fg_linear_inputs *in, const fg_linear_outputs *out, int scan,
+                             const fg_linear_inputs *in, const fg_linear_outputs *out,
                              int64_t *n_active, input_bounds *ib);
+
+/* A call's outputs against its inputs and one another (fusedgrpo.h
+ * "Conventions"): FG_ERR_ALIASED_OUTPUT, before anything is written. The
+ * caller's own request (on a backend: its pointers, not the staged host
+ * copies), after fg_linear_validate. */
+fg_status fg_linear_check_aliasing(fg_error *err, const linear_request *req,
+                                   const fg_linear_inputs *in, const fg_linear_outputs *out);
 
 /* From the inputs' largest magnitudes (bias: {0, 0} when none): the
  * logits' bound, FG_ERR_OVERFLOW beyond float range; then, for the backward

@@ -13,22 +13,26 @@
 #include "finish.h"
 #include "validate.h"
 
-static fg_status check_grad_logits(fg_error *err, const fg_matrix *logits, const fg_matrix *g)
+/* grad_logits may be the logits themselves (same data, dtype and ld): the
+ * in-place backward, whose rows are all read (the statistics pass) before
+ * any is overwritten (the gradient pass). Any other overlap of an output
+ * with an input or another output is refused (fusedgrpo.h "Conventions"). */
+static fg_status check_aliasing(fg_error *err, const fg_matrix *logits, const fg_batch *batch,
+                                const fg_logits_outputs *out)
 {
-    fg_status st = fg_validate_matrix(err, "grad_logits", g, logits->rows, logits->cols);
-    if (st != FG_OK)
-        return st;
-    const size_t ls = fg_dtype_size(logits->dtype), gs = fg_dtype_size(g->dtype);
-    const unsigned char *l0 = logits->data, *g0 = g->data;
-    const unsigned char *l1 = l0 + ((size_t)(logits->rows - 1) * logits->ld + logits->cols) * ls;
-    const unsigned char *g1 = g0 + ((size_t)(g->rows - 1) * g->ld + g->cols) * gs;
-    if (g0 == l0 && g->dtype == logits->dtype && g->ld == logits->ld)
-        return FG_OK; /* exact in-place */
-    if (g0 < l1 && l0 < g1)
-        return fg_fail(err, FG_ERR_UNSUPPORTED,
-                       "grad_logits overlaps logits without being exactly in place "
-                       "(same data, dtype and ld)");
-    return FG_OK;
+    const fg_matrix *g = &out->grad_logits;
+    const int in_place = g->data == logits->data && g->dtype == logits->dtype &&
+                         g->ld == logits->ld;
+    const size_t N = (size_t)(batch->batch * batch->seq_len);
+    fg_span ins[FG_BATCH_SPANS + 1];
+    fg_batch_spans(batch, ins);
+    /* In place, grad_logits spans the logits' bytes and is checked as an output. */
+    ins[FG_BATCH_SPANS] = in_place ? fg_span_bytes("logits", NULL, 0)
+                                   : fg_span_matrix("logits", logits);
+    const fg_span outs[] = {fg_span_bytes("logp", out->logp, N * sizeof(float)),
+                            fg_span_bytes("entropy", out->entropy, N * sizeof(float)),
+                            fg_span_matrix("grad_logits", g)};
+    return fg_check_aliasing(err, outs, 3, ins, FG_BATCH_SPANS + 1);
 }
 
 /* Every check; `scanned` (the finite check on): the logits were scanned for
@@ -54,7 +58,11 @@ static fg_status validate_logits(fg_call *call, const fg_loss_config *cfg, const
     if (logits->rows != N)
         return fg_fail(err, FG_ERR_SHAPE_MISMATCH, "logits has %lld rows, B*T = %lld",
                        (long long)logits->rows, (long long)N);
-    if (out->grad_logits.data && (st = check_grad_logits(err, logits, &out->grad_logits)) != FG_OK)
+    if (out->grad_logits.data &&
+        (st = fg_validate_matrix(err, "grad_logits", &out->grad_logits, logits->rows,
+                                 logits->cols)) != FG_OK)
+        return st;
+    if ((st = check_aliasing(err, logits, batch, out)) != FG_OK)
         return st;
     *scanned = call->check_finite;
     if (call->check_finite) {

@@ -35,6 +35,15 @@ static fg_status validate_logp(fg_call *call, const fg_loss_config *cfg, const f
     const fg_token_input reads[2] = {{"logp", logp}, {"entropy", entropy}};
     if ((st = fg_validate_tokens(err, &tokens, INT64_MAX, reads, 2, &n_active)) != FG_OK)
         return st;
+    const size_t bytes = (size_t)(batch->batch * batch->seq_len) * sizeof(float);
+    fg_span ins[FG_BATCH_SPANS + 2];
+    fg_batch_spans(batch, ins);
+    ins[FG_BATCH_SPANS] = fg_span_bytes("logp", logp, bytes);
+    ins[FG_BATCH_SPANS + 1] = fg_span_bytes("entropy", entropy, bytes);
+    const fg_span outs[2] = {fg_span_bytes("grad_logp", out->grad_logp, bytes),
+                             fg_span_bytes("grad_entropy", out->grad_entropy, bytes)};
+    if ((st = fg_check_aliasing(err, outs, 2, ins, FG_BATCH_SPANS + 2)) != FG_OK)
+        return st;
     return fg_call_reserve(call, fg_common_workspace_bytes(batch->batch, batch->batch * batch->seq_len));
 }
 

@@ -116,10 +116,29 @@ static fg_status check(fg_call *call, const fg_tokens *tokens, const float *stat
     return fg_validate_shard_stats(call->err, stats, tokens->batch * tokens->seq_len);
 }
 
+/* The caller's own arrays (on a backend, its memory): what a step writes,
+ * the stats and (finish) logp and entropy, must not overlap the tokens or
+ * one another. The stats, read and written through one argument, are no
+ * alias. After check: the sizes are valid. */
+static fg_status check_aliasing(fg_call *call, const fg_tokens *tokens, const float *stats,
+                                const float *logp, const float *entropy)
+{
+    const int64_t N = tokens->batch * tokens->seq_len;
+    const size_t bytes = (size_t)N * sizeof(float);
+    const fg_span ins[2] = {
+        fg_span_bytes("token_ids", tokens->token_ids, (size_t)N * sizeof(int64_t)),
+        fg_span_bytes("mask", tokens->mask, (size_t)N)};
+    const fg_span outs[3] = {
+        fg_span_bytes("stats", stats, (size_t)FG_SHARD_STATS_FLOATS(N) * sizeof(float)),
+        fg_span_bytes("logp", logp, bytes), fg_span_bytes("entropy", entropy, bytes)};
+    return fg_check_aliasing(call->err, outs, 3, ins, 2);
+}
+
 /* The call's start, the staging and the checks; on failure the call is
- * ended (its status) and nothing is left to release. */
+ * ended (its status) and nothing is left to release. logp and entropy: the
+ * step's other outputs (NULL: none). */
 static fg_status begin(fg_context *ctx, fg_call *call, const fg_tokens *tokens, float *stats,
-                       phase_arrays *a)
+                       const float *logp, const float *entropy, phase_arrays *a)
 {
     if (!ctx)
         return FG_ERR_NULL_ARGUMENT;
@@ -127,7 +146,8 @@ static fg_status begin(fg_context *ctx, fg_call *call, const fg_tokens *tokens, 
     if (st != FG_OK)
         return st;
     if ((st = stage(call, tokens, stats, a)) != FG_OK ||
-        (st = check(call, a->tokens, a->stats)) != FG_OK) {
+        (st = check(call, a->tokens, a->stats)) != FG_OK ||
+        (st = check_aliasing(call, tokens, stats, logp, entropy)) != FG_OK) {
         free(a->staging);
         return fg_call_end(call, st);
     }
@@ -145,7 +165,7 @@ fg_status fg_shard_stats_rescale(fg_context *ctx, const fg_tokens *tokens, float
 {
     fg_call call;
     phase_arrays a;
-    fg_status st = begin(ctx, &call, tokens, stats, &a);
+    fg_status st = begin(ctx, &call, tokens, stats, NULL, NULL, &a);
     if (st != FG_OK)
         return st;
     const int64_t N = tokens->batch * tokens->seq_len;
@@ -164,7 +184,7 @@ fg_status fg_shard_stats_finish(fg_context *ctx, const fg_tokens *tokens, float 
 {
     fg_call call;
     phase_arrays a;
-    fg_status st = begin(ctx, &call, tokens, stats, &a);
+    fg_status st = begin(ctx, &call, tokens, stats, logp, entropy, &a);
     if (st != FG_OK)
         return st;
     const fg_tokens *tk = a.tokens;

@@ -28,6 +28,7 @@ static const char *const status_names[FG_STATUS_COUNT] = {
     "FG_ERR_BACKEND",
     "FG_ERR_COMMUNICATOR",
     "FG_ERR_OVERFLOW",
+    "FG_ERR_ALIASED_OUTPUT",
 };
 
 const char *fg_status_name(fg_status status)

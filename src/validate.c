@@ -234,6 +234,68 @@ fg_status fg_validate_vector(fg_error *err, const char *name, const fg_vector *v
     return FG_OK;
 }
 
+fg_span fg_span_bytes(const char *name, const void *p, size_t bytes)
+{
+    fg_span s = {name, (uintptr_t)p, (uintptr_t)p};
+    if (p) /* saturated: a range that would wrap ends at the top of the address space */
+        s.hi = bytes > UINTPTR_MAX - s.lo ? UINTPTR_MAX : s.lo + bytes;
+    return s;
+}
+
+fg_span fg_span_matrix(const char *name, const fg_matrix *m)
+{
+    if (!m->data)
+        return fg_span_bytes(name, NULL, 0);
+    const size_t elems = (size_t)(m->rows - 1) * (size_t)m->ld + (size_t)m->cols;
+    return fg_span_bytes(name, m->data, elems * fg_dtype_size(m->dtype));
+}
+
+fg_span fg_span_vector(const char *name, const fg_vector *v)
+{
+    return fg_span_bytes(name, v->data, (size_t)v->len * fg_dtype_size(v->dtype));
+}
+
+void fg_batch_spans(const fg_batch *b, fg_span spans[FG_BATCH_SPANS])
+{
+    const size_t N = (size_t)(b->batch * b->seq_len), f = sizeof(float);
+    const size_t is_ratio = b->is_ratio_per_sequence ? (size_t)b->batch : N;
+    spans[0] = fg_span_bytes("token_ids", b->token_ids, N * sizeof(int64_t));
+    spans[1] = fg_span_bytes("mask", b->mask, N);
+    spans[2] = fg_span_bytes("advantages", b->advantages, (size_t)b->batch * f);
+    spans[3] = fg_span_bytes("old_logp", b->old_logp, N * f);
+    spans[4] = fg_span_bytes("ref_logp", b->ref_logp, N * f);
+    spans[5] = fg_span_bytes("is_ratio", b->is_ratio, is_ratio * f);
+    spans[6] = fg_span_bytes("sampling_logp", b->sampling_logp, N * f);
+}
+
+static int spans_meet(const fg_span *a, const fg_span *b)
+{
+    return a->lo < a->hi && b->lo < b->hi && a->lo < b->hi && b->lo < a->hi;
+}
+
+static fg_status aliased(fg_error *err, const fg_span *out, const fg_span *other, const char *what)
+{
+    return fg_fail(err, FG_ERR_ALIASED_OUTPUT,
+                   "%s shares memory with %s %s (bytes [%p, %p) and [%p, %p)): an output may "
+                   "not overlap an input or another output",
+                   out->name, what, other->name, (void *)out->lo, (void *)out->hi,
+                   (void *)other->lo, (void *)other->hi);
+}
+
+fg_status fg_check_aliasing(fg_error *err, const fg_span *outs, int n_outs, const fg_span *ins,
+                            int n_ins)
+{
+    for (int i = 0; i < n_outs; i++) {
+        for (int k = 0; k < n_ins; k++)
+            if (spans_meet(&outs[i], &ins[k]))
+                return aliased(err, &outs[i], &ins[k], "the input");
+        for (int k = i + 1; k < n_outs; k++)
+            if (spans_meet(&outs[i], &outs[k]))
+                return aliased(err, &outs[i], &outs[k], "the output");
+    }
+    return FG_OK;
+}
+
 /* The largest |x| of n elements as its raw magnitude bits (sign cleared):
  * for floats the bits order as the magnitudes do, and bits at or above the
  * all-ones exponent are NaN or Inf. An integer max: vectorizes, one pass. */

@@ -34,6 +34,33 @@ fg_status fg_validate_matrix(fg_error *err, const char *name, const fg_matrix *m
                              int64_t rows, int64_t cols);
 fg_status fg_validate_vector(fg_error *err, const char *name, const fg_vector *v, int64_t len);
 
+/* The bytes an argument spans, [lo, hi) (lo == hi: absent or empty), for
+ * the aliasing check. One range per array, from its first element to the end
+ * of its last: a matrix's row padding counts as its own, so two views
+ * interleaved in one buffer are refused too (the check stays a comparison of
+ * two ranges, and no caller needs that layout). */
+typedef struct fg_span {
+    const char *name;
+    uintptr_t lo, hi;
+} fg_span;
+
+/* A span from a pointer and a byte count (p NULL: absent). */
+fg_span fg_span_bytes(const char *name, const void *p, size_t bytes);
+/* A validated view (fg_validate_matrix / fg_validate_vector), or data NULL. */
+fg_span fg_span_matrix(const char *name, const fg_matrix *m);
+fg_span fg_span_vector(const char *name, const fg_vector *v);
+
+/* The spans of a validated batch's arrays (absent ones empty): token_ids,
+ * mask, advantages, old_logp, ref_logp, is_ratio, sampling_logp. */
+#define FG_BATCH_SPANS 7
+void fg_batch_spans(const fg_batch *b, fg_span spans[FG_BATCH_SPANS]);
+
+/* FG_ERR_ALIASED_OUTPUT, naming both, when an output's span meets an input's
+ * or another output's (fusedgrpo.h "Conventions"). Inputs may overlap one
+ * another. Spans of validated sizes only: their byte counts do not overflow. */
+fg_status fg_check_aliasing(fg_error *err, const fg_span *outs, int n_outs, const fg_span *ins,
+                            int n_ins);
+
 /* The largest |element| an input holds, and its row (0 for a vector). */
 typedef struct fg_magnitude {
     double value;

@@ -93,6 +93,13 @@ def _dtype_id(dtype, *arrays) -> int:
                          f"{dtype!r}")
 
 
+def _float_kind(a):
+    """What fusedgrpo._inputs.check_floating reads of an operand: its dtype, a
+    bf16 bit array (uint16) counting as floating point."""
+    a = np.asarray(a)
+    return np.dtype(np.float32) if _is_bf16_storage(a) else a.dtype
+
+
 def _storage(a, dt: int, name: str) -> np.ndarray:
     """An array whose last axis is contiguous, in the storage dtype (no copy when it
     already is)."""
@@ -145,6 +152,8 @@ def _rows_view(a: np.ndarray, lead: int):
 def _vec(a, dtype, shape, name):
     if a is None:
         return None
+    a = np.asarray(a)
+    _inputs.check_real(name, a.dtype)  # before a conversion drops an imaginary part
     a = np.ascontiguousarray(a, dtype=dtype)
     if a.shape != shape:
         raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"{name} has shape {a.shape}, expected "
@@ -233,6 +242,7 @@ def fused_linear_grpo(hidden, weight, token_ids, mask, advantages, old_logp=None
     cfg = _options.loss_config(options)
     ex = _options.make_exec(threads, memory_budget)
     gdt = _grad_dtype_id(grad_dtype)
+    filter_eps = _lib.filter_eps_value(filter_eps)
     operands, request = _linear_operands(hidden, weight, bias, token_ids, mask, advantages,
                                          old_logp, ref_logp, is_ratio, dtype, sampling_logp)
     B, T, H, V = (request[k] for k in "BTHV")
@@ -284,6 +294,7 @@ def fused_linear_grpo_plan(hidden, weight, token_ids, mask, advantages, old_logp
     cfg = _options.loss_config(options)
     ex = _options.make_exec(threads, memory_budget)
     gdt = _grad_dtype_id(grad_dtype)
+    filter_eps = _lib.filter_eps_value(filter_eps)
     operands, request = _linear_operands(hidden, weight, bias, token_ids, mask, advantages,
                                          old_logp, ref_logp, is_ratio, dtype, sampling_logp)
     has_bias = operands[2] is not None
@@ -301,21 +312,30 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
 
     ``grad_logits`` ([B, T, V], d loss / d logits) comes back in float32, or with
     ``inplace=True`` is written over ``logits`` itself (which must then be a
-    writable float32 / uint16-bf16 array whose last axis is contiguous) and
-    returned as that same array.
+    writable float32 / uint16-bf16 array whose last axis is contiguous, sharing
+    no memory with the other arguments) and returned as that same array. The C
+    call writes it directly where one row stride describes the array (any
+    contiguous array, a slice of the vocabulary axis); other views, such as
+    TRL's ``logits[:, -C:]`` or a reversed axis, are computed in a contiguous
+    copy that is then written back into them. A refused call leaves the logits
+    unchanged.
     """
     cfg = _options.loss_config(options)
     ex = _options.make_exec(threads)
     dt = _dtype_id(dtype, logits)
-    lg = _storage(logits, dt, "logits")
+    if inplace:  # the caller's memory, seen in the storage dtype
+        _inplace_target(logits, dt, dict(token_ids=token_ids, mask=mask, advantages=advantages,
+                                         old_logp=old_logp, ref_logp=ref_logp, is_ratio=is_ratio,
+                                         sampling_logp=sampling_logp))
+        lg = logits.view(np.uint16) if _is_bf16_dtype(logits.dtype) else logits
+    else:
+        _inputs.check_floating("logits", _float_kind(logits))
+        lg = _storage(logits, dt, "logits")
     if lg.ndim != 3:
         raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"logits must be [B, T, V], got shape "
                              f"{lg.shape}")
     B, T, V = lg.shape
-    if inplace and lg is not logits and not (isinstance(logits, np.ndarray)
-                                            and lg.base is logits):
-        raise FusedGRPOError("FG_ERR_UNSUPPORTED", "inplace=True needs logits already in the "
-                             "storage dtype with a contiguous last axis")
+    caller_view = lg
     lg, ldl = _rows_view(lg, 2)
     tok, m, adv, old, ref, isr, per_seq, samp = _batch_arrays(
         token_ids, mask, advantages, old_logp, ref_logp, is_ratio, B, T, sampling_logp)
@@ -323,9 +343,7 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
     ent = np.empty((B, T), np.float32)
     if not compute_grad:
         g, ldg, gdt = None, V, _lib.DTYPE_F32
-    elif inplace:
-        if not lg.flags.writeable:
-            raise FusedGRPOError("FG_ERR_UNSUPPORTED", "inplace=True needs writable logits")
+    elif inplace:  # over the logits (or their contiguous copy, written back below)
         g, ldg, gdt = lg, ldl, dt
     else:
         g, ldg, gdt = np.empty((B, T, V), np.float32), V, _lib.DTYPE_F32
@@ -335,7 +353,49 @@ def logits_grpo(logits, token_ids, mask, advantages, old_logp=None, ref_logp=Non
         ref_logp=_ptr(ref), is_ratio=_ptr(isr), is_ratio_per_sequence=per_seq,
         sampling_logp=_ptr(samp), logp=_ptr(logp), entropy=_ptr(ent),
         grad_logits=_ptr(g), ld_grad_logits=ldg, grad_dtype=gdt)
+    if inplace and compute_grad:
+        if lg is not caller_view:
+            np.copyto(caller_view, lg)
+        g = logits
     return GRPOResult(loss=loss, logp=logp, entropy=ent, metrics=metrics, grad_logits=g)
+
+
+def _inplace_target(logits, dt: int, others: dict):
+    """logits_grpo(inplace=True)'s checks of the caller's array, before anything
+    runs: already in the storage dtype (a conversion would be a copy the
+    gradient never reaches), writable, last axis contiguous, no two elements
+    in one place (the gradient of each written there), and no memory shared
+    with another argument (by address range, as the C library checks its
+    outputs)."""
+    storage = (np.float32,) if dt == _lib.DTYPE_F32 else (np.uint16,)
+    ok = isinstance(logits, np.ndarray) and (logits.dtype in storage or (
+        dt == _lib.DTYPE_BF16 and _is_bf16_dtype(logits.dtype)))
+    if not ok or (logits.ndim and logits.shape[-1] > 1
+                  and logits.strides[-1] != logits.itemsize):
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED", "inplace=True needs logits already in the "
+                             "storage dtype with a contiguous last axis")
+    if not logits.flags.writeable:
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED", "inplace=True needs writable logits")
+    if logits.ndim == 3 and _overlaps_itself(logits):
+        raise FusedGRPOError("FG_ERR_ALIASED_OUTPUT", "inplace=True needs logits whose "
+                             f"elements do not overlap (strides {logits.strides})")
+    for name, a in others.items():
+        if isinstance(a, np.ndarray) and np.may_share_memory(logits, a):
+            raise FusedGRPOError("FG_ERR_ALIASED_OUTPUT", f"grad_logits (inplace=True: the "
+                                 f"logits) shares memory with {name}")
+
+
+def _overlaps_itself(a: np.ndarray) -> bool:
+    """Whether two rows of a [B, T, V] array (last axis contiguous) may share
+    memory: its rows, nested by |stride|, must each lie past the last."""
+    row = a.shape[-1] * a.itemsize
+    extent = row
+    for n, s in sorted(((n, abs(s)) for n, s in zip(a.shape[:2], a.strides[:2]) if n > 1),
+                       key=lambda ns: ns[1]):
+        if s < extent:
+            return True
+        extent = s * (n - 1) + extent
+    return False
 
 
 def _head_operands(hidden, weight, bias, token_ids, mask, dtype):
@@ -343,6 +403,10 @@ def _head_operands(hidden, weight, bias, token_ids, mask, dtype):
     (kept alive by the caller) and the keyword arguments of the C calls that
     point at them (mask None: every token)."""
     dt = _dtype_id(dtype, hidden, weight, bias)
+    kinds = [None if a is None else _float_kind(a) for a in (hidden, weight, bias)]
+    for name, kind in zip(("hidden", "weight", "bias"), kinds):
+        if kind is not None:  # before a conversion drops an imaginary part
+            _inputs.check_floating(name, kind)
     h = _storage(hidden, dt, "hidden")
     w = _storage(weight, dt, "weight")
     b = None if bias is None else np.ascontiguousarray(_storage(bias, dt, "bias"))
@@ -402,6 +466,9 @@ def fused_linear_logprobs_backward(hidden, weight, token_ids, grad_logp, mask=No
                               or not a.flags.writeable):
             raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH", f"{name} must be a writable "
                                  f"contiguous float32 array of shape {shape}")
+    _check_not_aliased(dict(grad_weight_out=grad_weight_out, grad_bias_out=grad_bias_out),
+                       dict(hidden=hidden, weight=weight, bias=bias, token_ids=token_ids,
+                            grad_logp=grad_logp, mask=mask, grad_entropy=grad_entropy))
     gh = np.empty((B, T, H), np.float32)
     gw = grad_weight_out if grad_weight_out is not None else np.empty((V, H), np.float32)
     gb = None
@@ -413,6 +480,21 @@ def fused_linear_logprobs_backward(hidden, weight, token_ids, grad_logp, mask=No
                                 grad_hidden=_ptr(gh), grad_weight=_ptr(gw), grad_bias=_ptr(gb),
                                 grad_dtypes=(f32, f32, f32), accumulate=accumulate)
     return dict(grad_hidden=gh, grad_weight=gw, grad_bias=gb)
+
+
+def _check_not_aliased(outputs: dict, inputs: dict):
+    """FG_ERR_ALIASED_OUTPUT when a caller's output array shares memory (by
+    address range, as the C library checks) with an argument it reads or with
+    another output: the call sums into it while it still reads them. Checked on
+    the caller's own arrays, which a conversion may have copied before the C
+    call sees them."""
+    named = [(n, a) for n, a in outputs.items() if a is not None]
+    for i, (name, out) in enumerate(named):
+        for other, a in list(inputs.items()) + named[i + 1:]:
+            if isinstance(a, np.ndarray) and np.may_share_memory(out, a):
+                raise FusedGRPOError("FG_ERR_ALIASED_OUTPUT", f"{name} shares memory with "
+                                     f"{other}: an output may not overlap an input or another "
+                                     "output")
 
 
 def grad_storage_dtypes(bf16_inputs: bool) -> tuple:

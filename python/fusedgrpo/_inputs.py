@@ -12,11 +12,13 @@ import numpy as np
 
 from ._lib import FusedGRPOError
 
-__all__ = ["check_head", "check_tokens", "check_mask_values", "check_batch"]
+__all__ = ["check_head", "check_floating", "check_real", "check_tokens", "check_mask_values",
+           "check_batch"]
 
 _FLOAT_KINDS = "fV"    # float, or ml_dtypes' bfloat16
 _TOKEN_KINDS = "iu"    # a float token id would be truncated: refused
 _MASK_KINDS = "biuf"   # bool, 0/1 integers, or floats exactly 0.0 / 1.0
+_REAL_KINDS = "fiuV"   # per-token values: floats or integers, converted to float32
 
 
 def _fail(message):
@@ -39,10 +41,29 @@ def check_head(hidden_shape, weight_shape, bias_shape=None, hidden_kind="f", wei
         _fail(f"bias has shape {tuple(bias_shape)}, expected {(V,)}")
     for name, kind in (("hidden", hidden_kind), ("weight", weight_kind),
                        ("bias", None if bias_shape is None else bias_kind)):
-        if kind is not None and _kind(kind) not in _FLOAT_KINDS:
-            _fail(f"{name} must be a floating-point array (float32 or bfloat16), got dtype kind "
-                  f"{kind!r}")
+        if kind is not None:
+            check_floating(name, kind)
     return B, T, H, V
+
+
+def check_floating(name, dtype_or_kind):
+    """An LM-head operand or logits: floating point (float32 or bfloat16 storage;
+    other floats are converted where a front end says so). Complex, bool,
+    integer, object and structured arrays are refused: a conversion would drop
+    an imaginary part or read a flag or an id as a value. A dtype (not only its
+    kind) tells ml_dtypes' bfloat16 from other kind-"V" dtypes."""
+    if not _kind_in(dtype_or_kind, _FLOAT_KINDS):
+        _fail(f"{name} must be a floating-point array (float32 or bfloat16), got dtype "
+              f"{_describe(dtype_or_kind)}")
+
+
+def check_real(name, dtype_or_kind):
+    """A per-token or per-sequence input (advantages, log-probs, ratios, the
+    derivatives of a caller's loss): real numbers, floats or integers, as every
+    front end converts them to float32. Complex, bool, object and string
+    arrays are refused."""
+    if not _kind_in(dtype_or_kind, _REAL_KINDS):
+        _fail(f"{name} must be a real-valued array, got dtype kind {_kind(dtype_or_kind)!r}")
 
 
 def check_tokens(token_shape, token_kind, mask_shape, mask_kind, B, T):
@@ -88,12 +109,31 @@ def check_batch(B, T, advantages_shape, old_logp=None, ref_logp=None, is_ratio=N
         if not per_seq and shape != (B, T):
             _fail(f"is_ratio has shape {shape}, expected {(B, T)} or {(B,)}")
     for name, kind in (kinds or {}).items():
-        if _kind(kind) not in "fiuV":
-            _fail(f"{name} must be a real-valued array, got dtype kind {_kind(kind)!r}")
+        check_real(name, kind)
     return per_seq
 
 
+def _kind_in(dtype_or_kind, kinds: str) -> bool:
+    """Whether a dtype's kind is one of `kinds`. Kind "V" is ml_dtypes'
+    bfloat16 only: a dtype says so by its name (a structured dtype is "V"
+    too); a lone kind "V" is taken as bfloat16."""
+    kind = _kind(dtype_or_kind)
+    if kind == "V" and not _is_kind(dtype_or_kind):
+        return "V" in kinds and np.dtype(dtype_or_kind).name == "bfloat16"
+    return kind in kinds
+
+
+def _describe(dtype_or_kind) -> str:
+    if _is_kind(dtype_or_kind):
+        return f"kind {dtype_or_kind!r}"
+    return f"{np.dtype(dtype_or_kind).name} (kind {_kind(dtype_or_kind)!r})"
+
+
+def _is_kind(dtype_or_kind) -> bool:
+    return isinstance(dtype_or_kind, str) and len(dtype_or_kind) == 1
+
+
 def _kind(dtype_or_kind) -> str:
-    if isinstance(dtype_or_kind, str) and len(dtype_or_kind) == 1:
+    if _is_kind(dtype_or_kind):
         return dtype_or_kind
     return np.dtype(dtype_or_kind).kind

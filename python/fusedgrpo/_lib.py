@@ -7,10 +7,13 @@ thread count and memory budget travel with every call in an fg_exec.
 from __future__ import annotations
 
 import ctypes
+import numbers
 import os
 import threading
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint16,
                     c_void_p, c_float)
+
+import numpy as np
 
 __all__ = ["FusedGRPOError", "library_path", "lib", "METRIC_NAMES"]
 
@@ -113,19 +116,60 @@ class fg_linear_options(Structure):
     _fields_ = [("impl", c_int), ("round_logits_to_input_dtype", c_int), ("filter_eps", c_double)]
 
 
-FILTER_EPS_AUTO = -1.0  # FG_FILTER_EPS_AUTO
+class _FilterEpsAuto(float):
+    """FG_FILTER_EPS_AUTO (-1.0), the C value of ``filter_eps="auto"``, as
+    filter_eps_value returns it. A front end that hands its checked value on
+    to another (JAX's host callback into the NumPy functions) passes this very
+    object, which filter_eps_value takes back; a caller's own -1 is refused."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return "FILTER_EPS_AUTO"
+
+
+FILTER_EPS_AUTO = _FilterEpsAuto(-1.0)  # FG_FILTER_EPS_AUTO
+_FILTER_EPS_VALID = "'auto', None or 0 (off), or a number in [0, 1]"
 
 
 def filter_eps_value(filter_eps) -> float:
-    """fg_linear_options.filter_eps of a front end's ``filter_eps``: "auto" (the
-    library's default for the dtype), 0 or None (off), or a threshold in (0, 1]
-    (the library checks it)."""
+    """fg_linear_options.filter_eps of a caller's ``filter_eps``: "auto" (the
+    library's default for the dtype: FILTER_EPS_AUTO), None or 0 (off), or a
+    threshold in (0, 1] (docs/LOSS_SPEC.md "Gradient filtering"). Anything
+    else raises FusedGRPOError, as every other option does: a bool (True is
+    not 1.0), a negative number (-1 is the C sentinel, not a spelling of
+    "auto"), NaN, a string other than "auto"."""
+    if filter_eps is FILTER_EPS_AUTO:
+        return filter_eps
     if isinstance(filter_eps, str):
         if filter_eps != "auto":
             raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER",
-                                 f"filter_eps must be 'auto', 0 or a number, not {filter_eps!r}")
+                                 f"filter_eps must be {_FILTER_EPS_VALID}, got {filter_eps!r}")
         return FILTER_EPS_AUTO
-    return 0.0 if filter_eps is None else float(filter_eps)
+    if filter_eps is None:
+        return 0.0
+    if (isinstance(filter_eps, (bool, np.bool_)) or not isinstance(filter_eps, numbers.Real)
+            or not 0.0 <= float(filter_eps) <= 1.0):
+        raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER",
+                             f"filter_eps must be {_FILTER_EPS_VALID}, got {filter_eps!r}")
+    return float(filter_eps) + 0.0  # -0.0 is 0.0
+
+
+def _options_filter_eps(value) -> float:
+    """filter_eps_value for the raw-address calls below, which front ends feed
+    with the value they checked: FG_FILTER_EPS_AUTO also as a plain -1.0, the
+    form it takes through a torch custom op's float argument."""
+    if isinstance(value, float) and not isinstance(value, bool) and value == FILTER_EPS_AUTO:
+        return FILTER_EPS_AUTO
+    return filter_eps_value(value)
+
+
+def vocab_index(name: str, value) -> int:
+    """A vocabulary position or size (vocab_start, vocab_size) as an int: an
+    integer, not a bool, never a float truncated by int() (5.7 is refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise FusedGRPOError("FG_ERR_SHAPE_MISMATCH",
+                             f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 class fg_linear_plan_info(Structure):
@@ -416,13 +460,15 @@ def _linear_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_we
                     filter_eps=0.0):
     """(options, inputs, batch, outputs) of fg_linear_grpo on raw addresses.
     grad_dtypes: the DTYPE_* of grad_hidden, grad_weight, grad_bias (default f32);
-    filter_eps: see filter_eps_value."""
+    filter_eps: a value filter_eps_value returned (FILTER_EPS_AUTO: -1.0)."""
     if impl not in IMPLS:
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of {tuple(IMPLS)}")
-    options = fg_linear_options(IMPLS[impl], 0, filter_eps_value(filter_eps))
+    options = fg_linear_options(IMPLS[impl], 0, _options_filter_eps(filter_eps))
     inputs = fg_linear_inputs(_mat(hidden, dtype, B * T, H, ld_hidden),
                               _mat(weight, dtype, V, H, ld_weight),
-                              fg_vector(bias or None, dtype, V), vocab_start, vocab_total)
+                              fg_vector(bias or None, dtype, V),
+                              vocab_index("vocab_start", vocab_start),
+                              vocab_index("vocab_total", vocab_total))
     batch = _batch(B, T, token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
                    is_ratio_per_sequence, sampling_logp)
     out = fg_linear_outputs()
@@ -501,7 +547,7 @@ def _head_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_weig
     """(options, inputs, tokens) of the head-only entry points on raw addresses."""
     if impl not in IMPLS:
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of {tuple(IMPLS)}")
-    options = fg_linear_options(IMPLS[impl], 0, filter_eps_value(filter_eps))
+    options = fg_linear_options(IMPLS[impl], 0, _options_filter_eps(filter_eps))
     inputs = fg_linear_inputs(_mat(hidden, dtype, B * T, H, ld_hidden),
                               _mat(weight, dtype, V, H, ld_weight),
                               fg_vector(bias or None, dtype, V), 0, 0)

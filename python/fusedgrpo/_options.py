@@ -63,10 +63,11 @@ def _fail(name, requirement, value, status="FG_ERR_BAD_HYPERPARAMETER"):
 
 
 def _real(name, value, requirement, status="FG_ERR_BAD_HYPERPARAMETER") -> float:
-    """value as a float: a real number (not a bool, a string or None)."""
+    """value as a float: a real number (not a bool, a string or None). -0.0 is
+    0.0, so that equal options give equal fg_loss_config bytes (config_bytes)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         _fail(name, requirement, value, status)
-    return float(value)
+    return float(value) + 0.0
 
 
 def _float_check(test: Callable[[float], bool], requirement: str, unset: Optional[float] = None,
@@ -215,7 +216,9 @@ def loss_config(options: dict) -> _lib.fg_loss_config:
 
 def config_bytes(cfg: _lib.fg_loss_config) -> np.ndarray:
     """The struct's bytes, as the JAX FFI handler takes them (one uint8 array
-    attribute, copied into its fg_loss_config)."""
+    attribute, copied into its fg_loss_config). For a loss_config: equal
+    options, however spelled (0 or 0.0 or -0.0, True or 1, a default given or
+    left out), give equal bytes (the padding is ctypes' zeroed memory)."""
     return np.frombuffer(ctypes.string_at(ctypes.addressof(cfg), ctypes.sizeof(cfg)),
                          np.uint8).copy()
 

@@ -68,7 +68,7 @@ def _torch_run(inp, options, module="fusedgrpo.torch"):
         old_logp=t["old_logp"], ref_logp=t["ref_logp"], sampling_logp=t.get("sampling_logp"),
         **options)
     loss.backward()
-    return float(loss), h.grad.numpy()
+    return float(loss.detach()), h.grad.numpy()
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +157,52 @@ def test_out_of_range_options_are_refused_naming_the_option(kw):
     with pytest.raises(fg.FusedGRPOError, match=name):
         fgt.fused_linear_grpo_loss(t["hidden"], t["weight"], t["token_ids"], t["mask"],
                                    t["advantages"], t["bias"], t["old_logp"], t["ref_logp"], **kw)
+
+
+@pytest.mark.parametrize("bad", [True, False, -1, -1.0, float("nan"), 2.0, "sometimes"],
+                         ids=repr)
+def test_filter_eps_sentinel_and_bools_are_refused_by_every_front_end(bad):
+    """filter_eps, like every option, refuses a bool (True is no 1.0) and the C
+    sentinel -1 ("auto" is how to ask for it), in NumPy and in torch's
+    functional and module forms (fusedgrpo._lib.filter_eps_value)."""
+    inp = make_inputs(np.random.default_rng(10), B=B, T=T, H=H, V=V)
+    with pytest.raises(fg.FusedGRPOError, match="FG_ERR_BAD_HYPERPARAMETER.*filter_eps"):
+        fg.fused_linear_grpo(**inp, filter_eps=bad)
+    torch = pytest.importorskip("torch")
+    import fusedgrpo.torch as fgt
+    t = {k: None if v is None else torch.from_numpy(np.array(v)) for k, v in inp.items()}
+    with pytest.raises(fg.FusedGRPOError, match="FG_ERR_BAD_HYPERPARAMETER.*filter_eps"):
+        fgt.fused_linear_grpo_loss(t["hidden"], t["weight"], t["token_ids"], t["mask"],
+                                   t["advantages"], t["bias"], t["old_logp"], t["ref_logp"],
+                                   filter_eps=bad)
+    with pytest.raises(fg.FusedGRPOError, match="FG_ERR_BAD_HYPERPARAMETER.*filter_eps"):
+        fgt.FusedLinearGRPOLoss(filter_eps=bad)
+
+
+def test_filter_eps_auto_reaches_the_library_through_torch():
+    """"auto" travels through the torch op's float argument as the C value
+    -1.0, which the raw-address layer takes as "auto": with bf16 inputs and a
+    peaked softmax the library filters (memory_stats counts fewer entries
+    kept), as NumPy's "auto" does, to the same kept count."""
+    torch = pytest.importorskip("torch")
+    import fusedgrpo.torch as fgt
+    rng = np.random.default_rng(11)
+    Bf, Tf, Hf, Vf = 2, 7, 33, 1021
+    h = rng.standard_normal((Bf, Tf, Hf)).astype(np.float32)
+    w = (rng.standard_normal((Vf, Hf)) * 8.0 / np.sqrt(Hf)).astype(np.float32)
+    tok = rng.integers(0, Vf, (Bf, Tf))
+    mask = np.ones((Bf, Tf), bool)
+    adv = np.array([1.0, -0.5], np.float32)
+    fg.fused_linear_grpo(h, w, tok, mask, adv, dtype="bfloat16", filter_eps="auto")
+    want = fg.memory_stats()
+    assert 0 < want["dlogits_kept"] < want["dlogits_entries"], want
+    hb = torch.from_numpy(h).to(torch.bfloat16).requires_grad_()
+    loss, _, _, _ = fgt.fused_linear_grpo_loss(
+        hb, torch.from_numpy(w).to(torch.bfloat16), torch.from_numpy(tok),
+        torch.from_numpy(mask), torch.from_numpy(adv), filter_eps="auto")
+    got = fg.memory_stats()  # the op ran on this thread's context
+    assert (got["dlogits_kept"], got["dlogits_entries"]) == (
+        want["dlogits_kept"], want["dlogits_entries"])
 
 
 def test_grad_dtype_error_names_grad_dtype():
@@ -255,7 +301,7 @@ def test_torch_double_backward_raises():
     loss, _, _, _ = fgt.fused_linear_grpo_loss(h, t["weight"], t["token_ids"], t["mask"],
                                                t["advantages"], t["bias"], t["old_logp"])
     (g,) = torch.autograd.grad(loss, h, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate"):
+    with pytest.raises(RuntimeError, match="double backward|differentiate"):
         torch.autograd.grad(g.sum(), h)
 
 

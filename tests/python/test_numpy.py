@@ -339,6 +339,64 @@ def test_non_contiguous_views_match():
     np.testing.assert_array_equal(a.grad_weight, d.grad_weight)
 
 
+NOT_FLOAT = [np.complex64, np.bool_, np.int32, np.int64, np.uint8, object]
+
+
+@pytest.mark.parametrize("bad", NOT_FLOAT, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("name", ["hidden", "weight", "bias", "logits"])
+def test_non_float_operands_are_refused(name, bad):
+    """hidden, weight, bias and logits must be floating point (float32, bf16
+    storage, or floats the front end converts): complex (whose imaginary part
+    a conversion would drop, with only NumPy's warning), bool, integer and
+    object arrays are refused naming the argument, as torch and JAX refuse
+    them; uint16 is bf16 storage, not an integer."""
+    import warnings
+    inp = _inputs(31, {}, B=2, T=3, H=5, V=7)
+    if name == "logits":
+        logits = (inp["hidden"] @ inp["weight"].T).astype(bad)
+        run = lambda: fg.logits_grpo(logits, inp["token_ids"], inp["mask"],  # noqa: E731
+                                     inp["advantages"])
+    else:
+        run = lambda: fg.fused_linear_grpo(**{**inp, name: inp[name].astype(bad)})  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ComplexWarning: refused before any conversion
+        with pytest.raises(fg.FusedGRPOError) as e:
+            run()
+    assert e.value.status == "FG_ERR_SHAPE_MISMATCH" and name in str(e.value), e.value
+    assert "floating-point" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [np.complex64, np.bool_, object], ids=lambda d: np.dtype(d).name)
+def test_non_real_backward_derivatives_are_refused(bad):
+    """grad_logp / grad_entropy of fused_linear_logprobs_backward: real numbers,
+    as the loss's per-token arrays (advantages, old_logp, ...)."""
+    inp = _inputs(32, {}, B=2, T=3, H=5, V=7)
+    g = np.ones((2, 3))
+    for name in ("grad_logp", "grad_entropy"):
+        kw = {"grad_logp": g, "grad_entropy": g, name: g.astype(bad)}
+        with pytest.raises(fg.FusedGRPOError) as e:
+            fg.fused_linear_logprobs_backward(inp["hidden"], inp["weight"], inp["token_ids"],
+                                              mask=inp["mask"], **kw)
+        assert e.value.status == "FG_ERR_SHAPE_MISMATCH" and name in str(e.value), e.value
+
+
+def test_float64_operands_are_converted():
+    """float64 hidden / weight / bias / logits are converted to float32 (the
+    documented NumPy behaviour): float32 values held in float64 give the
+    float32 call's bits."""
+    inp = _inputs(33, {}, B=2, T=3, H=5, V=7)
+    a = fg.fused_linear_grpo(**inp)
+    b = fg.fused_linear_grpo(**{**inp, **{k: inp[k].astype(np.float64)
+                                          for k in ("hidden", "weight", "bias")}})
+    assert a.loss == b.loss
+    np.testing.assert_array_equal(a.grad_weight, b.grad_weight)
+    logits = inp["hidden"] @ inp["weight"].T
+    c = fg.logits_grpo(logits, inp["token_ids"], inp["mask"], inp["advantages"])
+    d = fg.logits_grpo(logits.astype(np.float64), inp["token_ids"], inp["mask"],
+                       inp["advantages"])
+    np.testing.assert_array_equal(c.grad_logits, d.grad_logits)
+
+
 def test_compute_grad_false():
     inp = _inputs(13, {}, B=2, T=4, H=8, V=13)
     a = fg.fused_linear_grpo(**inp, compute_grad=False)
