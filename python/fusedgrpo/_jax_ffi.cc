@@ -25,8 +25,9 @@
 //   hidden [B,T,H] f32|bf16, weight [Vb,H] (same dtype), bias [Vb] | [0],
 //   token_ids [B,T] s32|s64, mask [B,T] u8|pred|s8, advantages [B] f32,
 //   old_logp / ref_logp / sampling_logp [B,T] | [0], is_ratio [B,T] | [B] | [0] f32,
-//   scalars f32[2] = (num_items_in_batch (< 0: default), entropy_coef): run-time
-//     values, so the sharded front end can feed global normalizers;
+//   scalars f32[2] = (num_items_in_batch, entropy_coef): run-time values, so the
+//     sharded front end can feed global normalizers; num_items_in_batch is read
+//     only where the attribute num_items_given is 1 (ApplyScalars);
 //   shard s32[4] = (vocab_start, rows, key, devices) | [0]: the weight's first `rows`
 //     rows are vocab rows [vocab_start, vocab_start + rows) of vocab_total (the
 //     rest is padding that never enters a call; its gradient rows are 0); key
@@ -36,7 +37,8 @@
 // Attributes: a dictionary per call, the names jax.py gives (_loss_attrs,
 // _head_attrs): the loss config as the bytes of the fg_loss_config that
 // fusedgrpo._options built and checked (config: u8[sizeof(fg_loss_config)];
-// the ctypes struct is checked against this library's layout at import), the
+// the ctypes struct is checked against this library's layout at import) with
+// num_items_given (s64: whether scalars holds a num_items_in_batch), the
 // head (impl; filter_eps, temperature: f64; vocab_total: s64) and the call's
 // fg_exec (threads, memory_budget: s64).
 //
@@ -53,6 +55,7 @@
 // it on every shard, with this shard's own message if the failure was its own.
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -385,14 +388,38 @@ bool ScalarsSized(const Buf &scalars, Failure *f) {
     return true;
 }
 
-bool DecodeLossConfig(const ffi::Dictionary &a, const Buf &scalars, fg_loss_config *cfg,
-                      Failure *f) {
-    if (!DecodeConfigBytes(a, cfg, f) || !ScalarsSized(scalars, f))
+// The run-time options of `scalars` (num_items_in_batch, entropy_coef: maybe
+// traced values, which no front end has seen) into the config. Whether
+// num_items_in_batch is given is the static attribute "num_items_given", never
+// a value of the operand: given, scalars[0] must be a finite number > 0, as the
+// front ends check a concrete one, so no value (-1 included) takes the meaning
+// of the library's FG_NUM_ITEMS_UNMASKED; not given, the config holds
+// FG_NUM_ITEMS_UNMASKED and scalars[0] is not read. entropy_coef has no
+// sentinel; the library checks that it is finite.
+bool ApplyScalars(const ffi::Dictionary &a, const float sc[2], fg_loss_config *cfg, Failure *f) {
+    int64_t given = 0;
+    if (!GetAttr(a, "num_items_given", &given, f))
         return false;
-    const float *sc = static_cast<const float *>(scalars.untyped_data());
-    cfg->num_items_in_batch = sc[0];
+    cfg->num_items_in_batch = FG_NUM_ITEMS_UNMASKED;
+    if (given) {
+        const double items = sc[0];
+        if (!(std::isfinite(items) && items > 0)) {
+            char v[32];
+            std::snprintf(v, sizeof v, "%.9g", items);
+            return f->Set(FG_ERR_BAD_HYPERPARAMETER,
+                          std::string("num_items_in_batch must be a finite number > 0 (or None: "
+                                      "the unmasked token count), got ") + v);
+        }
+        cfg->num_items_in_batch = items;
+    }
     cfg->entropy_coef = sc[1];
     return true;
+}
+
+bool DecodeLossConfig(const ffi::Dictionary &a, const Buf &scalars, fg_loss_config *cfg,
+                      Failure *f) {
+    return DecodeConfigBytes(a, cfg, f) && ScalarsSized(scalars, f) &&
+           ApplyScalars(a, static_cast<const float *>(scalars.untyped_data()), cfg, f);
 }
 
 const float *F32In(const Buf &b) { return static_cast<const float *>(b.untyped_data()); }
@@ -1059,11 +1086,10 @@ bool LinearGrpoDevice(const DeviceMemory &mem, void *stream, Buf hidden, Buf wei
         !F32Sized(status, 1, "status", f) || !F32Sized(logp, h.N, "logp", f) ||
         !F32Sized(entropy, h.N, "entropy", f))
         return false;
-    float sc[2];  // num_items_in_batch (< 0: default), entropy_coef
-    if (!mem.to_host(stream, sc, scalars.untyped_data(), sizeof sc, f))
+    float sc[2];  // num_items_in_batch (read where given: ApplyScalars), entropy_coef
+    if (!mem.to_host(stream, sc, scalars.untyped_data(), sizeof sc, f) ||
+        !ApplyScalars(attrs, sc, &cfg, f))
         return false;
-    cfg.num_items_in_batch = sc[0];
-    cfg.entropy_coef = sc[1];
     fg_linear_outputs out;
     std::memset(&out, 0, sizeof out);
     out.logp = F32(logp);

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
+import numbers
 import os
 from typing import Any, NamedTuple, Optional
 
@@ -176,6 +178,7 @@ class _Static(NamedTuple):
     threads: int         # 0: OpenMP's default
     memory_budget: int   # bytes; 0: the library's default
     filter_eps: float    # gradient filtering (-1: auto; _lib.filter_eps_value)
+    items_given: bool    # the `scalars` operand holds a num_items_in_batch (else: unset)
 
     def option(self, name):
         return dict(self.options).get(name, _options.LOSS_OPTIONS[name].default)
@@ -183,23 +186,54 @@ class _Static(NamedTuple):
 
 # The options that may be traced values: they travel as the run-time `scalars`
 # operand (the sharded front end feeds them the whole batch's normalisers).
+# Whether num_items_in_batch is given is static (_Static.items_given, the
+# handler's attribute "num_items_given"): no value of the operand stands for
+# "unset", so a traced -1 (the C library's FG_NUM_ITEMS_UNMASKED) is refused
+# by the handler like any value that is not a finite number > 0.
 _RUN_TIME = ("num_items_in_batch", "entropy_coef")
+
+
+def _is_traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _run_time_value(name, value):
+    """A run-time option as the `scalars` operand takes it: a traced real scalar
+    as it is (checked at run time by the handler), a concrete one (a Python or
+    NumPy number, or a 0-d array) as the float that fusedgrpo._options' check
+    returns. A bool, a complex or non-real dtype, or an array that is not a
+    scalar is refused (FG_ERR_BAD_HYPERPARAMETER), traced or not."""
+    if isinstance(value, (jax.Array, np.ndarray)):
+        dtype, shape = np.dtype(value.dtype), np.shape(value)
+        if shape != () or dtype.kind not in "iufV":
+            raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER", f"{name} must be a real scalar "
+                                 f"(not a bool), got an array of shape {shape} and dtype {dtype}")
+        if _is_traced(value):
+            return value
+        value = value.item()
+    return _options.LOSS_OPTIONS[name].check(name, value)
 
 
 def _static(options: dict, impl="fused", threads=None, memory_budget=None,
             filter_eps=0.0) -> _Static:
-    """The static options, checked as every front end checks them (fusedgrpo._options);
-    a traced num_items_in_batch or entropy_coef is checked by the library."""
-    static = {k: v for k, v in _options.loss_options_of(options).items() if k not in _RUN_TIME}
-    concrete = {k: float(options[k]) for k in _RUN_TIME
-                if options.get(k) is not None and not isinstance(options[k], jax.core.Tracer)}
+    """The static options, checked as every front end checks them
+    (fusedgrpo._options), and the run-time ones: a concrete num_items_in_batch
+    or entropy_coef is checked here, a traced one by the handler when it runs."""
+    options = _options.loss_options_of(options)
+    static = {k: v for k, v in options.items() if k not in _RUN_TIME}
+    # the run-time options given (num_items_in_batch None: unset, the library's count)
+    given = {k: v for k, v in options.items()
+             if k in _RUN_TIME and not (k == "num_items_in_batch" and v is None)}
+    checked = {k: _run_time_value(k, v) for k, v in given.items()}
+    concrete = {k: v for k, v in checked.items() if not _is_traced(v)}
     _options.loss_config({**static, **concrete})
     if impl not in _lib.IMPLS:
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}")
     cfg = _options.loss_config(static)
     ex = _options.make_exec(threads, memory_budget)
     return _Static(tuple(sorted(static.items())), _options.config_bytes(cfg).tobytes(), impl,
-                   ex.threads, ex.memory_budget, _lib.filter_eps_value(filter_eps))
+                   ex.threads, ex.memory_budget, _lib.filter_eps_value(filter_eps),
+                   "num_items_in_batch" in given)
 
 
 def _exec_attrs(cfg):
@@ -207,8 +241,10 @@ def _exec_attrs(cfg):
 
 
 def _loss_attrs(cfg):
-    """The loss config as FFI attributes (_jax_ffi.cc DecodeLossConfig)."""
-    return dict(config=np.frombuffer(cfg.config, np.uint8), **_exec_attrs(cfg))
+    """The loss config as FFI attributes (_jax_ffi.cc DecodeLossConfig): its
+    bytes, and whether `scalars` holds a num_items_in_batch (ApplyScalars)."""
+    return dict(config=np.frombuffer(cfg.config, np.uint8),
+                num_items_given=np.int64(cfg.items_given), **_exec_attrs(cfg))
 
 
 def _head_attrs(cfg, vocab_total=0):
@@ -291,10 +327,17 @@ def _int64_ids(tok):
     they are, others as int32 [B, T, 2], each id's low and high 32-bit words
     (the little-endian int64 layout), made on the device: no x64 mode needed,
     and the handler, which cannot read device memory, need not widen them."""
-    if tok.dtype == jnp.int64:
-        return tok
+    if tok.dtype.itemsize == 8:  # int64, or uint64 (x64): its bits as int64
+        return tok.astype(jnp.int64)
     tok = tok.astype(jnp.int32)
     return jnp.stack([tok, lax.shift_right_arithmetic(tok, jnp.int32(31))], axis=-1)
+
+
+def _id_dtype(tok):
+    """The dtype the handlers take token ids of tok's dtype in: int64 for 64-bit
+    ids (uint64 under x64: a value past int64's range turns negative, which the
+    library refuses, never a smaller id), int32 for the rest."""
+    return jnp.int64 if tok.dtype.itemsize == 8 else jnp.int32
 
 
 def _mask_bytes(mask):
@@ -344,7 +387,7 @@ def _batch_operands(B, T, tok, mask, adv, old, ref, isr, samp):
     samp = _empty() if samp is None else samp.astype(jnp.float32)
     if isr.ndim == 2 and isr.shape == (B, 1) and T != 1:
         isr = isr.reshape(B)
-    tok = tok if tok.dtype in (jnp.int32, jnp.int64) else tok.astype(jnp.int32)
+    tok = tok if tok.dtype in (jnp.int32, jnp.int64) else tok.astype(_id_dtype(tok))
     # nonzero is a real token (the C API's reading); a float mask's 0.5 must not
     # truncate to 0 (a concrete one is refused before: _batch)
     mask = mask if mask.dtype in (jnp.bool_, jnp.uint8) else mask != 0
@@ -364,7 +407,7 @@ def _callback_impl(cfg, need, gdts, hidden, weight, bias, tok, mask, adv, old, r
         np.asarray(hidden), np.asarray(weight)[:rows], np.asarray(tok), np.asarray(mask),
         np.asarray(adv), opt(old), opt(ref), bias=None if bias.size == 0 else
         np.asarray(bias)[:rows], is_ratio=opt(isr), sampling_logp=opt(samp),
-        num_items_in_batch=None if sc[0] < 0 else float(sc[0]), entropy_coef=float(sc[1]),
+        num_items_in_batch=float(sc[0]) if cfg.items_given else None, entropy_coef=float(sc[1]),
         memory_budget=cfg.memory_budget or None, threads=cfg.threads or None, impl=cfg.impl,
         compute_grad=any(need), filter_eps=cfg.filter_eps, **dict(cfg.options))
     z = np.zeros((0,), np.float32)
@@ -458,34 +501,88 @@ _core.defvjp(_core_fwd, _core_bwd)
 
 
 def _batch(hidden, weight, bias, token_ids, mask, advantages, old_logp, ref_logp, is_ratio,
-           sampling_logp):
+           sampling_logp, vocab=None):
     """The batch's arrays, their shapes and dtypes checked at trace time as every
     front end checks them (fusedgrpo._inputs; the values of a traced mask are
-    not seen: a nonzero entry counts as a token, as in the C API)."""
+    not seen: a nonzero entry counts as a token, as in the C API), the sizes
+    (_check_sizes) and concrete token ids beyond int32 (_token_ids). vocab:
+    the vocabulary (default: the weight's rows)."""
     arrays = [None if a is None else jnp.asarray(a) for a in
-              (token_ids, mask, advantages, old_logp, ref_logp, is_ratio, sampling_logp)]
-    tok, m, adv, old, ref, isr, samp = arrays
-    B, T, _, _ = _inputs.check_head(jnp.shape(hidden), jnp.shape(weight),
+              (mask, advantages, old_logp, ref_logp, is_ratio, sampling_logp)]
+    m, adv, old, ref, isr, samp = arrays
+    ids = _raw_ids(token_ids)
+    B, T, H, V = _inputs.check_head(jnp.shape(hidden), jnp.shape(weight),
                                     None if bias is None else jnp.shape(bias),
                                     *(None if a is None else jnp.asarray(a).dtype
                                       for a in (hidden, weight, bias)))
-    _inputs.check_tokens(tok.shape, tok.dtype, m.shape, m.dtype, B, T)
-    if not isinstance(m, jax.core.Tracer):
+    _inputs.check_tokens(ids.shape, ids.dtype, m.shape, m.dtype, B, T)
+    if not _is_traced(m):
         _inputs.check_mask_values(np.asarray(m))
     named = dict(old_logp=old, ref_logp=ref, is_ratio=isr, sampling_logp=samp)
     _inputs.check_batch(B, T, adv.shape, **{k: None if a is None else a.shape
                                             for k, a in named.items()},
                         kinds={k: a.dtype for k, a in (("advantages", adv), *named.items())
                                if a is not None})
-    return tuple(arrays)
+    V = V if vocab is None else vocab
+    _check_sizes(B, T, H, V)
+    return (jnp.asarray(_token_ids(ids, m, V)),) + tuple(arrays)
+
+
+def _check_sizes(B, T, H, V):
+    """Every size >= 1, which the library requires: refused here, at the call,
+    with its status and message (FG_ERR_INVALID_SIZE), as the NumPy front end's
+    call refuses it (XLA would run an empty linear_logprobs without a call)."""
+    for name, rows, cols in (("hidden", B * T, H), ("weight", V, H)):
+        if rows < 1 or cols < 1:
+            raise FusedGRPOError("FG_ERR_INVALID_SIZE",
+                                 f"{name}: sizes must be >= 1, got [{rows}, {cols}]")
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _raw_ids(token_ids):
+    """token_ids as given, for _token_ids: a JAX array (or tracer) as it is, else
+    (a NumPy array, Python ints) as a NumPy array, before JAX converts it."""
+    return token_ids if isinstance(token_ids, jax.Array) else np.asarray(token_ids)
+
+
+def _token_ids(ids, mask, V):
+    """The token ids of _raw_ids, safe to hand to JAX. Without x64, JAX holds
+    64-bit ids as int32 and cuts their high bits: 2**32 + 3 would run as id 3.
+    A concrete id outside int32's range lies outside [0, V) for any vocabulary,
+    so, as the NumPy front end's call does, it is refused where the mask holds
+    it (FG_ERR_TOKEN_OUT_OF_RANGE, here, at the call) and never read where the
+    mask drops it (0 in its place); under a traced mask, -1 takes its place,
+    which the library refuses wherever the mask holds it. A JAX array or a
+    traced value is as it is: without x64 it holds no 64-bit id (int64 ids
+    given to jax.jit as arguments are cut by JAX itself, before this front end
+    sees them: pass them with x64 enabled, or as int32)."""
+    if isinstance(ids, jax.Array) or jax.config.jax_enable_x64 or ids.dtype.itemsize < 8 \
+            or ids.size == 0:
+        return ids
+    bad = (ids < _INT32.min) | (ids > _INT32.max)
+    if not bad.any():
+        return ids
+    if _is_traced(mask):
+        return np.where(bad, -1, ids).astype(np.int32)
+    held = bad & (np.asarray(mask) != 0)
+    if held.any():
+        b, t = np.argwhere(held)[0]
+        raise FusedGRPOError("FG_ERR_TOKEN_OUT_OF_RANGE",
+                             f"token_ids[{b}, {t}] = {ids[b, t]} is outside [0, {V})")
+    return np.where(bad, 0, ids).astype(np.int32)
 
 
 def _scalars(options):
-    """(num_items_in_batch (< 0: default), entropy_coef): run-time values."""
-    items = options.get("num_items_in_batch")
-    coef = options.get("entropy_coef", _options.LOSS_OPTIONS["entropy_coef"].default)
-    return jnp.stack([jnp.asarray(-1.0 if items is None else items, jnp.float32),
-                      jnp.asarray(coef, jnp.float32)])
+    """(num_items_in_batch, entropy_coef): the run-time values, as _static
+    checked them. Unset, num_items_in_batch's slot holds NaN, which nothing
+    reads (_Static.items_given is False)."""
+    values = {k: _run_time_value(k, options[k]) for k in _RUN_TIME
+              if options.get(k) is not None}
+    items = values.get("num_items_in_batch", math.nan)
+    coef = values.get("entropy_coef", _options.LOSS_OPTIONS["entropy_coef"].default)
+    return jnp.stack([jnp.asarray(items, jnp.float32), jnp.asarray(coef, jnp.float32)])
 
 
 def _aux(metrics, logp, ent):
@@ -502,8 +599,14 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, old_logp
     [V, H] (same dtype), bias [V]; differentiable w.r.t. hidden, weight, bias.
     The loss options (keyword-only) are fusedgrpo.OPTION_NAMES, with the NumPy
     API's defaults and checks; ``num_items_in_batch`` and ``entropy_coef`` may
-    be traced values. sampling_logp [B, T]: the sampler's log-probs (the
-    off-policy mask's; fusedgrpo.fused_linear_grpo).
+    be traced values (real scalars), which the handler checks when the call
+    runs as the NumPy API checks them (num_items_in_batch: a finite number >
+    0; only None leaves it unset). sampling_logp [B, T]: the sampler's
+    log-probs (the off-policy mask's; fusedgrpo.fused_linear_grpo).
+    token_ids: without x64, JAX holds 64-bit ids as int32; a concrete id
+    (NumPy array, Python ints) outside int32's range is refused as out of
+    range where unmasked (ignored where masked), as by the NumPy API; int64
+    ids passed to jax.jit as arguments need x64 (JAX cuts them to int32 itself).
     ``filter_eps``: gradient filtering, 0 (off), "auto" or a threshold
     (fusedgrpo.fused_linear_grpo). With
     ``return_aux=True`` returns ``(loss, {"metrics": {...}, "logp", "entropy"})``
@@ -540,6 +643,7 @@ class _Plan(NamedTuple):
     shard_rows: int      # weight rows per vocab shard (the last shard's past V: padding)
     batch_size: int      # B of the whole batch
     names: tuple         # the inputs present, in _INPUTS order
+    user_items: bool     # the caller gave num_items_in_batch (cfg.items_given: the calls get one)
 
     @property
     def nb(self):
@@ -573,14 +677,18 @@ def _normalisers(plan, mask, scalars):
     n_loc = jnp.sum(mask != 0).astype(jnp.float32)
     n_glob = _psum_b(plan, n_loc)
     n_loc1, n_glob1 = jnp.maximum(n_loc, 1.0), jnp.maximum(n_glob, 1.0)
-    user_items, coef = scalars[0], scalars[1]
+    # the caller's num_items_in_batch (NaN: none) goes to every call, which
+    # checks it (plan.cfg.items_given) whether or not its loss type reads it
+    items, coef = scalars[0], scalars[1]
     normaliser = _options.NORMALISER[plan.cfg.option("loss_type")]
     if normaliser == "sequences":
-        s_p, items = jnp.float32(mask.shape[0] / plan.batch_size), jnp.float32(-1.0)
+        s_p = jnp.float32(mask.shape[0] / plan.batch_size)
     elif normaliser == "tokens":
-        s_p, items = n_loc1 / n_glob1, jnp.float32(-1.0)
+        s_p = n_loc1 / n_glob1
     else:  # num_items_in_batch: one global normaliser, the shards' losses summed
-        s_p, items = jnp.float32(1.0), jnp.where(user_items < 0, n_glob, user_items)
+        s_p = jnp.float32(1.0)
+        if not plan.user_items:  # the whole batch's count (0 tokens: the library's 1)
+            items = n_glob1
     c_eff = coef * n_loc1 / (n_glob1 * s_p)  # the bonus's mean over the whole batch's tokens
     return s_p, n_loc, n_glob1, jnp.stack([items, c_eff])
 
@@ -745,6 +853,10 @@ def _vocab_layout(weight, bias, vocab_size, nv):
     call (each shard passes its own vocab rows, fusedgrpo.h's V_local): their
     gradient is 0, and jnp.pad's transpose drops the rows added here."""
     rows_in = weight.shape[0]
+    if vocab_size is not None and (isinstance(vocab_size, (bool, np.bool_))
+                                   or not isinstance(vocab_size, numbers.Integral)):
+        raise ValueError(f"vocab_size must be an integer (or None: the weight's rows), got "
+                         f"{vocab_size!r}")
     V = rows_in if vocab_size is None else int(vocab_size)
     if not 0 < V <= rows_in:
         raise ValueError(f"vocab_size {V} must lie in [1, weight rows = {rows_in}]")
@@ -814,6 +926,9 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
             "vocab-sharded phases (the phase API) yet, so neither shard_map nor the multi-process "
             "call runs on GPUs: on a GPU, call fused_linear_grpo_loss on each device's batch.")
     cfg = _static(options, impl, threads, memory_budget, filter_eps)
+    user_items = cfg.items_given
+    if _options.NORMALISER[cfg.option("loss_type")] == "num_items_in_batch":
+        cfg = cfg._replace(items_given=True)  # the caller's, or the whole batch's count
     nb = mesh.shape[batch_axis] if batch_axis else 1
     nv = mesh.shape[vocab_axis] if vocab_axis else 1
     if hidden.shape[0] % nb:
@@ -823,11 +938,11 @@ def fused_linear_grpo_loss_sharded(mesh, hidden, weight, token_ids, mask, advant
         raise NotImplementedError("fusedgrpo.jax: vocab sharding needs the FFI handler")
     weight, bias, V, rows = _vocab_layout(weight, bias, vocab_size, nv)
     rest = dict(zip(_BY_BATCH[1:], _batch(hidden, weight, bias, token_ids, mask, advantages,
-                                          old_logp, ref_logp, is_ratio, sampling_logp)),
+                                          old_logp, ref_logp, is_ratio, sampling_logp, V)),
                 scalars=_scalars(options))
     present = {**rest, "hidden": hidden, "weight": weight, "bias": bias}
     plan = _Plan(cfg, mesh, batch_axis, vocab_axis, V, rows, hidden.shape[0],
-                 tuple(n for n in _INPUTS if present[n] is not None))
+                 tuple(n for n in _INPUTS if present[n] is not None), user_items)
     loss, (metrics, logp, ent) = _sharded(plan, hidden, weight, bias, rest)
     return (loss, _aux(metrics, logp, ent)) if return_aux else loss
 
@@ -926,17 +1041,20 @@ def linear_logprobs(hidden, weight, token_ids, mask=None, bias=None, *, temperat
     logp [B, T] float32 (0 where masked), or (logp, entropy). Runs as a host
     callback on CPU devices, through the CUDA handlers on GPUs (see the note
     above)."""
-    if mask is None:
-        mask = jnp.ones(token_ids.shape, jnp.bool_)
+    ids = _raw_ids(token_ids)
+    mask = jnp.ones(ids.shape, jnp.bool_) if mask is None else jnp.asarray(mask)
     temperature = _options.LOSS_OPTIONS["temperature"].check("temperature", temperature)
     _options.make_exec(threads, memory_budget)
-    B, T, _, _ = _inputs.check_head(jnp.shape(hidden), jnp.shape(weight),
+    B, T, H, V = _inputs.check_head(jnp.shape(hidden), jnp.shape(weight),
                                     None if bias is None else jnp.shape(bias))
-    _inputs.check_tokens(jnp.shape(token_ids), jnp.asarray(token_ids).dtype, jnp.shape(mask),
-                         jnp.asarray(mask).dtype, B, T)
+    _inputs.check_tokens(ids.shape, ids.dtype, mask.shape, mask.dtype, B, T)
+    if not _is_traced(mask):
+        _inputs.check_mask_values(np.asarray(mask))
+    _check_sizes(B, T, H, V)
+    tok = jnp.asarray(_token_ids(ids, mask, V))
     b = jnp.zeros((0,), hidden.dtype) if bias is None else bias
     opts = tuple(sorted(dict(impl=impl, memory_budget=memory_budget, threads=threads).items()))
-    lp, ent = _logprobs(float(temperature), opts, hidden, weight, b, token_ids, mask)
+    lp, ent = _logprobs(float(temperature), opts, hidden, weight, b, tok, mask)
     return (lp, ent) if return_entropy else lp
 
 
