@@ -1,7 +1,8 @@
 """What fusedgrpo.torch and fusedgrpo.torch_distributed share: their tensors
 checked (fusedgrpo._inputs: shapes, dtypes, mask values; here: devices) and
 turned into the operands and raw addresses of the C calls, the gradients'
-dtypes, and the eager test of backward's incoming gradient."""
+dtypes, and the gradients their backwards hand to autograd (fresh tensors,
+first order only)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -121,17 +122,105 @@ def compute_dtype(t: Tensor, name: str) -> Tensor:
                          "in float32 and bfloat16 only: pass float32 (or bfloat16) tensors")
 
 
+def tracing() -> bool:
+    """Whether this runs under a trace (torch.compile's dynamo, or a make_fx /
+    AOTAutograd trace of fake, functional or proxy tensors) rather than eagerly."""
+    if torch.compiler.is_compiling():
+        return True
+    try:
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    except ImportError:  # older torch: no proxy-mode query, take the safe path
+        return True
+    return get_proxy_mode() is not None
+
+
 def is_eager_tensor(t: Tensor) -> bool:
     """A plain tensor with data, outside any tracing (fake, functional or proxy)."""
     if type(t) is not Tensor or t.requires_grad or t.numel() != 1:
         return False
-    if torch.compiler.is_compiling():
-        return False
+    return not tracing()
+
+
+def graph_kept() -> bool:
+    """Whether the backward now running keeps its graph (retain_graph=True,
+    create_graph=True), so that the saved tensors can be read by a later
+    backward. True where torch cannot say."""
+    keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    if keep_graph is None:
+        return True
     try:
-        from torch.fx.experimental.proxy_tensor import get_proxy_mode
-    except ImportError:  # older torch: no proxy-mode query, take the safe path
-        return False
-    return get_proxy_mode() is None
+        return bool(keep_graph())
+    except RuntimeError:  # not inside a backward
+        return True
+
+
+# A double backward through a fused op: differentiating the gradients its
+# backward returned.
+DOUBLE_BACKWARD = ("fusedgrpo: a double backward through a fused op is not supported: its "
+                   "gradients are computed by the C library (the loss's in the forward, "
+                   "linear_logprobs' by fg_linear_logprobs_backward) and are not differentiable "
+                   "themselves (create_graph=True gives them no second-order term)")
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """compute()'s tensors (a backward's gradients), recorded as a node whose
+    backward raises: differentiating them is a double backward through the op."""
+
+    @staticmethod
+    def forward(ctx, compute, *anchors):
+        return compute()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(DOUBLE_BACKWARD)
+
+
+def first_order_only(compute, *anchors):
+    """compute() (a tuple of gradients, None or fresh tensors) as a backward
+    hands them to autograd. Under create_graph=True (grad mode on in the
+    backward) they hang on a node that raises when differentiated, itself
+    attached to `anchors` (the op's saved inputs or outputs and the incoming
+    gradients): any path of a second derivative that runs through the op
+    raises, whatever else is in the graph, instead of silently missing the
+    op's second-order term."""
+    if (torch.is_grad_enabled() and not tracing()
+            and any(isinstance(a, Tensor) and a.requires_grad for a in anchors)):
+        return _FirstOrderOnly.apply(compute, *anchors)
+    return compute()
+
+
+def loss_gradients(g_loss: Tensor, saved, dtypes) -> tuple:
+    """The gradients a forward computed and saved (a [0] tensor: not computed,
+    None), scaled by backward's incoming gradient g_loss and cast to `dtypes`.
+    Each backward hands autograd tensors of its own, which the caller may
+    edit, zero and reuse (w.grad.mul_(0.5), grad.zero_()) without touching
+    the saved ones: with a retained graph every backward returns the same
+    values. When g_loss is exactly 1 (loss.backward()) in eager mode, a
+    backward that frees the graph hands over the saved tensors themselves
+    (nothing reads them again; grad_weight alone is V x H) and one that
+    keeps it (retain_graph=True) hands over copies. Traced (torch.compile),
+    it always scales into new tensors and never reads g_loss. Differentiating
+    the result (create_graph=True) raises: see first_order_only."""
+    if tracing():
+        return tuple(None if s.numel() == 0 else (s * g_loss).to(dt)
+                     for s, dt in zip(saved, dtypes))
+    unit = is_eager_tensor(g_loss) and float(g_loss) == 1.0
+
+    def compute(copy):
+        out = []
+        for s, dt in zip(saved, dtypes):
+            if s.numel() == 0:
+                out.append(None)
+            elif not unit:
+                out.append((s * g_loss).to(dt))
+            else:
+                g = s.to(dt)
+                out.append(g.clone() if copy and g is s else g)
+        return tuple(out)
+
+    if torch.is_grad_enabled():  # create_graph=True
+        return first_order_only(lambda: compute(copy=True), g_loss, *saved)
+    return compute(copy=graph_kept())
 
 
 def grad_dtypes(compute: torch.dtype) -> tuple:

@@ -10,8 +10,15 @@ needs float32 inputs and a float32 tolerance). Every tensor's device, shape and
 dtype is checked before the C call (fusedgrpo._inputs, as the NumPy API).
 One C call computes the loss and all gradients in the forward (like Liger);
 backward scales the saved gradients by the incoming gradient and casts them to
-the input dtype. Those gradients are not differentiable: a double backward
-(create_graph=True) raises.
+the input dtype, into tensors of the caller's own (for an incoming gradient of
+exactly 1, the saved ones when the backward frees the graph, copies when
+retain_graph keeps it; _torch_inputs.loss_gradients). Those gradients are not
+differentiable: a double backward (differentiating them after
+create_graph=True) raises RuntimeError, through any of the fused ops.
+
+Every option is checked as the caller gave it (a bool is not a number, 2 is
+not a bool) before the op, under torch.compile as eagerly: a compiled call
+refuses with the eager call's error when it runs (_call_options).
 
 Differences from Liger, by design (docs/LOSS_SPEC.md, which follows TRL 1.16,
 is the contract; python/README.md lists where Liger departs from TRL):
@@ -31,9 +38,11 @@ is the contract; python/README.md lists where Liger departs from TRL):
 from __future__ import annotations
 
 import inspect
+import numbers
 import warnings
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -98,7 +107,10 @@ def linear_grpo(hidden, weight, token_ids, mask, advantages, bias=None, old_logp
     meaning the spec's default, and this call's execution options, threads
     (None: OpenMP's default) and memory_budget (bytes, None: the backend's
     default, 256 MiB on the CPU and 2 GiB on CUDA), and
-    filter_eps (gradient filtering; -1.0 is "auto", _lib.filter_eps_value)."""
+    filter_eps (gradient filtering; -1.0 is "auto", _lib.filter_eps_value).
+    The options' values are checked here, before the C call; their types,
+    which the schema has converted by now, are checked by the front ends on
+    the caller's values (fused_linear_grpo_loss)."""
     cfg = _options.loss_config(options)
     ex = _options.make_exec(threads, memory_budget)
     dev = _ti.check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask,
@@ -135,11 +147,12 @@ def _(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None, ref
       is_ratio=None, sampling_logp=None, *, compute_grad_hidden=True, compute_grad_weight=True,
       compute_grad_bias=True, impl="fused", threads=None, memory_budget=None, filter_eps=0.0,
       **options):
-    # A traced call refuses what the eager one does (the mask's values aside,
-    # which a trace cannot see); and a tensor on 'meta' among CPU ones
-    # dispatches here, not to the CPU kernel.
-    _options.loss_config(options)
-    _options.make_exec(threads, memory_budget)
+    # A traced call refuses the tensors the eager one does (the mask's values
+    # aside, which a trace cannot see), and a tensor on 'meta' among CPU ones
+    # dispatches here, not to the CPU kernel. The options are not checked
+    # here: the front end checks them as the caller gave them (the schema has
+    # converted them by now; see _call_options), and the kernel checks their
+    # values when it runs.
     _ti.check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask,
                       advantages=advantages, bias=bias, old_logp=old_logp, ref_logp=ref_logp,
                       is_ratio=is_ratio, sampling_logp=sampling_logp)
@@ -163,28 +176,17 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.set_materialize_grads(False)
 
 
-@torch.autograd.function.once_differentiable
 def _backward(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb):
     # Only the loss is differentiable: logp, entropy and metrics are reported
-    # values (gradients flowing into them are not supported and are dropped).
+    # values, and the op's gradient outputs are gradients (gradients flowing
+    # into any of them are not supported and are dropped).
     gh, gw, gb = ctx.saved_tensors
     dh = dw = db = None
     if g_loss is not None:
-        # loss.backward() sends exactly 1: hand the saved gradients over as they
-        # are (a cast at most) instead of a scaled copy; grad_weight alone is
-        # V*H floats, and that copy cost 10% of the step. Only in eager mode:
-        # a traced backward (torch.compile, opcheck) must not branch on data.
-        unit = _ti.is_eager_tensor(g_loss) and float(g_loss) == 1.0
-
-        def scaled(g, dt):
-            return g.to(dt) if unit else (g * g_loss).to(dt)
-
-        if gh.numel():
-            dh = scaled(gh, ctx.dtypes[0])
-        if gw.numel():
-            dw = scaled(gw, ctx.dtypes[1])
-        if gb.numel():
-            db = scaled(gb, ctx.dtypes[2])
+        # Fresh tensors from every backward (retained graphs, edited .grad),
+        # the saved ones handed over as they are where nothing reads them
+        # again; differentiating them (create_graph=True) raises.
+        dh, dw, db = _ti.loss_gradients(g_loss, (gh, gw, gb), ctx.dtypes)
     # One gradient per positional input: hidden, weight, token_ids, mask,
     # advantages, bias, old_logp, ref_logp, is_ratio, sampling_logp (keyword-only
     # ones take none).
@@ -192,6 +194,96 @@ def _backward(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb):
 
 
 linear_grpo.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------ options, checked as the caller gave them
+#
+# The op's schema types its options (float, SymInt, bool, str), so the op sees
+# them converted: True as 1.0, 2 as True. The front end checks the caller's
+# own values before the op, eagerly and under torch.compile alike.
+#
+# Eagerly, every check raises before the op is called. torch.compile (dynamo)
+# runs the same checks while it traces the front end, on the values it traces
+# with: constants (literals, module attributes, a compiled function's
+# arguments, on which it guards, so that other values retrace and are checked
+# again) or, for a compiled function's int or float argument that changed
+# between calls, a symbolic number. An exception raised while tracing with
+# fullgraph=True surfaces as dynamo's own error, so a refused traced call
+# puts _refused in the graph instead, which raises the eager call's error
+# (the same FusedGRPOError or TypeError) when the graph runs, before the
+# fused op. The one check that needs the value itself, the range of a float
+# option given a number (math.isfinite, which dynamo cannot evaluate on a
+# symbolic number), runs in the op, on the value, when the graph runs: the
+# same check, the same status (an int argument reads as a float there).
+
+
+def _is_number(value) -> bool:
+    """A real number that is not a bool (dynamo: constant or symbolic)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_impl(impl):
+    if not isinstance(impl, str) or impl not in _lib.IMPLS:
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED",
+                             f"unknown impl {impl!r}; one of {tuple(_lib.IMPLS)}")
+
+
+def _check_call_options(options, impl, threads, memory_budget, filter_eps, *, traced):
+    """Every option of a call checked as the caller gave it, in one order
+    (eager's and the trace's): the loss options (an unknown name raises
+    TypeError), threads, memory_budget, filter_eps, impl. Returns filter_eps
+    as the op takes it (FILTER_EPS_AUTO: -1.0). traced: a float option given a
+    number is left to the op (see above)."""
+    _options.loss_options_of(options)
+    for o in _options.LOSS_OPTIONS.values():
+        if o.name in options and not (traced and o.type is float
+                                      and _is_number(options[o.name])):
+            o.check(o.name, options[o.name])
+    _options.check_threads(threads)
+    _options.check_memory_budget(memory_budget)
+    fe = _lib.filter_eps_value(filter_eps)
+    _check_impl(impl)
+    return -1.0 if fe is _lib.FILTER_EPS_AUTO else fe
+
+
+@torch.library.custom_op("fusedgrpo::refused", mutates_args=(), **_OP_TAGS)
+def _refused(token_ids: Tensor, kind: str, status: str, message: str) -> Tensor:
+    """A traced call whose options were refused while tracing: raises what the
+    eager call raises (kind "TypeError": TypeError(message), else
+    FusedGRPOError(status, message)) when the graph runs. Its output feeds the
+    fused op, which therefore never runs."""
+    if kind == "TypeError":
+        raise TypeError(message)
+    raise FusedGRPOError(status, message)
+
+
+@_refused.register_fake
+def _(token_ids, kind, status, message):
+    return torch.empty_like(token_ids)
+
+
+def _call_options(token_ids, options, impl, threads, memory_budget, filter_eps):
+    """(token_ids, options, impl, threads, memory_budget, filter_eps) for the op:
+    the options checked (see above; eagerly a refusal raises here), the bool
+    option as a bool, filter_eps as a float. A call refused under torch.compile
+    gets token_ids through _refused and the default options."""
+    if not torch.compiler.is_compiling():
+        fe = _check_call_options(options, impl, threads, memory_budget, filter_eps,
+                                 traced=False)
+    else:
+        refusal = None
+        try:
+            fe = _check_call_options(options, impl, threads, memory_budget, filter_eps,
+                                     traced=True)
+        except FusedGRPOError as e:
+            refusal = ("FusedGRPOError", e.status, e.message)
+        except TypeError as e:
+            refusal = ("TypeError", "", str(e))
+        if refusal is not None:
+            return _refused(token_ids, *refusal), {}, "fused", None, None, 0.0
+    options = {k: (True if v else False) if _options.LOSS_OPTIONS[k].type is bool else v
+               for k, v in options.items()}
+    return token_ids, options, impl, threads, memory_budget, fe
 
 
 @_options.with_loss_options
@@ -204,22 +296,27 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
     the tensors that require one (with grad mode on) are computed. The loss
     options (keyword-only) are fusedgrpo.OPTION_NAMES; num_items_in_batch may be
     a 0-dim tensor. filter_eps: gradient filtering, 0 (off), "auto" or a
-    threshold (fused_linear_grpo)."""
+    threshold (fused_linear_grpo). Every option is checked as given (a bool is
+    not a number), under torch.compile too, where a refused call raises the
+    same error when the compiled function runs.
+
+    The backward hands autograd fresh gradient tensors each time (a retained
+    graph can be backwarded again; .grad may be edited in place): a scaled
+    copy, or for an incoming gradient of exactly 1 the saved gradients
+    themselves when the backward frees the graph, copies when it keeps it
+    (retain_graph=True). The gradients are first order only: differentiating
+    them (a double backward, create_graph=True) raises RuntimeError."""
     if isinstance(options.get("num_items_in_batch"), Tensor):
         options["num_items_in_batch"] = float(options["num_items_in_batch"])
-    if not torch.compiler.is_compiling():
-        # the options' refusals as FusedGRPOError here; a compiled call gets them
-        # from the op's fake kernel while tracing
-        _options.loss_config(options)
-        _options.make_exec(threads, memory_budget)
+    token_ids, options, impl, threads, memory_budget, filter_eps = _call_options(
+        token_ids, options, impl, threads, memory_budget, filter_eps)
     grad_on = torch.is_grad_enabled()
     loss, metrics, logp, ent, _, _, _ = linear_grpo(
         hidden, weight, token_ids, mask, advantages, bias, old_logp, ref_logp, is_ratio,
         sampling_logp, compute_grad_hidden=grad_on and hidden.requires_grad,
         compute_grad_weight=grad_on and weight.requires_grad,
         compute_grad_bias=grad_on and bias is not None and bias.requires_grad, impl=impl,
-        threads=threads, memory_budget=memory_budget,
-        filter_eps=_lib.filter_eps_value(filter_eps), **options)
+        threads=threads, memory_budget=memory_budget, filter_eps=filter_eps, **options)
     return loss, {n: metrics[i] for i, n in enumerate(METRIC_NAMES)}, logp, ent
 
 
@@ -318,17 +415,24 @@ def _logprobs_backward(ctx, g_logp, g_ent):
     hidden, weight, token_ids, mask, bias = ctx.saved_tensors
     if g_logp is None and g_ent is None:
         return None, None, None, None, None
-    if g_logp is None:
-        g_logp = torch.zeros(hidden.shape[:2], dtype=torch.float32, device=hidden.device)
-    gh, gw, gb = _logprobs_backward_op(
-        hidden, weight, token_ids, mask, g_logp, g_ent, bias,
-        temperature=ctx.options.get("temperature", 1.0),
-        compute_grad_hidden=ctx.needs[0], compute_grad_weight=ctx.needs[1],
-        compute_grad_bias=ctx.needs[2], impl=ctx.options.get("impl", "fused"),
-        threads=ctx.options.get("threads"), memory_budget=ctx.options.get("memory_budget"))
-    dh = gh.to(hidden.dtype) if ctx.needs[0] else None
-    dw = gw.to(weight.dtype) if ctx.needs[1] else None
-    db = gb.to(bias.dtype) if ctx.needs[2] else None
+
+    def compute():
+        g = g_logp
+        if g is None:
+            g = torch.zeros(hidden.shape[:2], dtype=torch.float32, device=hidden.device)
+        gh, gw, gb = _logprobs_backward_op(
+            hidden, weight, token_ids, mask, g, g_ent, bias,
+            temperature=ctx.options.get("temperature", 1.0),
+            compute_grad_hidden=ctx.needs[0], compute_grad_weight=ctx.needs[1],
+            compute_grad_bias=ctx.needs[2], impl=ctx.options.get("impl", "fused"),
+            threads=ctx.options.get("threads"), memory_budget=ctx.options.get("memory_budget"))
+        return (gh.to(hidden.dtype) if ctx.needs[0] else None,
+                gw.to(weight.dtype) if ctx.needs[1] else None,
+                gb.to(bias.dtype) if ctx.needs[2] else None)
+
+    # The C backward's gradients are first order only: differentiating them
+    # (create_graph=True) raises.
+    dh, dw, db = _ti.first_order_only(compute, g_logp, g_ent, hidden, weight, bias)
     return dh, dw, None, None, db
 
 
@@ -343,12 +447,18 @@ def linear_logprobs(hidden, weight, token_ids, mask=None, bias=None, *, temperat
     through fg_linear_logprobs_backward (the logits recomputed, 4 GEMM-sized
     products with the forward), for any loss built on logp and entropy, like
     TRL's chunked LM-head kernel; under no_grad, one forward-only C call.
+    The gradients are first order only: a double backward raises RuntimeError.
     hidden [B, T, H], weight [V, H], token_ids / mask [B, T] (mask None: all).
     Returns logp [B, T] float32 (0 where masked), or (logp, entropy)."""
     if mask is None:
         mask = torch.ones(token_ids.shape, dtype=torch.bool, device=token_ids.device)
-    logp, ent = _logprobs_op(hidden, weight, token_ids, mask, bias, temperature=temperature,
-                             impl=impl, threads=threads, memory_budget=memory_budget)
+    # temperature, impl, threads and memory_budget checked as given (see
+    # _call_options; under torch.compile too)
+    token_ids, options, impl, threads, memory_budget, _ = _call_options(
+        token_ids, {"temperature": temperature}, impl, threads, memory_budget, 0.0)
+    logp, ent = _logprobs_op(hidden, weight, token_ids, mask, bias,
+                             temperature=options.get("temperature", 1.0), impl=impl,
+                             threads=threads, memory_budget=memory_budget)
     return (logp, ent) if return_entropy else logp
 
 
@@ -417,9 +527,8 @@ class FusedLinearGRPOLoss(torch.nn.Module):
             vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg,
             vespo_lambda_neg=vespo_lambda_neg, entropy_coef=entropy_coef))
         _options.make_exec(threads, memory_budget)
-        if impl not in _lib.IMPLS:
-            raise FusedGRPOError("FG_ERR_UNSUPPORTED",
-                                 f"unknown impl {impl!r}; one of {tuple(_lib.IMPLS)}")
+        _lib.filter_eps_value(filter_eps)
+        _check_impl(impl)
         self.beta = beta
         self.use_ref_model = use_ref_model
         self.epsilon_low = epsilon_low
@@ -440,7 +549,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         self.impl = impl
         self.memory_budget = memory_budget
         self.threads = threads
-        self.filter_eps = _lib.filter_eps_value(filter_eps)  # checked by the library per call
+        self.filter_eps = filter_eps  # as given: each call checks every option as given
         self.return_metrics_dict = return_metrics_dict
 
     def _loss_fn(self, *args, **kwargs):
@@ -461,13 +570,16 @@ class FusedLinearGRPOLoss(torch.nn.Module):
     def forward(self, _input, lin_weight, selected_token_ids, attention_mask, advantages,
                 bias=None, ref_per_token_logps=None, old_per_token_logps=None, ref_input=None,
                 ref_weight=None, ref_bias=None, vllm_is_ratio=None, num_items_in_batch=None):
-        beta = float(self.beta)
+        beta = self.beta
+        # beta as given (a bool, None or string is refused by the loss call,
+        # as every option); a number 0 turns the KL off
+        kl_off = _is_number(beta) and beta == 0
         ref = ref_per_token_logps
         if ref is not None and ref_input is not None:
             warnings.warn("Using ref_per_token_logps; ref_input, ref_weight and ref_bias are "
                           "ignored since the reference log-probs are given", UserWarning,
                           stacklevel=2)
-        if beta != 0.0:
+        if not kl_off:
             if ref is None and self.use_ref_model:
                 if ref_input is None:
                     raise ValueError("If use_ref_model is True, ref_per_token_logps or ref_input "
@@ -475,7 +587,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
                 ref = self._ref_logps(ref_input, ref_weight if ref_weight is not None
                                       else lin_weight, ref_bias, selected_token_ids,
                                       attention_mask, advantages)
-            if ref is None:
+            if ref is None and _is_number(beta):
                 # Liger/TRL: ref = stop_gradient(logp): KL == 0 with zero gradient.
                 beta_eff = 0.0
             else:
@@ -504,7 +616,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         if self.return_metrics_dict:
             return loss, metrics
         out = []
-        if beta != 0.0:
+        if not kl_off:
             out.append(metrics["kl"])
         # Liger's one clip metric per loss type (0 for sapo and vespo, which
         # do not clip; the C library reports 0 for the others there)

@@ -379,3 +379,149 @@ def test_liger_arguments_without_a_counterpart_are_refused():
         fgt.FusedLinearGRPOLoss(compiled="yes")
     with pytest.raises(fusedgrpo.FusedGRPOError, match="unknown impl"):
         fgt.FusedLinearGRPOLoss(impl="chunked")
+
+
+# ------------------------------------------------ options under torch.compile
+#
+# Every option is checked as the caller gave it, under torch.compile as
+# eagerly: a compiled call refuses what the eager one refuses, with the same
+# exception (FusedGRPOError and its status, or TypeError) and message, when
+# it runs; other values retrace and are checked again.
+
+REFUSED_OPTIONS = [
+    dict(beta=True, use_bias_correction_kl=2),
+    dict(use_bias_correction_kl=2), dict(temperature=True), dict(epsilon_low=False),
+    dict(epsilon_high=True), dict(delta=True), dict(num_items_in_batch=True),
+    dict(entropy_coef=True), dict(top_entropy_quantile=True),
+    dict(off_policy_mask_threshold=True), dict(sapo_temperature_neg=True),
+    dict(vespo_lambda_pos=True), dict(max_completion_length=True),
+    dict(max_completion_length=2.5), dict(max_completion_length=0), dict(loss_type="nope"),
+    dict(loss_type=3), dict(importance_sampling_level="batch"), dict(threads=True),
+    dict(threads=0), dict(memory_budget=True), dict(memory_budget=1.5), dict(filter_eps=True),
+    dict(filter_eps=-1), dict(filter_eps="always"), dict(impl="chunked"), dict(impl=1),
+    dict(beta=-0.5), dict(epsilon_high=float("nan")), dict(temperature=0.0),
+    dict(not_an_option=1),
+]
+
+
+def _recompile_limit(n):
+    """torch._dynamo's recompile limit raised to n (its name before torch 2.6:
+    cache_size_limit)."""
+    cfg = torch._dynamo.config
+    return cfg.patch(**{"recompile_limit" if hasattr(cfg, "recompile_limit")
+                        else "cache_size_limit": n})
+
+
+def _refusal(fn, *args, **kwargs):
+    with pytest.raises((fusedgrpo.FusedGRPOError, TypeError)) as e:
+        fn(*args, **kwargs)
+    return type(e.value), getattr(e.value, "status", None), str(e.value)
+
+
+def _options_step(t):
+    def step(h, w, **options):
+        loss, _, logp, _ = fgt.fused_linear_grpo_loss(
+            h, w, t["token_ids"], t["mask"], t["advantages"], t["bias"], t["old_logp"],
+            t["ref_logp"], **options)
+        return loss, logp
+    return step
+
+
+def test_compiled_options_refused_as_eagerly():
+    rng = np.random.default_rng(13)
+    t = _t(make_inputs(rng, B=3, T=5, H=7, V=11))
+    step = _options_step(t)
+    good = dict(beta=0.05, loss_type="grpo", use_bias_correction_kl=True, filter_eps="auto",
+                threads=1)
+    want = step(t["hidden"], t["weight"], **good)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    with _recompile_limit(2 * len(REFUSED_OPTIONS)):  # a trace for each
+        for options in [good] + REFUSED_OPTIONS + [good]:
+            if options is good:
+                for x, y in zip(compiled(t["hidden"], t["weight"], **good), want):
+                    assert torch.equal(x, y)
+                continue
+            assert _refusal(compiled, t["hidden"], t["weight"], **options) == _refusal(
+                step, t["hidden"], t["weight"], **options), options
+    torch._dynamo.reset()
+
+
+def test_compiled_option_arguments_are_checked_on_every_call():
+    """Options passed to the compiled function: dynamo guards on them (a bool,
+    a string) or, once an int or float has changed, traces it as a symbolic
+    number whose range the op checks when the graph runs."""
+    rng = np.random.default_rng(14)
+    t = _t(make_inputs(rng, B=3, T=5, H=5, V=9))
+
+    def fn(h, w, beta, max_completion_length, use_bias_correction_kl):
+        return fgt.fused_linear_grpo_loss(
+            h, w, t["token_ids"], t["mask"], t["advantages"], t["bias"], t["old_logp"],
+            t["ref_logp"], beta=beta, max_completion_length=max_completion_length,
+            use_bias_correction_kl=use_bias_correction_kl)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    args = (t["hidden"], t["weight"])
+    with _recompile_limit(64):
+        for options in [(0.1, 4, False), (0.2, 5, True), (-0.3, 5, True), (0.2, 0, False),
+                        (True, 5, False), (0.25, 6, 2), (0.3, 7, True), (float("inf"), 7, True),
+                        (0.35, 3, False)]:
+            try:
+                want = fn(*args, *options)
+            except fusedgrpo.FusedGRPOError:
+                assert _refusal(compiled, *args, *options) == _refusal(fn, *args, *options), \
+                    options
+            else:
+                assert compiled(*args, *options).item() == want.item(), options
+    torch._dynamo.reset()
+
+
+def test_compiled_module_and_logprobs_refuse_as_eagerly():
+    rng = np.random.default_rng(15)
+    t = _t(make_inputs(rng, B=3, T=3, H=5, V=7))
+    mod = fgt.FusedLinearGRPOLoss(beta=0.05)
+    mod.beta = True  # an attribute set after the constructor's checks
+
+    def module_step(h, w):
+        return mod(h, w, t["token_ids"], t["mask"], t["advantages"],
+                   ref_per_token_logps=t["ref_logp"])[0]
+
+    def logprobs_step(h, w, **options):
+        return fgt.linear_logprobs(h, w, t["token_ids"], t["mask"], **options)
+
+    cases = [(module_step, {}), (logprobs_step, dict(temperature=True)),
+             (logprobs_step, dict(temperature=-1.0)), (logprobs_step, dict(impl="chunked")),
+             (logprobs_step, dict(threads=True)), (logprobs_step, dict(memory_budget=False))]
+    for fn, options in cases:
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+        eager = _refusal(fn, t["hidden"], t["weight"], **options)
+        assert eager[0] is fusedgrpo.FusedGRPOError
+        assert _refusal(compiled, t["hidden"], t["weight"], **options) == eager, options
+    # good values retrace and run
+    mod.beta = 0.05
+    torch._dynamo.reset()
+    for fn in (module_step, logprobs_step):
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+        assert torch.equal(compiled(t["hidden"], t["weight"]), fn(t["hidden"], t["weight"]))
+    torch._dynamo.reset()
+
+
+def test_compiled_options_refused_under_inductor():
+    """The default backend (Inductor; on the CPU it compiles C++): the probe's
+    case and a range refused when the graph runs, then a good call."""
+    rng = np.random.default_rng(16)
+    t = _t(make_inputs(rng, B=3, T=3, H=5, V=7))
+    step = _options_step(t)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    for options in (dict(beta=True, use_bias_correction_kl=2), dict(beta=-0.5),
+                    dict(filter_eps=-1)):
+        assert _refusal(compiled, t["hidden"], t["weight"], **options) == _refusal(
+            step, t["hidden"], t["weight"], **options), options
+    good = dict(beta=0.05, use_bias_correction_kl=True)
+    for x, y in zip(compiled(t["hidden"], t["weight"], **good),
+                    step(t["hidden"], t["weight"], **good)):
+        assert torch.equal(x, y)
+    torch._dynamo.reset()
