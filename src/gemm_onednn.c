@@ -1,9 +1,11 @@
 /* oneDNN matmul wrapper: primitive cache, fixed blocks and the bf16 tile path
  * (see gemm_onednn.h). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime(CLOCK_THREAD_CPUTIME_ID) */
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
@@ -167,6 +169,130 @@ static int ensure_workers(fg_gemm_cache *c, gemm_slot *slot, int workers)
     return 0;
 }
 
+/* ------------------------------------------- bf16 products: worth taking? */
+
+/* Where oneDNN has bf16 matmul kernels, they are not always the faster
+ * product: the fused bf16 step (T = 2048, H = 1024, V = 151936) ran in 0.36
+ * of the f32 step's time on an AMD Zen 4 and 1.66x it on an Intel Xeon
+ * (family 6 model 207, no AMX: 142.5 against 220.5 GFLOP/s), oneDNN 2.6 on
+ * both (bench/bf16_products_ab.c). So the ISA does not decide; a measurement
+ * does: the logits block's product (FG_BLOCK_LOGITS_M x FG_BLOCK_LOGITS_N, K =
+ * 1024) in bf16 and in f32 on the calling thread, PROBE_REPS times each in
+ * turns, the fastest of each kept, timed in the thread's CPU time: another
+ * process taking the core between two reads (ranks oversubscribing a
+ * machine) does not count, where wall time let ranks of one job choose
+ * differently. bf16 products are taken only where they take at most
+ * BF16_WINS of the f32 time: they round dlogits to bf16 for the gradient
+ * products, f32 products on widened bf16 tiles do not, so accuracy goes to
+ * f32 unless bf16 clearly wins. Once per process (the CPU does not change;
+ * every context of a process then multiplies alike). FUSEDGRPO_BF16_PRODUCTS
+ * = native or f32 decides instead, read at each context's creation: the same
+ * bits across processes on a CPU near the line. A build with fault injection
+ * does not measure (its tests count fault points per creation), and a
+ * measurement that fails for memory keeps bf16 products, uncached. */
+#ifndef FG_FAULT_INJECTION
+#define PROBE_K 1024
+#define PROBE_REPS 5
+#define BF16_WINS 0.9
+
+static double thread_cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static fg_gemm_shape probe_shape(fg_dtype t)
+{
+    fg_gemm_shape s;
+    memset(&s, 0, sizeof s);
+    s.M = FG_BLOCK_LOGITS_M;
+    s.N = FG_BLOCK_LOGITS_N;
+    s.K = PROBE_K;
+    s.a_type = s.b_type = t;
+    s.c_type = FG_DTYPE_F32;
+    s.a_rs = PROBE_K; /* hidden rows */
+    s.a_cs = 1;
+    s.b_rs = 1; /* the weight's rows are B's columns */
+    s.b_cs = PROBE_K;
+    s.c_ld = FG_BLOCK_LOGITS_N;
+    return s;
+}
+
+/* The fastest of PROBE_REPS runs of the bf16 and the f32 probe products, in
+ * turns (secs[0]: bf16, secs[1]: f32). Nonzero on a failure. */
+static int time_probe_products(fg_gemm_cache *c, double secs[2])
+{
+    const fg_gemm_shape shapes[2] = {probe_shape(FG_DTYPE_BF16), probe_shape(FG_DTYPE_F32)};
+    const size_t a_elems = (size_t)FG_BLOCK_LOGITS_M * PROBE_K;
+    const size_t b_elems = (size_t)FG_BLOCK_LOGITS_N * PROBE_K;
+    fg_gemm_scratch need = {0, 0};
+    fg_error err;
+    for (int i = 0; i < 2; i++)
+        if (fg_gemm_prepare(c, &shapes[i], 1, &need, &err) != FG_OK)
+            return 1;
+    const size_t scratch_bytes = fg_ws_round(fg_gemm_scratch_bytes(&need, 1) + FG_ALIGN);
+    float *a32 = malloc(a_elems * sizeof(float)), *b32 = malloc(b_elems * sizeof(float));
+    uint16_t *a16 = malloc(a_elems * 2), *b16 = malloc(b_elems * 2);
+    float *cbuf = malloc((size_t)FG_BLOCK_LOGITS_M * FG_BLOCK_LOGITS_N * sizeof(float));
+    void *scratch = aligned_alloc(FG_ALIGN, scratch_bytes);
+    int bad = !a32 || !b32 || !a16 || !b16 || !cbuf || !scratch;
+    if (!bad) {
+        /* values of a real call's scale: a zero or denormal operand could
+         * take another path through a kernel */
+        for (size_t i = 0; i < a_elems; i++)
+            a16[i] = fg_bf16_store(a32[i] = (float)((int)(i % 7) - 3) * 0.25f);
+        for (size_t i = 0; i < b_elems; i++)
+            b16[i] = fg_bf16_store(b32[i] = (float)((int)(i % 5) - 2) * 0.03125f);
+        secs[0] = secs[1] = 1e300;
+        for (int r = 0; r < PROBE_REPS && !bad; r++)
+            for (int i = 0; i < 2 && !bad; i++) {
+                const int bf = shapes[i].a_type == FG_DTYPE_BF16;
+                const double t0 = thread_cpu_seconds();
+                bad = fg_gemm_run(c, &shapes[i], bf ? (void *)a16 : a32, bf ? (void *)b16 : b32,
+                                  cbuf, NULL, scratch, 1, NULL, &err) != FG_OK;
+                const double t = thread_cpu_seconds() - t0;
+                if (t < secs[i])
+                    secs[i] = t;
+            }
+    }
+    free(a32);
+    free(b32);
+    free(a16);
+    free(b16);
+    free(cbuf);
+    free(scratch);
+    return bad;
+}
+#endif
+
+static int bf16_products_chosen(fg_gemm_cache *c)
+{
+    const char *force = getenv("FUSEDGRPO_BF16_PRODUCTS");
+    if (force && !strcmp(force, "native"))
+        return 1;
+    if (force && !strcmp(force, "f32"))
+        return 0;
+#ifdef FG_FAULT_INJECTION
+    (void)c;
+    return 1;
+#else
+    static int chosen = -1; /* -1: not measured yet in this process */
+    int answer;
+#pragma omp critical(fg_bf16_products)
+    {
+        if (chosen < 0) {
+            double secs[2];
+            c->native_bf16 = 1; /* the probe's bf16 product runs natively */
+            if (!time_probe_products(c, secs))
+                chosen = secs[0] <= BF16_WINS * secs[1];
+        }
+        answer = chosen < 0 ? 1 : chosen;
+    }
+    return answer;
+#endif
+}
+
 fg_status fg_gemm_cache_create(fg_gemm_cache **out)
 {
     *out = NULL;
@@ -189,8 +315,8 @@ fg_status fg_gemm_cache_create(fg_gemm_cache **out)
         free(c);
         return FG_ERR_OUT_OF_MEMORY;
     }
-    c->native_bf16 = probed == CREATE_OK;
     c->avx2_kernels = (dnnl_get_effective_cpu_isa() & ~dnnl_cpu_isa_avx2) == 0;
+    c->native_bf16 = probed == CREATE_OK && bf16_products_chosen(c);
     *out = c;
     return FG_OK;
 }
