@@ -131,26 +131,27 @@ FILTER_EPS_AUTO = _FilterEpsAuto(-1.0)  # FG_FILTER_EPS_AUTO
 _FILTER_EPS_VALID = "'auto', None or 0 (off), or a number in [0, 1]"
 
 
-def filter_eps_value(filter_eps) -> float:
+def filter_eps_value(filter_eps, name: str = "filter_eps") -> float:
     """fg_linear_options.filter_eps of a caller's ``filter_eps``: "auto" (the
     library's default for the dtype: FILTER_EPS_AUTO), None or 0 (off), or a
     threshold in (0, 1] (docs/LOSS_SPEC.md "Gradient filtering"). Anything
     else raises FusedGRPOError, as every other option does: a bool (True is
     not 1.0), a negative number (-1 is the C sentinel, not a spelling of
-    "auto"), NaN, a string other than "auto"."""
+    "auto"), NaN, a string other than "auto". The message names ``name``
+    (the TRL trainer's attribute is fusedgrpo_filter_eps)."""
     if filter_eps is FILTER_EPS_AUTO:
         return filter_eps
     if isinstance(filter_eps, str):
         if filter_eps != "auto":
             raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER",
-                                 f"filter_eps must be {_FILTER_EPS_VALID}, got {filter_eps!r}")
+                                 f"{name} must be {_FILTER_EPS_VALID}, got {filter_eps!r}")
         return FILTER_EPS_AUTO
     if filter_eps is None:
         return 0.0
     if (isinstance(filter_eps, (bool, np.bool_)) or not isinstance(filter_eps, numbers.Real)
             or not 0.0 <= float(filter_eps) <= 1.0):
         raise FusedGRPOError("FG_ERR_BAD_HYPERPARAMETER",
-                             f"filter_eps must be {_FILTER_EPS_VALID}, got {filter_eps!r}")
+                             f"{name} must be {_FILTER_EPS_VALID}, got {filter_eps!r}")
     return float(filter_eps) + 0.0  # -0.0 is 0.0
 
 

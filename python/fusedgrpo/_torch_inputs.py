@@ -189,7 +189,7 @@ def first_order_only(compute, *anchors):
     return compute()
 
 
-def loss_gradients(g_loss: Tensor, saved, dtypes) -> tuple:
+def loss_gradients(g_loss: Tensor, saved, dtypes, anchors=()) -> tuple:
     """The gradients a forward computed and saved (a [0] tensor: not computed,
     None), scaled by backward's incoming gradient g_loss and cast to `dtypes`.
     Each backward hands autograd tensors of its own, which the caller may
@@ -200,7 +200,9 @@ def loss_gradients(g_loss: Tensor, saved, dtypes) -> tuple:
     (nothing reads them again; grad_weight alone is V x H) and one that
     keeps it (retain_graph=True) hands over copies. Traced (torch.compile),
     it always scales into new tensors and never reads g_loss. Differentiating
-    the result (create_graph=True) raises: see first_order_only."""
+    the result (create_graph=True) raises: see first_order_only, whose anchors
+    are g_loss, saved and ``anchors`` (the op's inputs, where the saved
+    gradients are not outputs of the op's node and so carry no graph)."""
     if tracing():
         return tuple(None if s.numel() == 0 else (s * g_loss).to(dt)
                      for s, dt in zip(saved, dtypes))
@@ -219,7 +221,7 @@ def loss_gradients(g_loss: Tensor, saved, dtypes) -> tuple:
         return tuple(out)
 
     if torch.is_grad_enabled():  # create_graph=True
-        return first_order_only(lambda: compute(copy=True), g_loss, *saved)
+        return first_order_only(lambda: compute(copy=True), g_loss, *saved, *anchors)
     return compute(copy=graph_kept())
 
 

@@ -49,6 +49,9 @@ from torch import Tensor
 from . import _lib, _options
 from . import _torch_inputs as _ti
 from ._lib import FusedGRPOError, METRIC_NAMES
+# verl's fused-kernel signature (log-probs and entropy of labels), whole or
+# vocab-parallel over a process group (fusedgrpo/cross_entropy.py)
+from .cross_entropy import linear_cross_entropy
 
 # Inductor's CUDA graphs (torch.compile mode="reduce-overhead") must leave the
 # ops out of a capture: their C call reads the token arrays, the NaN scan and
@@ -59,7 +62,7 @@ _OP_TAGS = ({"tags": (torch.Tag.cudagraph_unsafe,)}
             and "tags" in inspect.signature(torch.library.custom_op).parameters else {})
 
 __all__ = ["linear_grpo", "FusedLinearGRPOLoss", "fused_linear_grpo_loss", "linear_logprobs",
-           "METRIC_NAMES"]
+           "linear_cross_entropy", "METRIC_NAMES"]
 
 # The op's schema: the tensors positional (torch.library custom ops take no
 # keyword-only tensors), the loss options of fusedgrpo._options and this

@@ -23,10 +23,33 @@ Odd sizes (B = 3 or 4, T = 13, H = 37, V = 301: no vocab split is even):
   - the device path without a GPU (2 ranks, FG_TEST_TORCH_DIST_BACKEND=
     reference: every call on the reference backend's context, whose memory
     is the host's): the loss (forward and backward) and linear_logprobs
-    against one process on the CPU as above, and a bad token id and a NaN
-    gradient of logp raised alike on both ranks.
+    against one process on the CPU as above, also sequence parallel and
+    with a partial grad_hidden, and a bad token id and a NaN
+    gradient of logp raised alike on both ranks;
+  - argument errors on one rank of 2 (an unknown keyword, a NumPy hidden, a
+    2-element num_items_in_batch, a missing argument, a bad option, filter_eps
+    True, linear_logprobs' unknown keyword, Liger's module without reference
+    log-probs, agreed() over a call raising TypeError): the bad rank raises
+    its own error, the other a FusedGRPOError naming that rank and why, both
+    within seconds, and the next (good) call matches one process (the ranks
+    do not pair up across calls); the same options spelled differently
+    (beta=0 and 0.0, a default passed on one rank only) agree, different ones
+    are still refused;
+  - tensor parallel (2 ranks, T = 14): grad_hidden "partial" (the loss, the
+    Liger-style module, linear_logprobs), whose sum over the ranks is the
+    one-process gradient (each share alone is not, and twice the sum fails
+    the bound), sequence parallel (hidden's sequence split over the ranks,
+    gathered inside, grad_hidden reduce-scattered back), trust_inputs (the
+    loss; a bad token id and a refused weight shard still raise on every
+    rank), and error_group the vocab group (a rank whose group is itself
+    calls the loss, the other never does, and neither waits);
+    linear_cross_entropy over the group (verl's call) against a float64
+    torch reference, forward and backward through both outputs: packed
+    [N, H] with an uneven vocab split (vocab_start given), [B, T, H],
+    reductions "sum" and "MEAN", sequence parallel.
 A 60 s join timeout per group guards against a hang (and fails the test);
-nothing here passes by waiting for it.
+nothing here passes by waiting for it. The argument errors' group also has a
+30 s collective timeout, so a rank left waiting raises rather than hangs.
 """
 from __future__ import annotations
 
@@ -92,7 +115,7 @@ ERRORS = {  # name: (kind, vocab_shards, rank given the bad input, what, expecte
 }
 
 
-def _problem(seed: int, B: int) -> dict:
+def _problem(seed: int, B: int, T: int = T) -> dict:
     """The whole batch and head as torch tensors (ragged masks, advantages of
     both signs, old / reference log-probs near the policy's own)."""
     rng = np.random.default_rng(seed)
@@ -111,7 +134,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(world: int, jobs: list, tmp_path, **env_extra) -> list:
+def _spawn(world: int, jobs: list, tmp_path, join_timeout=JOIN_TIMEOUT_S, **env_extra) -> list:
     """Runs the jobs on `world` worker processes (env_extra in their
     environment); their results, by rank."""
     jobs_file = tmp_path / "jobs.pt"
@@ -128,7 +151,7 @@ def _spawn(world: int, jobs: list, tmp_path, **env_extra) -> list:
         procs.append(subprocess.Popen(
             [sys.executable, WORKER, str(rank), str(world), str(port), str(jobs_file),
              str(tmp_path)], env=env, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    deadline = time.monotonic() + join_timeout
     try:
         for p in procs:
             p.wait(timeout=max(deadline - time.monotonic(), 0.1))
@@ -143,7 +166,7 @@ def _spawn(world: int, jobs: list, tmp_path, **env_extra) -> list:
         log.seek(0)
         text.append(f"--- rank {r} (exit {procs[r].returncode}):\n{log.read()[-3000:]}")
         log.close()
-    assert not hung, f"ranks {hung} still running after {JOIN_TIMEOUT_S} s:\n" + "\n".join(text)
+    assert not hung, f"ranks {hung} still running after {join_timeout} s:\n" + "\n".join(text)
     assert all(p.returncode == 0 for p in procs), "a worker failed:\n" + "\n".join(text)
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
     for res in results:
@@ -201,7 +224,13 @@ def _jobs_reference() -> list:
             _job("error/vocab_bad_token", "loss", p3, 2, dict(beta=0.04), break_rank=1,
                  break_what="token"),
             _job("error/logprobs_nan_grad_logp", "logprobs", p3, 2, break_rank=0,
-                 break_what="nan_grad_logp")]
+                 break_what="nan_grad_logp"),
+            # tensor parallel: sequence shards gathered into a device buffer,
+            # grad_hidden reduce-scattered / left partial on the device
+            _job("tp/loss_sequence_parallel", "loss", _problem(1312, 3, T_SP), 2,
+                 VOCAB_CASES["grpo_sequence_beta"], tp=dict(sequence_parallel=True)),
+            _job("tp/logprobs_partial", "logprobs", p3, 2, dict(temperature=0.8),
+                 tp=dict(tensor_parallel=True, trust_inputs=True))]
 
 
 @pytest.fixture(scope="module")
@@ -285,13 +314,36 @@ def _ranks(results, name):
     return [[rows[d][v] for v in sorted(rows[d])] for d in sorted(rows)]
 
 
-def _assembled(rows) -> dict:
+def _grad_hidden_mode(job) -> str:
+    """How the job's grad_hidden comes back: its tp keywords with the
+    documented defaults (sequence parallel: reduce_scatter; tensor parallel:
+    partial; else sum)."""
+    tp = job.get("tp", {})
+    if "grad_hidden" in tp:
+        return tp["grad_hidden"]
+    if tp.get("sequence_parallel"):
+        return "reduce_scatter"
+    return "partial" if tp.get("tensor_parallel") else "sum"
+
+
+def _row_grad_hidden(row, mode):
+    """A data row's whole grad_hidden from its vocab ranks' (as the caller's
+    framework would make it): the same on each ("sum"), the sum of the
+    shares ("partial"), the sequence pieces in rank order ("reduce_scatter")."""
+    if mode == "partial":
+        return sum(o["grad_hidden"] for o in row)
+    if mode == "reduce_scatter":
+        return torch.cat([o["grad_hidden"] for o in row], dim=1)
+    return row[0]["grad_hidden"]
+
+
+def _assembled(rows, mode="sum") -> dict:
     """What the ranks together computed, in the single process's terms: the
     data rows' mean loss (DDP's), their sequences' logp and grad_hidden (each
     row's share of the mean: / rows), the vocab ranks' weight and bias rows."""
     D = len(rows)
     first = [row[0] for row in rows]
-    out = {"grad_hidden": torch.cat([o["grad_hidden"] for o in first]) / D,
+    out = {"grad_hidden": torch.cat([_row_grad_hidden(row, mode) for row in rows]) / D,
            "grad_weight": torch.cat([o["grad_weight"] for o in rows[0]]),
            "grad_bias": torch.cat([o["grad_bias"] for o in rows[0]])}
     if "loss" in first[0]:
@@ -320,7 +372,7 @@ def _check_close(name, got, want, tol, what, scale=None):
 
 def _check_against_one_process(job, rows):
     want = _reference(job)
-    got = _assembled(rows)
+    got = _assembled(rows, _grad_hidden_mode(job))
     name = job["name"]
     if "loss" in got:
         _check_close(name, got["loss"], want["loss"], TOL_LOSS, "loss", _loss_scale(job))
@@ -453,7 +505,8 @@ def test_vocab_shard_range_tiles_any_size():
 
 # ------------------------------------------------ the device path, without a GPU
 
-REFERENCE_RUNS = ["vocab/dapo_token_bias", "vocab/grpo_sequence_beta", "vocab/logprobs"]
+REFERENCE_RUNS = ["vocab/dapo_token_bias", "vocab/grpo_sequence_beta", "vocab/logprobs",
+                  "tp/loss_sequence_parallel", "tp/logprobs_partial"]
 
 
 @pytest.mark.parametrize("name", REFERENCE_RUNS)
@@ -479,3 +532,356 @@ def test_device_path_on_the_reference_backend_raises_alike(reference_group, case
         [o.get("message", "returned") for o in outs]
     assert all(o["device_contexts"] >= 1 for o in outs)
     assert max(o["seconds"] for o in outs) < ERROR_SECONDS
+
+
+# ------------------------------------------------ argument errors on one rank
+
+ARGUMENT_COLLECTIVE_TIMEOUT_S = 30  # a rank left waiting in a collective raises after it
+ARGUMENT_JOIN_TIMEOUT_S = 60.0      # the whole run (a healthy one: a few seconds)
+# scenario (torch_distributed_worker.SCENARIOS): (the rank given the bad
+# argument, the exception types it may raise, the status the other rank
+# raises, a word of the bad rank's message that the other's must hold)
+ARGUMENT_ERRORS = {
+    "unknown_keyword": (1, ("TypeError",), "FG_ERR_COMMUNICATOR", "bta"),
+    "numpy_hidden": (0, ("AttributeError", "FusedGRPOError"), None, "ndarray"),
+    "items_two_elements": (1, ("ValueError", "RuntimeError"), "FG_ERR_COMMUNICATOR",
+                           "one element"),
+    "missing_argument": (1, ("TypeError",), "FG_ERR_COMMUNICATOR", "advantages"),
+    "bad_option": (1, ("FusedGRPOError",), "FG_ERR_BAD_HYPERPARAMETER", "beta"),
+    "filter_eps_true": (1, ("FusedGRPOError",), "FG_ERR_BAD_HYPERPARAMETER", "filter_eps"),
+    "logprobs_unknown_keyword": (0, ("TypeError",), "FG_ERR_COMMUNICATOR", "tempreature"),
+    "module_missing_ref": (1, ("ValueError",), "FG_ERR_COMMUNICATOR", "ref_per_token_logps"),
+    "agreed_type_error": (1, ("TypeError",), "FG_ERR_COMMUNICATOR", "bta"),
+}
+SPELLED = dict(beta=0.0, num_items_in_batch=20.0)  # what both spellings mean
+
+
+def _jobs_arguments() -> list:
+    p3 = _problem(1306, 3)
+    jobs = [_job(f"args/{n}", "scenario", p3, 2, dict(beta=0.04), scenario=n)
+            for n in ARGUMENT_ERRORS]
+    jobs.append(_job("args/different_options", "scenario", p3, 2, dict(beta=0.04),
+                     scenario="different_options"))
+    jobs.append(_job("args/spelled_differently", "scenario", p3, 2, SPELLED,
+                     scenario="spelled_differently"))
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def argument_group(tmp_path_factory):
+    """(jobs by name, results by rank) of 2 ranks whose calls go wrong on one."""
+    jobs = _jobs_arguments()
+    t0 = time.monotonic()
+    results = _spawn(2, jobs, tmp_path_factory.mktemp("arguments"),
+                     join_timeout=ARGUMENT_JOIN_TIMEOUT_S,
+                     FG_TEST_TORCH_DIST_TIMEOUT_S=str(ARGUMENT_COLLECTIVE_TIMEOUT_S))
+    print(f"\n2 ranks, {len(jobs)} argument scenarios: {time.monotonic() - t0:.1f} s")
+    return {j["name"]: j for j in jobs}, results
+
+
+def _calls(results, name) -> list:
+    """[rank][call] outcomes of a scenario."""
+    return [r[name]["calls"] for r in results]
+
+
+def _check_good_call(job, results, call: int, options=None):
+    """Call `call` of the scenario returned on every rank, and matches one process."""
+    name = job["name"]
+    outs = [r[name] for r in results]
+    for rank, o in enumerate(outs):
+        c = o["calls"][call]
+        assert "ok" in c, f"{name} call {call}: rank {rank} raised {c}"
+    rows = [[dict(o["calls"][call]["ok"], vocab_rank=o["vocab_rank"], data_rank=o["data_rank"])
+             for o in outs]]
+    _check_same_bits_on_a_row(name, rows)
+    _check_against_one_process(dict(job, kind="loss", options=options or job["options"]), rows)
+
+
+def _check_raised_alike(name, outcomes, bad, bad_types, status, word):
+    bad_out = outcomes[bad]
+    assert bad_out.get("raised") in bad_types, f"{name}: rank {bad}: {bad_out}"
+    assert word in bad_out["message"], bad_out
+    for rank, o in enumerate(outcomes):
+        assert o.get("raised"), f"{name}: rank {rank} returned"
+        assert o["seconds"] < ERROR_SECONDS, f"{name}: rank {rank} took {o['seconds']:.1f} s"
+        if rank == bad:
+            continue
+        assert o["raised"] == "FusedGRPOError", f"{name}: rank {rank}: {o}"
+        if status is not None:
+            assert o["status"] == status, f"{name}: rank {rank}: {o}"
+        # which rank failed, and why
+        assert f"rank {bad}" in o["message"] and word in o["message"], o["message"]
+
+
+@pytest.mark.parametrize("case", list(ARGUMENT_ERRORS))
+def test_argument_error_on_one_rank_raises_on_every_rank(argument_group, case):
+    """No rank raises before the entry agreement: the bad rank raises its own
+    error, the other learns of it there instead of waiting, and the next call
+    pairs with the next call (one-process results)."""
+    jobs, results = argument_group
+    name = f"args/{case}"
+    bad, bad_types, status, word = ARGUMENT_ERRORS[case]
+    calls = _calls(results, name)
+    _check_raised_alike(name, [c[0] for c in calls], bad, bad_types, status, word)
+    if case == "agreed_type_error":
+        # then a NumPy hidden on rank 0 (AttributeError there), then a good call
+        _check_raised_alike(name, [c[1] for c in calls], 0, ("AttributeError",),
+                            "FG_ERR_COMMUNICATOR", "ndarray")
+        import fusedgrpo.torch as fgt_
+        p = jobs[name]["problem"]
+        want, _, _, _ = fgt_.fused_linear_grpo_loss(
+            p["hidden"], p["weight"], p["token_ids"], p["mask"], p["advantages"], p["bias"],
+            p["old_logp"], p["ref_logp"], **jobs[name]["options"])
+        for rank, c in enumerate(calls):
+            assert "ok" in c[2], f"rank {rank}: {c[2]}"
+            assert torch.equal(c[2]["ok"]["loss"], want.detach()), rank
+        return
+    _check_good_call(jobs[name], results, 1)
+
+
+def test_same_options_spelled_differently_agree(argument_group):
+    """beta=0 and beta=0.0, a default passed on one rank only, a 0-dim tensor
+    num_items_in_batch, execution options that do not change the bits."""
+    jobs, results = argument_group
+    job = jobs["args/spelled_differently"]
+    for call in (0, 1):
+        _check_good_call(job, results, call, SPELLED)
+
+
+def test_different_options_are_still_refused(argument_group):
+    jobs, results = argument_group
+    name = "args/different_options"
+    calls = _calls(results, name)
+    for rank, c in enumerate(calls):
+        o = c[0]
+        assert o.get("status") == "FG_ERR_COMMUNICATOR" and "options" in o["message"], \
+            f"rank {rank}: {o}"
+        assert o["seconds"] < ERROR_SECONDS
+    _check_good_call(jobs[name], results, 1)
+
+
+# ------------------------------------------------ tensor parallel (Megatron's contract)
+
+T_SP = 14          # the sequence-parallel jobs' T: 7 tokens per rank
+N_LCE = 41         # linear_cross_entropy's packed token rows (odd; 42 under sequence parallel)
+TP = dict(tensor_parallel=True)
+TRUSTED = dict(tensor_parallel=True, trust_inputs=True)
+
+
+def _lce_problem(seed, shape, V_, *, temperature=0.8, reduction="none", **lce) -> dict:
+    """hidden [*shape, H], weight [V_, H], labels [*shape], the loss's
+    coefficients (a scalar one for reduced log-probs)."""
+    rng = np.random.default_rng(seed)
+
+    def f32(*s, scale=1.0):
+        return torch.from_numpy(np.asarray(rng.standard_normal(s) * scale, np.float32))
+    return dict(hidden=f32(*shape, H), weight=f32(V_, H, scale=2.0 / np.sqrt(H)),
+                labels=torch.from_numpy(rng.integers(0, V_, size=shape)),
+                c_logp=f32(*(shape if reduction == "none" else ())), c_entropy=f32(*shape),
+                temperature=temperature, reduction=reduction, lce=lce)
+
+
+LCE_JOBS = {  # name: (problem, pass vocab_start: the uneven split of V = 301)
+    "packed_uneven": (lambda: _lce_problem(1320, (N_LCE,), V), True),
+    "btH_even": (lambda: _lce_problem(1321, (3, T), V - 1, temperature=1.0), False),
+    "sum": (lambda: _lce_problem(1322, (N_LCE,), V - 1, reduction="sum"), False),
+    "mean_trusted": (lambda: _lce_problem(1323, (2, T), V - 1, reduction="MEAN",
+                                          trust_inputs=True), False),
+    "sequence_parallel": (lambda: _lce_problem(1324, (N_LCE + 1,), V - 1,
+                                               sequence_parallel=True), False),
+}
+
+
+def _jobs_tensor_parallel() -> list:
+    p = _problem(1310, 3, T_SP)
+    jobs = [
+        _job("tp/loss_partial", "loss", p, 2, VOCAB_CASES["grpo_sequence_beta"], tp=TP),
+        _job("tp/module_partial", "module", p, 2, dict(beta=0.04, loss_type="dapo"), tp=TP),
+        _job("tp/logprobs_partial", "logprobs", p, 2, dict(temperature=0.8),
+             tp=dict(grad_hidden="partial")),
+        _job("tp/loss_sequence_parallel", "loss", p, 2, VOCAB_CASES["dapo_token_bias"],
+             tp=dict(sequence_parallel=True)),
+        _job("tp/logprobs_sequence_parallel", "logprobs", p, 2, {},
+             tp=dict(sequence_parallel=True, trust_inputs=True)),
+        _job("tp/loss_trusted", "loss", p, 2, VOCAB_CASES["cispo_token_beta"], tp=TRUSTED),
+        _job("error/tp_trusted_bad_token", "loss", p, 2, dict(beta=0.04), tp=TRUSTED,
+             break_rank=1, break_what="token"),
+        _job("args/tp_trusted_bad_weight", "scenario", p, 2, dict(beta=0.04), tp=TRUSTED,
+             scenario="trusted_bad_weight"),
+        _job("args/tp_trusted_bad_weight_sequence_parallel", "scenario", p, 2, dict(beta=0.04),
+             tp=dict(sequence_parallel=True, trust_inputs=True), scenario="trusted_bad_weight"),
+        _job("tp/pipeline_stage", "pipeline", _problem(1311, 4), 1, DATA_CASES["dapo"]),
+    ]
+    jobs += [dict(name=f"lce/{n}", kind="lce", problem=make(), vocab_shards=2,
+                  pass_vocab_start=start) for n, (make, start) in LCE_JOBS.items()]
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def tp_group(tmp_path_factory):
+    """(jobs by name, results by rank) of 2 ranks run as one tensor-parallel group."""
+    jobs = _jobs_tensor_parallel()
+    t0 = time.monotonic()
+    results = _spawn(2, jobs, tmp_path_factory.mktemp("tensor_parallel"))
+    print(f"\n2 ranks, {len(jobs)} tensor-parallel jobs: {time.monotonic() - t0:.1f} s")
+    yield {j["name"]: j for j in jobs}, results
+    print("\nworst relative error of linear_cross_entropy against float64: " +
+          ", ".join(f"{k[4:]} {v:.2e}" for k, v in sorted(WORST.items())
+                    if k.startswith("lce_")))
+
+
+TP_RUNS = ["tp/loss_partial", "tp/module_partial", "tp/logprobs_partial",
+           "tp/loss_sequence_parallel", "tp/logprobs_sequence_parallel", "tp/loss_trusted"]
+
+
+@pytest.mark.parametrize("name", TP_RUNS)
+def test_tensor_parallel_matches_one_process(tp_group, name):
+    """Partial grad_hidden summed over the ranks, the sequence pieces of a
+    reduce-scattered one side by side: the one-process gradient; the loss,
+    log-probs and weight rows as without tensor parallelism."""
+    jobs, results = tp_group
+    rows = _ranks(results, name)
+    assert len(rows) == 1 and len(rows[0]) == 2
+    _check_same_bits_on_a_row(name, rows)
+    want = _check_against_one_process(jobs[name], rows)
+    mode = _grad_hidden_mode(jobs[name])
+    if mode == "reduce_scatter":
+        T_local = T_SP // 2
+        assert all(o["grad_hidden"].shape == (3, T_local, H) for o in rows[0])
+    if mode == "partial":
+        # each rank's share is its own (not the whole), and a gradient counted
+        # once per rank (TP times, what a summed grad_hidden would give the
+        # caller's reduction) fails the bound
+        whole = want["grad_hidden"].double()
+        for o in rows[0]:
+            assert relative_error(o["grad_hidden"].double().numpy(), whole.numpy()) > 0.1
+        twice = 2 * _row_grad_hidden(rows[0], "partial").double()
+        assert relative_error(twice.numpy(), whole.numpy()) > 100 * TOL_GRAD
+
+
+def test_trusted_bad_token_raises_on_every_rank(tp_group):
+    """trust_inputs skips the entry agreement and the tokens' hash; a failed
+    phase still reaches every rank through the status slot."""
+    _, results = tp_group
+    outs = [r["error/tp_trusted_bad_token"] for r in results]
+    assert [o.get("status") for o in outs] == ["FG_ERR_TOKEN_OUT_OF_RANGE"] * 2, outs
+    assert max(o["seconds"] for o in outs) < ERROR_SECONDS
+
+
+@pytest.mark.parametrize("case", ["", "_sequence_parallel"])
+def test_trusted_bad_weight_shard_joins_as_a_failed_rank(tp_group, case):
+    """With no entry agreement, the rank whose weight shard is refused
+    (float64) still makes the phases' collectives (and the sequence gather),
+    sized from the tokens and hidden: both ranks raise its status within
+    seconds, and the next call pairs with the next call."""
+    jobs, results = tp_group
+    name = f"args/tp_trusted_bad_weight{case}"
+    first = [c[0] for c in _calls(results, name)]
+    for rank, o in enumerate(first):
+        assert o.get("raised") == "FusedGRPOError" and o["status"] == "FG_ERR_UNSUPPORTED", \
+            f"rank {rank}: {o}"
+        assert o["seconds"] < ERROR_SECONDS
+    assert "float64" in first[1]["message"]
+    _check_good_call(jobs[name], results, 1)
+
+
+def test_tensor_parallel_error_group_is_the_vocab_group(tp_group):
+    """A pipeline's last stage (rank 1, its own vocab group) calls the loss;
+    rank 0 never does. The call's agreements stay within rank 1's group: the
+    WORLD all_reduce both make next meets its counterpart on each rank."""
+    _, results = tp_group
+    outs = [r["tp/pipeline_stage"] for r in results]
+    assert [o["marker"] for o in outs] == [14.0, 14.0], outs
+    assert "loss" not in outs[0] and torch.isfinite(outs[1]["loss"])
+
+
+# ------------------------------------------------ linear_cross_entropy, vocab parallel
+
+TOL_LCE = 5e-6     # normwise against float64 (worst measured: 1.3e-6, grad_weight)
+
+
+def lce_reference(p) -> dict:
+    """float64 torch: log_softmax of the whole head's logits / temperature,
+    entropy -sum(p log p), the same loss of both, its gradients."""
+    h = p["hidden"].double().requires_grad_()
+    w = p["weight"].double().requires_grad_()
+    logits = h.reshape(-1, h.shape[-1]) @ w.T / p["temperature"]
+    ls = torch.log_softmax(logits, dim=-1)
+    lp = ls.gather(-1, p["labels"].reshape(-1, 1)).reshape(p["labels"].shape)
+    ent = -(ls.exp() * ls).sum(-1).reshape(p["labels"].shape)
+    reduction = p["reduction"].lower()
+    lp = lp.sum() if reduction == "sum" else lp.mean() if reduction == "mean" else lp
+    ((lp * p["c_logp"].double()).sum() + (ent * p["c_entropy"].double()).sum()).backward()
+    return dict(log_probs=lp.detach(), entropy=ent.detach(), grad_hidden=h.grad,
+                grad_weight=w.grad)
+
+
+@pytest.mark.parametrize("case", list(LCE_JOBS))
+def test_linear_cross_entropy_vocab_parallel_matches_float64(tp_group, case):
+    """verl's call with a process group: log_probs and entropy the same bits
+    on both ranks; the partial grad_hidden summed (or the sequence pieces side
+    by side) and the weight rows against the float64 torch reference."""
+    jobs, results = tp_group
+    name = f"lce/{case}"
+    p = jobs[name]["problem"]
+    rows = _ranks(results, name)[0]
+    for k in ("log_probs", "entropy"):
+        assert torch.equal(rows[0][k], rows[1][k]), f"{name}: {k} differs between ranks"
+        assert rows[0][k].dtype == torch.float32
+    sp = p["lce"].get("sequence_parallel", False)
+    got = dict(log_probs=rows[0]["log_probs"], entropy=rows[0]["entropy"],
+               grad_hidden=(torch.cat([o["grad_hidden"] for o in rows]) if sp
+                            else sum(o["grad_hidden"] for o in rows)),
+               grad_weight=torch.cat([o["grad_weight"] for o in rows]))
+    want = lce_reference(p)
+    for k, v in want.items():
+        assert got[k].shape == v.shape, f"{name}: {k} {tuple(got[k].shape)}"
+        _check_close(name, got[k], v, TOL_LCE, f"lce_{k}")
+
+
+_AUTOGRAD_SCRIPT = r'''
+import socket, sys, torch, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+import fusedgrpo.torch_distributed as fgd
+g = torch.Generator().manual_seed(5)
+B, T, H, V = 2, 3, 5, 7
+h = torch.randn(B, T, H, generator=g, requires_grad=True)
+w = torch.randn(V, H, generator=g, requires_grad=True)
+ids = torch.randint(0, V, (B, T), generator=g)
+m = torch.ones(B, T, dtype=torch.bool)
+a = torch.randn(B, generator=g)
+ops = {"loss": lambda: fgd.fused_linear_grpo_loss(h, w, ids, m, a)[0],
+       "logprobs": lambda: fgd.linear_logprobs(h, w, ids, m).sum()}
+for name, op in ops.items():
+    first, = torch.autograd.grad(op() + (h ** 2).sum(), h, create_graph=True)
+    try:
+        torch.autograd.grad(first.sum(), h)
+        print(name, "double backward: no error")
+    except RuntimeError as e:
+        assert "double backward" in str(e), e
+    out = op()
+    gw_true, = torch.autograd.grad(out, w, retain_graph=True)
+    gw_true = gw_true.clone()
+    for _ in range(3):  # edited and dropped between backward passes
+        out.backward(retain_graph=True)
+        if not torch.equal(w.grad, gw_true):
+            print(name, "retained graph: a later backward gave another gradient")
+        w.grad.mul_(0.5)
+        w.grad = None
+print("done")
+dist.destroy_process_group()
+'''
+
+
+def test_double_backward_raises_and_gradients_are_the_callers():
+    """A double backward through the distributed loss or log-probs raises;
+    every backward of a retained graph hands over the true gradient, however
+    the caller edited the previous one (a world of one)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _AUTOGRAD_SCRIPT], capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "done", out.stdout

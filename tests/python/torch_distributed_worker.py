@@ -5,15 +5,34 @@
 Joins a gloo group on tcp://127.0.0.1:PORT, runs every job of JOBS_FILE (a
 torch.save'd list, the same on every rank, run in order) on its share of the
 job's problem, and saves {job name: result} to OUT_DIR/rank<RANK>.pt. A job:
-  name, kind ("loss" | "module" | "logprobs" | "agreed"), problem (the whole batch and
-  head), vocab_shards (the rest of the world splits the batch, DDP averaging
-  the gradients over the data group), options (the loss's), and optionally
+  name, kind ("loss" | "module" | "logprobs" | "agreed" | "lce" | "pipeline"),
+  problem (the whole batch and head), vocab_shards (the rest of the world
+  splits the batch, DDP averaging the gradients over the data group), options
+  (the loss's), and optionally tp (the tensor-parallel keywords:
+  tensor_parallel, grad_hidden, sequence_parallel, trust_inputs; under
+  sequence_parallel each rank gets its piece of hidden's sequence),
   break_rank / break_what ("token", "nan", "beta", "shape", "advantages",
   "nan_grad_logp": what that rank gets wrong) and masked_data_row (a data row
   whose sequences are all masked).
+A job of kind "lce" runs fusedgrpo.cross_entropy.linear_cross_entropy over
+the vocab group (its problem: hidden [..., H], weight, labels, temperature,
+reduction, lce keywords) and the backward of a fixed linear loss of both
+outputs; one of kind "pipeline" calls the loss on rank 1 only (the last
+pipeline stage, a vocab group of its own, tensor_parallel=True), then both
+ranks make one all_reduce over WORLD, which a collective left over from the
+loss call (an exit agreement over WORLD) would pair with instead.
 A result holds the rank's outputs and gradients, or the FusedGRPOError it
 raised (status, message, seconds from the call to the raise), and how many
 device contexts the job's calls asked for.
+
+A job of kind "scenario" runs SCENARIOS[job["scenario"]]: a few calls in a
+row, where one rank gets an argument wrong (an unknown keyword, a NumPy
+hidden, ...) or the ranks spell the same options differently; its result
+holds every call's outcome (what it returned, or the exception's type,
+status, message and seconds), the last call normally a good one.
+
+FG_TEST_TORCH_DIST_TIMEOUT_S: the gloo group's timeout (default 60 s): a
+collective that waits longer raises, so a hang fails its test.
 
 FG_TEST_TORCH_DIST_BACKEND=reference: the CPU tensors go through the
 reference backend's context (a device context whose memory is the host's), so
@@ -79,11 +98,20 @@ def local_problem(job, grid):
     p["weight"] = p["weight"][v0:v0 + rows].contiguous()
     if p.get("bias") is not None:
         p["bias"] = p["bias"][v0:v0 + rows].contiguous()
-    shard = dict(vocab_start=v0, vocab_size=V, process_group=grid.vocab_group)
+    shard = dict(vocab_start=v0, vocab_size=V, process_group=grid.vocab_group,
+                 **job.get("tp", {}))
+    if shard.get("sequence_parallel"):
+        p["hidden"] = sequence_piece(p["hidden"], 1, grid)
     options = dict(job.get("options", {}))
     if grid.data_shards > 1 and options.get("loss_type", "dapo") in TOKEN_NORMALISED:
         options["num_items_in_batch"] = items
     return p, shard, options
+
+
+def sequence_piece(t, dim, grid):
+    """This vocab rank's piece of t's sequence axis `dim` (sequence parallel)."""
+    n = t.shape[dim] // grid.vocab_shards
+    return t.narrow(dim, grid.vocab_rank * n, n).contiguous()
 
 
 def _rows(B, grid, data_row):
@@ -176,12 +204,224 @@ def leaves(p):
     return tuple(p[k].clone().requires_grad_() for k in ("hidden", "weight", "bias"))
 
 
+def lce_step(p, shard, options, grid):
+    """linear_cross_entropy over the vocab group (verl's call: positional
+    temperature, reduction, process group) and the backward of
+    sum(c_logp * log_probs) + sum(c_entropy * entropy) (c_logp a scalar when
+    the log-probs are reduced)."""
+    from fusedgrpo.cross_entropy import linear_cross_entropy
+    h, w = p["hidden"].clone().requires_grad_(), p["weight"].clone().requires_grad_()
+
+    def step():
+        lp, ent = linear_cross_entropy(h, w, p["labels"], p["temperature"], p["reduction"],
+                                       shard["process_group"], **p["lce"])
+        ((lp * p["c_logp"]).sum() + (ent * p["c_entropy"]).sum()).backward()
+        return dict(log_probs=lp.detach(), entropy=ent.detach(), grad_hidden=h.grad,
+                    grad_weight=w.grad)
+    return step
+
+
+def lce_problem(job, grid):
+    """This rank's share of an "lce" job: its vocab rows (vocab_start passed
+    when the job says so: an uneven split), under sequence_parallel its
+    piece of the token rows."""
+    p = dict(job["problem"])
+    V = p["weight"].shape[0]
+    v0, rows = fgd.vocab_shard_range(V, grid.vocab_shards, grid.vocab_rank)
+    p["weight"] = p["weight"][v0:v0 + rows].contiguous()
+    p["lce"] = dict(p.get("lce", {}))
+    if job.get("pass_vocab_start"):
+        p["lce"].update(vocab_start=v0, vocab_size=V)
+    if p["lce"].get("sequence_parallel"):
+        p["hidden"] = sequence_piece(p["hidden"], 0, grid)
+    return p, dict(process_group=grid.vocab_group), {}
+
+
+def pipeline_step(p, shard, options, grid):
+    """Rank 1 alone calls the loss (its vocab group: itself), with
+    tensor_parallel=True: error_group is that group, so the call makes no
+    collective with rank 0, a pipeline stage that never calls it. Then one
+    all_reduce SUM of 7 over WORLD on both ranks: it meets its counterpart
+    (14) only if the loss call left no collective of its own on WORLD."""
+    h, w, b = leaves(p)
+
+    def step():
+        out = {}
+        if dist.get_rank() == 1:
+            loss, _, logp, _ = fgd.fused_linear_grpo_loss(
+                h, w, p["token_ids"], p["mask"], p["advantages"], b, p["old_logp"],
+                p["ref_logp"], tensor_parallel=True, **shard, **options)
+            loss.backward()
+            out = dict(loss=loss.detach(), logp=logp)
+        marker = torch.tensor([7.0])
+        dist.all_reduce(marker)
+        return dict(out, marker=float(marker))
+    return step
+
+
 STEPS = {"loss": loss_step, "module": module_step, "logprobs": logprobs_step,
-         "agreed": agreed_step}
+         "agreed": agreed_step, "lce": lce_step, "pipeline": pipeline_step}
+
+
+# ------------------------------------------------------------------ scenarios
+# Each takes (p, shard, options, whole, rank) -- this rank's share, the
+# job's whole problem, its rank -- and returns the outcomes of its calls.
+
+def outcome(call):
+    """{"ok": what call() returned} or the exception it raised: its type's
+    name, status (FusedGRPOError's), message, seconds from the call to the raise."""
+    t0 = time.monotonic()
+    try:
+        return dict(ok=call())
+    except Exception as e:  # noqa: BLE001 - every type is an outcome here
+        return dict(raised=type(e).__name__, status=getattr(e, "status", None),
+                    message=f"{e}", seconds=time.monotonic() - t0)
+
+
+def sharded_loss(p, shard, options, **over):
+    """fgd.fused_linear_grpo_loss on this rank's share and its backward;
+    `over` replaces arguments (a positional one by name) or adds keywords."""
+    h, w, b = leaves(p)
+    args = dict(hidden=h, weight=w, token_ids=p["token_ids"], mask=p["mask"],
+                advantages=p["advantages"], bias=b, old_logp=p["old_logp"],
+                ref_logp=p["ref_logp"])
+    drop = over.pop("drop", ())
+    for k in list(over):
+        if k in args:
+            args[k] = over.pop(k)
+    positional = [args[k] for k in ("hidden", "weight", "token_ids", "mask", "advantages")
+                  if k not in drop]
+    loss, metrics, logp, ent = fgd.fused_linear_grpo_loss(
+        *positional, bias=args["bias"], old_logp=args["old_logp"], ref_logp=args["ref_logp"],
+        **shard, **{**options, **over})
+    loss.backward()
+    return dict(loss=loss.detach(), metrics={k: v.detach() for k, v in metrics.items()},
+                logp=logp, entropy=ent, grad_hidden=h.grad, grad_weight=w.grad,
+                grad_bias=b.grad)
+
+
+def whole_loss(whole, options, **over):
+    """fgd.agreed over the single-process op on the whole head and batch."""
+    import fusedgrpo.torch as fgt
+    q = dict(whole, **{k: over.pop(k) for k in list(over) if k in whole})
+    loss, _, logp, _ = fgd.agreed(fgt.fused_linear_grpo_loss, q["hidden"], q["weight"],
+                                  q["token_ids"], q["mask"], q["advantages"], q["bias"],
+                                  q["old_logp"], q["ref_logp"], **{**options, **over})
+    return dict(loss=loss.detach(), logp=logp)
+
+
+def _on(rank, bad_rank, bad, good=None):
+    """bad on bad_rank, good (default: nothing) on the others."""
+    return bad if rank == bad_rank else (good or {})
+
+
+def scenario_unknown_keyword(p, shard, options, whole, rank):
+    return [outcome(lambda: sharded_loss(p, shard, options, **_on(rank, 1, dict(bta=0.04)))),
+            outcome(lambda: sharded_loss(p, shard, options))]
+
+
+def scenario_numpy_hidden(p, shard, options, whole, rank):
+    return [outcome(lambda: sharded_loss(p, shard, options,
+                                         **_on(rank, 0, dict(hidden=p["hidden"].numpy())))),
+            outcome(lambda: sharded_loss(p, shard, options))]
+
+
+def scenario_items_two_elements(p, shard, options, whole, rank):
+    items = _on(rank, 1, dict(num_items_in_batch=torch.tensor([20.0, 21.0])),
+                dict(num_items_in_batch=20.0))
+    return [outcome(lambda: sharded_loss(p, shard, options, **items)),
+            outcome(lambda: sharded_loss(p, shard, options))]
+
+
+def scenario_missing_argument(p, shard, options, whole, rank):
+    return [outcome(lambda: sharded_loss(p, shard, options,
+                                         **_on(rank, 1, dict(drop=("advantages",))))),
+            outcome(lambda: sharded_loss(p, shard, options))]
+
+
+def scenario_bad_option(p, shard, options, whole, rank):
+    return [outcome(lambda: sharded_loss(p, shard, options, **_on(rank, 1, dict(beta=-1.0)))),
+            outcome(lambda: sharded_loss(p, shard, options))]
+
+
+def scenario_different_options(p, shard, options, whole, rank):
+    return [outcome(lambda: sharded_loss(p, shard, options,
+                                         **_on(rank, 1, dict(epsilon_low=0.3)))),
+            outcome(lambda: sharded_loss(p, shard, options))]
+
+
+def scenario_spelled_differently(p, shard, options, whole, rank):
+    """The same configuration, spelled one way on rank 0 and another on rank 1
+    (the job's options are the reference's: beta 0.0, dapo, num_items_in_batch 20)."""
+    if rank == 0:
+        first = dict(beta=0, loss_type="dapo", epsilon_low=0.2, epsilon_high=None,
+                     temperature=1, filter_eps=None, threads=1, num_items_in_batch=20)
+        second = dict(beta=0.0, use_bias_correction_kl=0, top_entropy_quantile=1,
+                      max_completion_length=None, filter_eps=0, memory_budget=1 << 20,
+                      num_items_in_batch=torch.tensor(20.0))
+    else:
+        first = dict(beta=0.0, num_items_in_batch=20.0)
+        second = dict(use_bias_correction_kl=False, num_items_in_batch=20.0)
+    return [outcome(lambda: sharded_loss(p, shard, {}, **first)),
+            outcome(lambda: sharded_loss(p, shard, {}, **second))]
+
+
+def scenario_filter_eps_true(p, shard, options, whole, rank):
+    """True is no threshold (float(True) would be 1.0); rank 0 passes 1.0."""
+    return [outcome(lambda: sharded_loss(p, shard, options,
+                                         filter_eps=True if rank == 1 else 1.0)),
+            outcome(lambda: sharded_loss(p, shard, options))]
+
+
+def scenario_logprobs_unknown_keyword(p, shard, options, whole, rank):
+    def logprobs():
+        kw = _on(rank, 0, dict(tempreature=0.8))
+        return fgd.linear_logprobs(p["hidden"], p["weight"], p["token_ids"], p["mask"],
+                                   p["bias"], **shard, **kw)
+    return [outcome(logprobs), outcome(lambda: sharded_loss(p, shard, options))]
+
+
+def scenario_module_missing_ref(p, shard, options, whole, rank):
+    """Liger's module with beta != 0 and use_ref_model: rank 1 passes neither
+    the reference log-probs nor ref_input (its forward refuses that before
+    any call); rank 0 passes them."""
+    def forward():
+        h, w, b = leaves(p)
+        mod = fgd.FusedLinearGRPOLoss(beta=0.04, loss_type="dapo", **shard)
+        ref = None if rank == 1 else p["ref_logp"]
+        loss, _ = mod(h, w, p["token_ids"], p["mask"].long(), p["advantages"], b,
+                      ref_per_token_logps=ref, old_per_token_logps=p["old_logp"])
+        loss.backward()
+        return dict(loss=loss.detach())
+    return [outcome(forward), outcome(lambda: sharded_loss(p, shard, options))]
+
+
+def scenario_agreed_type_error(p, shard, options, whole, rank):
+    numpy_hidden = _on(rank, 0, dict(hidden=whole["hidden"].numpy()))
+    return [outcome(lambda: whole_loss(whole, options, **_on(rank, 1, dict(bta=0.04)))),
+            outcome(lambda: whole_loss(whole, options, **numpy_hidden)),
+            outcome(lambda: whole_loss(whole, options))]
+
+
+def scenario_trusted_bad_weight(p, shard, options, whole, rank):
+    """trust_inputs=True (the job's tp): rank 1's weight shard is float64,
+    which its request refuses; with no entry agreement it joins the phases
+    as a failed rank (the weight is the one operand the caller's guarantee
+    leaves to each rank)."""
+    bad = _on(rank, 1, dict(weight=p["weight"].double().requires_grad_()))
+    return [outcome(lambda: sharded_loss(p, shard, options, **bad)),
+            outcome(lambda: sharded_loss(p, shard, options))]
+
+
+SCENARIOS = {k[len("scenario_"):]: v for k, v in dict(globals()).items()
+             if k.startswith("scenario_")}
 
 
 def run_job(job, grid):
-    p, shard, options = local_problem(job, grid)
+    p, shard, options = (lce_problem if job["kind"] == "lce" else local_problem)(job, grid)
+    if job["kind"] == "scenario":
+        calls = SCENARIOS[job["scenario"]](p, shard, options, job["problem"], dist.get_rank())
+        return dict(calls=calls, vocab_rank=grid.vocab_rank, data_rank=grid.data_rank)
     if job.get("break_rank") == dist.get_rank():
         break_input(job, p, options)
     step = STEPS[job["kind"]](p, shard, options, grid)
@@ -204,8 +444,9 @@ def main(argv):
     backend = os.environ.get("FG_TEST_TORCH_DIST_BACKEND")
     if backend:
         use_backend(backend)
+    timeout = float(os.environ.get("FG_TEST_TORCH_DIST_TIMEOUT_S", "60"))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
+                            world_size=world, timeout=datetime.timedelta(seconds=timeout))
     jobs = torch.load(jobs_file, weights_only=False)
     grids, results = {}, {}
     for job in jobs:
