@@ -45,16 +45,6 @@ static fg_context *context_with(const char *env)
     return s == FG_OK ? ctx : NULL;
 }
 
-static double rel_l2_ref(const float *a, const double *ref, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static void run_arm(arm *a, const fg_loss_config *cfg, const fg_linear_inputs *in,
                     const fg_batch *batch, const fg_oracle_result *ref, const uint8_t *mask)
 {
@@ -80,9 +70,9 @@ static void run_arm(arm *a, const fg_loss_config *cfg, const fg_linear_inputs *i
           fg_last_error(ctx));
     a->loss_err = fabs(o.out.loss - ref->loss) / fmax(fabs(ref->loss), 1e-3);
     a->logp_err = tu_max_rel(o.logp, ref->logp, N, mask, 1.0);
-    a->gh_err = rel_l2_ref(o.grad_hidden, ref->grad_hidden, (int64_t)N * H);
-    a->gw_err = rel_l2_ref(o.grad_weight, ref->grad_weight, (int64_t)V * H);
-    a->gb_err = rel_l2_ref(o.grad_bias, ref->grad_bias, V);
+    a->gh_err = tu_rel_l2(o.grad_hidden, FG_DTYPE_F32, N, H, H, ref->grad_hidden);
+    a->gw_err = tu_rel_l2(o.grad_weight, FG_DTYPE_F32, V, H, H, ref->grad_weight);
+    a->gb_err = tu_rel_l2(o.grad_bias, FG_DTYPE_F32, 1, V, V, ref->grad_bias);
     printf("%-22s gemm %s: loss %.2e logp %.2e grad_hidden %.2e grad_weight %.2e grad_bias "
            "%.2e (%lld chunks)\n",
            a->name, a->gemm_dtype == FG_DTYPE_BF16 ? "bf16" : "f32 ", a->loss_err, a->logp_err,
