@@ -172,10 +172,10 @@ static int ensure_workers(fg_gemm_cache *c, gemm_slot *slot, int workers)
 /* ------------------------------------------- bf16 products: worth taking? */
 
 /* Where oneDNN has bf16 matmul kernels, they are not always the faster
- * product: the fused bf16 step (T = 2048, H = 1024, V = 151936) ran in 0.36
- * of the f32 step's time on an AMD Zen 4 and 1.66x it on an Intel Xeon
- * (family 6 model 207, no AMX: 142.5 against 220.5 GFLOP/s), oneDNN 2.6 on
- * both (bench/bf16_products_ab.c). So the ISA does not decide; a measurement
+ * product: the fused bf16 step (T = 2048, H = 1024, V = 151936) ran in 0.55
+ * of the f32 step's time on an AMD Zen 4 (bench/bf16_products_ab.c,
+ * docs/BENCHMARKS.md) and 1.66x it on an Intel Xeon (family 6 model 207, no
+ * AMX: 142.5 against 220.5 GFLOP/s), oneDNN 2.6 on both. So the ISA does not decide; a measurement
  * does: the logits block's product (FG_BLOCK_LOGITS_M x FG_BLOCK_LOGITS_N, K =
  * 1024) in bf16 and in f32 on the calling thread, PROBE_REPS times each in
  * turns, the fastest of each kept, timed in the thread's CPU time: another
