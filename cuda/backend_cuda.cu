@@ -603,6 +603,51 @@ static fg_status cuda_open(cuda_backend *s, char *msg, size_t msg_size)
     return FG_OK;
 }
 
+/* An empty kernel, built for the same architectures as every kernel of the
+ * backend (cuda/CMakeLists.txt): whether the device can load it says whether
+ * the build covers the device, by a binary image or by PTX it can compile. */
+__global__ void arch_probe_kernel() {}
+
+#ifndef FG_CUDA_ARCHS
+#define FG_CUDA_ARCHS "(unknown)"
+#endif
+
+/* FG_ERR_UNSUPPORTED, naming the device's architecture and the build's, when
+ * no kernel of this build runs on `device`; checked at context creation, so
+ * that no call meets a missing image mid-way. */
+static fg_status check_device_arch(int device, char *msg, size_t msg_size)
+{
+    int saved = -1;
+    cudaError_t err = cudaGetDevice(&saved);
+    if (err == cudaSuccess && saved != device)
+        err = cudaSetDevice(device);
+    if (err != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, "selecting the device", err, msg, msg_size);
+    cudaFuncAttributes attr;
+    const cudaError_t probe = cudaFuncGetAttributes(&attr, arch_probe_kernel);
+    (void)cudaGetLastError();
+    if (saved != device)
+        (void)cudaSetDevice(saved);
+    if (probe == cudaSuccess)
+        return FG_OK;
+    int major = 0, minor = 0;
+    (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaDeviceProp prop;
+    const char *name = cudaGetDeviceProperties(&prop, device) == cudaSuccess ? prop.name : "?";
+    (void)cudaGetLastError();
+    if (probe == cudaErrorNoKernelImageForDevice || probe == cudaErrorInvalidDeviceFunction ||
+        probe == cudaErrorUnsupportedPtxVersion)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "CUDA: device %d (%s) is sm_%d%d, which this libfusedgrpo_cuda.so was not "
+                    "built for (CMAKE_CUDA_ARCHITECTURES %s: images for those, PTX for the "
+                    "'-virtual' ones); rebuild with "
+                    "-DCMAKE_CUDA_ARCHITECTURES=%d%d-real (%s)",
+                    device, name, major, minor, FG_CUDA_ARCHS, major, minor,
+                    cudaGetErrorName(probe));
+    return cuda_fail(FG_ERR_BACKEND, "loading the backend's kernels", probe, msg, msg_size);
+}
+
 extern "C" __attribute__((visibility("default"))) fg_status
 fg_backend_cuda_create(void *stream, fg_device *out, char *msg, size_t msg_size)
 {
@@ -630,6 +675,8 @@ fg_backend_cuda_create(void *stream, fg_device *out, char *msg, size_t msg_size)
         if ((err = cudaGetDevice(&s->device)) != cudaSuccess)
             st = cuda_fail(FG_ERR_BACKEND, "the current device", err, msg, msg_size);
     }
+    if (st == FG_OK)
+        st = check_device_arch(s->device, msg, msg_size);
     if (st == FG_OK)
         st = cuda_open(s, msg, msg_size);
     if (st != FG_OK) {

@@ -3,7 +3,8 @@
 #   bash scripts/gpu_test.sh OUTDIR
 # 1. Builds cuda/ on its own (CUDA toolkit, cmake and ninja; no oneDNN, no
 #    libyaml) for sm_90a plus PTX.
-# 2. Builds the whole project with the CUDA backend (FG_CUDA=ON; targets
+# 2. Builds the whole project with the CUDA backend (FG_CUDA=ON, the default
+#    architectures: sm_80 to sm_120 and PTX, as the wheel; targets
 #    fusedgrpo, fusedgrpo_cuda, test_cuda_api, bench_cuda_api only). It needs
 #    oneDNN: where .gpu-carry/onednn exists (scripts/gpu_carry.sh, carried to
 #    a GPU machine that has none) its headers and library are used, and its
@@ -147,8 +148,10 @@ if [ -d "$carry" ]; then
 fi
 full_ok=0
 full_start=$SECONDS
+# The whole project for cuda/CMakeLists.txt's default architectures (every GPU
+# from Ampere on, as the wheel): the run then loads the image the wheel ships.
 if ! cmake -S . -B "$build_full" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-       -DCMAKE_CUDA_COMPILER="$nvcc_path" -DCMAKE_CUDA_ARCHITECTURES="90a-real;90-virtual" \
+       -DCMAKE_CUDA_COMPILER="$nvcc_path" \
        -DFG_CUDA=ON -DFG_CUDA_WERROR=OFF -DFG_BUILD_TOOLS=OFF -DFG_BUILD_TESTS=OFF -DFG_MPI=OFF \
        "${dnnl_args[@]}" >"$out/configure_full.txt" 2>&1; then
   tail -30 "$out/configure_full.txt"

@@ -113,6 +113,30 @@ echo "wheel_test: JAX FFI handler in the wheel: $handler; CUDA backend: $cuda"
 expect_cuda=0
 [ "$cuda" = yes ] && expect_cuda=1
 
+# The CUDA backend's architectures: an image for every GPU from Ampere on and
+# PTX for the newest (cuda/CMakeLists.txt), unless FG_WHEEL_PIP_ARGS chose
+# others. cuobjdump is the CUDA toolkit's, or the one in triton's wheel.
+if [ "$cuda" = yes ]; then
+  cuobjdump="$(command -v cuobjdump || true)"
+  [ -z "$cuobjdump" ] && [ -x /usr/local/cuda/bin/cuobjdump ] && cuobjdump=/usr/local/cuda/bin/cuobjdump
+  [ -z "$cuobjdump" ] && cuobjdump="$("$py" -c "import os, triton; p = os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin/cuobjdump'); print(p if os.access(p, os.X_OK) else '')" 2>/dev/null || true)"
+  if [ -n "$cuobjdump" ]; then
+    "$py" -c "import sys, zipfile; open(sys.argv[2], 'wb').write(zipfile.ZipFile(sys.argv[1]).read('fusedgrpo/libfusedgrpo_cuda.so'))" \
+      "$wheel" "$work/libfusedgrpo_cuda.so"
+    archs() { "$cuobjdump" "$1" "$work/libfusedgrpo_cuda.so" | sed -n 's/.*\.\(sm_[0-9a-z]*\)\.[a-z]*$/\1/p' | sort -u | tr '\n' ' '; }
+    elf="$(archs --list-elf)"; ptx="$(archs --list-ptx)"
+    echo "wheel_test: CUDA backend images: $elf; PTX: $ptx"
+    if [[ " ${FG_WHEEL_PIP_ARGS:-} " != *CMAKE_CUDA_ARCHITECTURES=* ]]; then
+      for a in sm_80 sm_86 sm_89 sm_90a sm_100 sm_120; do
+        [[ " $elf " == *" $a "* ]] || { echo "wheel_test: the CUDA backend lacks $a" >&2; exit 1; }
+      done
+      [[ " $ptx " == *" sm_120 "* ]] || { echo "wheel_test: the CUDA backend lacks PTX" >&2; exit 1; }
+    fi
+  else
+    echo "wheel_test: no cuobjdump here: the CUDA backend's architectures are not listed"
+  fi
+fi
+
 # 2. The clean root: made once, then only read (each run's files go to $in_root).
 if [ ! -x "$root/usr/bin/python3" ]; then
   echo "wheel_test: debootstrap --variant=minbase --include=python3,python3-venv $suite $root"
