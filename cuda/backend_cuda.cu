@@ -617,17 +617,13 @@ __global__ void arch_probe_kernel() {}
  * that no call meets a missing image mid-way. */
 static fg_status check_device_arch(int device, char *msg, size_t msg_size)
 {
-    int saved = -1;
-    cudaError_t err = cudaGetDevice(&saved);
-    if (err == cudaSuccess && saved != device)
-        err = cudaSetDevice(device);
-    if (err != cudaSuccess)
-        return cuda_fail(FG_ERR_BACKEND, "selecting the device", err, msg, msg_size);
-    cudaFuncAttributes attr;
-    const cudaError_t probe = cudaFuncGetAttributes(&attr, arch_probe_kernel);
-    (void)cudaGetLastError();
-    if (saved != device)
-        (void)cudaSetDevice(saved);
+    cudaError_t probe;
+    {
+        device_scope on(device);
+        cudaFuncAttributes attr;
+        probe = cudaFuncGetAttributes(&attr, arch_probe_kernel);
+        (void)cudaGetLastError();
+    }
     if (probe == cudaSuccess)
         return FG_OK;
     int major = 0, minor = 0;
@@ -636,13 +632,18 @@ static fg_status check_device_arch(int device, char *msg, size_t msg_size)
     cudaDeviceProp prop;
     const char *name = cudaGetDeviceProperties(&prop, device) == cudaSuccess ? prop.name : "?";
     (void)cudaGetLastError();
-    if (probe == cudaErrorNoKernelImageForDevice || probe == cudaErrorInvalidDeviceFunction ||
-        probe == cudaErrorUnsupportedPtxVersion)
+    if (probe == cudaErrorUnsupportedPtxVersion)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "CUDA: device %d (%s, sm_%d%d) has a driver too old for this "
+                    "libfusedgrpo_cuda.so's PTX (built for %s): update the driver, or build "
+                    "with -DCMAKE_CUDA_ARCHITECTURES=%d%d-real (%s)",
+                    device, name, major, minor, FG_CUDA_ARCHS, major, minor,
+                    cudaGetErrorName(probe));
+    if (probe == cudaErrorNoKernelImageForDevice || probe == cudaErrorInvalidDeviceFunction)
         return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
                     "CUDA: device %d (%s) is sm_%d%d, which this libfusedgrpo_cuda.so was not "
                     "built for (CMAKE_CUDA_ARCHITECTURES %s: images for those, PTX for the "
-                    "'-virtual' ones); rebuild with "
-                    "-DCMAKE_CUDA_ARCHITECTURES=%d%d-real (%s)",
+                    "'-virtual' ones); rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d%d-real (%s)",
                     device, name, major, minor, FG_CUDA_ARCHS, major, minor,
                     cudaGetErrorName(probe));
     return cuda_fail(FG_ERR_BACKEND, "loading the backend's kernels", probe, msg, msg_size);

@@ -205,8 +205,10 @@ int main(int argc, char **argv)
     o.threads = threads;
     o.memory_budget = (size_t)(budget_mib * 1048576.0);
     fg_context *ctxs[2];
+    ctxs[0] = ctxs[1] = NULL;
     if (fg_context_create(&o, &ctxs[0]) != FG_OK || fg_context_create(&o, &ctxs[1]) != FG_OK) {
         fprintf(stderr, "cannot create a context: %s\n", fg_context_create_error());
+        fg_context_destroy(ctxs[0]);
         return 1;
     }
     fg_context *ctx = ctxs[1];

@@ -41,7 +41,8 @@
  *     The one exception: fg_logits_grpo's grad_logits may be the logits
  *     themselves (same data, dtype and ld: an in-place backward). The phase
  *     API's stats, read and written by one argument, are not an alias; the
- *     plan query, which writes nothing, does not check.
+ *     plan query, which writes nothing, does not check. A caller's workspace
+ *     (fg_exec.workspace) is written by the call: it counts as an output.
  *   - No non-finite result is returned as success. Finite inputs whose logits,
  *     loss or gradients would leave the float range are refused with
  *     FG_ERR_OVERFLOW, naming the row or token (b, t) and the quantity: the

@@ -76,11 +76,16 @@ fi
 # a folder of their own (build/verl-site, which the test appends to sys.path:
 # nothing there shadows this environment's torch, transformers or protobuf).
 verl_site="build/verl-site"
-if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ] && [ ! -d "$verl_site/verl" ]; then
+# (.complete is written only after a whole install: a cut one is made again)
+if [ "${FG_PY_OPTIONAL:-auto}" != "skip" ] && [ ! -f "$verl_site/.complete" ]; then
   echo "python_test: pip install --no-deps --target $verl_site verl==0.9.1 ... (optional)"
-  timeout "${FG_PY_OPTIONAL_TIMEOUT:-900}" "$py" -m pip install -q --disable-pip-version-check \
-    --no-deps --target "$verl_site" verl==0.9.1 ray tensordict==0.10.0 protobuf pyvers omegaconf \
-    || echo "python_test: verl not installed: its test will skip"
+  rm -rf "$verl_site"
+  if timeout "${FG_PY_OPTIONAL_TIMEOUT:-900}" "$py" -m pip install -q --disable-pip-version-check \
+       --no-deps --target "$verl_site" verl==0.9.1 ray tensordict==0.10.0 protobuf pyvers omegaconf; then
+    touch "$verl_site/.complete"
+  else
+    echo "python_test: verl not installed: its test will skip"
+  fi
 fi
 
 # --no-build-isolation: the build runs in this environment, so it sees jax

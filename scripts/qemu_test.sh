@@ -43,7 +43,9 @@ export FG_QEMU_TIMEOUT="${FG_QEMU_TIMEOUT:-300}"   # fg_qemu: each emulated run 
 fg_qemu_timed() {
   local rc=0
   fg_qemu "$@" || rc=$?
-  [ $rc -eq 124 ] && echo "qemu_test: timed out after ${FG_QEMU_TIMEOUT}s (FG_QEMU_TIMEOUT)" >&2
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    echo "qemu_test: timed out after ${FG_QEMU_TIMEOUT}s (FG_QEMU_TIMEOUT; status $rc)" >&2
+  fi
   return $rc
 }
 config=configs/tiny.yaml

@@ -26,6 +26,10 @@ typedef struct fg_call {
     const fg_device *device;
     void *device_workspace;
     size_t device_workspace_bytes;
+    /* The caller's workspace (fg_exec.workspace, host or device memory; NULL:
+     * none): the call writes it, so it may meet no argument (fg_check_aliasing). */
+    const void *caller_workspace;
+    size_t caller_workspace_bytes;
     /* Statistics the driver fills for fg_memory_stats. */
     fg_gemm_stats gemm_stats;
     int64_t chunk_rows, chunks;

@@ -137,6 +137,14 @@ fg_status fg_context_create(const fg_context_options *opts, fg_context **out)
     if (o.threads > FG_MAX_THREADS)
         return fg_fail(&create_error, FG_ERR_BAD_HYPERPARAMETER,
                        "threads = %d is above FG_MAX_THREADS (%d)", o.threads, FG_MAX_THREADS);
+    /* The CPU's bf16 products (gemm_onednn.c, bf16_products_chosen): a
+     * misspelt value would silently leave the choice to the measurement. */
+    const char *bf16_products = getenv("FUSEDGRPO_BF16_PRODUCTS");
+    if (bf16_products && *bf16_products && strcmp(bf16_products, "native") != 0 &&
+        strcmp(bf16_products, "f32") != 0)
+        return fg_fail(&create_error, FG_ERR_BAD_HYPERPARAMETER,
+                       "FUSEDGRPO_BF16_PRODUCTS must be native or f32 (unset: measured), got '%s'",
+                       bf16_products);
     if (!o.memory_budget)
         o.memory_budget = o.backend == FG_BACKEND_CUDA ? FG_DEFAULT_CUDA_MEMORY_BUDGET
                                                        : FG_DEFAULT_MEMORY_BUDGET;
@@ -265,6 +273,8 @@ fg_status fg_call_begin(fg_context *ctx, const fg_exec *exec, fg_call *call)
     } else {
         call->arena = &ctx->arena;
     }
+    call->caller_workspace = e.workspace;
+    call->caller_workspace_bytes = e.workspace_bytes;
     call->check_finite = ctx->opts.check_finite;
     call->comm = ctx->opts.comm;
     call->gemm = ctx->gemm;

@@ -757,7 +757,7 @@ fg_status fg_linear_device_execute(fg_call *call, const fg_linear_options *opts,
     int64_t n_active = 0;
     fg_status st = check_and_plan(&D, call, opts, req, in, out, &n_active);
     if (st == FG_OK) /* the caller's pointers, in backend memory, not the staged copies */
-        st = fg_linear_check_aliasing(call->err, req, in, out);
+        st = fg_linear_check_aliasing(call, req, in, out);
     if (st == FG_OK)
         st = fg_call_reserve(call, fg_common_workspace_bytes(D.hbatch.batch, D.bc.N) +
                                        6 * (size_t)D.bc.chunk_rows * sizeof(float) + 256);

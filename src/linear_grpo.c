@@ -546,7 +546,7 @@ fg_status fg_linear_validate(fg_call *call, const fg_linear_options *o, const li
     return FG_OK;
 }
 
-fg_status fg_linear_check_aliasing(fg_error *err, const linear_request *req,
+fg_status fg_linear_check_aliasing(const fg_call *call, const linear_request *req,
                                    const fg_linear_inputs *in, const fg_linear_outputs *out)
 {
     const fg_batch *b = req->batch; /* the head kinds' view holds their tokens */
@@ -566,8 +566,9 @@ fg_status fg_linear_check_aliasing(fg_error *err, const linear_request *req,
                             fg_span_matrix("grad_weight", &out->grad_weight),
                             fg_span_vector("grad_bias", &out->grad_bias),
                             fg_span_bytes("stats", req->stats_out, stats)};
-    return fg_check_aliasing(err, outs, (int)(sizeof outs / sizeof outs[0]), ins,
-                             (int)(sizeof ins / sizeof ins[0]));
+    return fg_check_aliasing(call->err, outs, (int)(sizeof outs / sizeof outs[0]), ins,
+                             (int)(sizeof ins / sizeof ins[0]), call->caller_workspace,
+                             call->caller_workspace_bytes);
 }
 
 /* Everything one call carries from chunk to chunk. The chunk buffers are
@@ -1018,7 +1019,7 @@ static fg_status check_and_plan(fg_call *call, const fg_linear_options *opts,
     /* The call writes its outputs: they must not overlap what it reads (the
      * cheap check first, then the pass over the inputs' values). */
     if (st == FG_OK && is_call)
-        st = fg_linear_check_aliasing(call->err, req, in, out);
+        st = fg_linear_check_aliasing(call, req, in, out);
     if (st == FG_OK && is_call && call->check_finite)
         st = scan_inputs(call, req, in, out, &ib);
     if (st != FG_OK)

@@ -64,7 +64,7 @@ fg_status fg_linear_validate(fg_call *call, const fg_linear_options *o, const li
  * "Conventions"): FG_ERR_ALIASED_OUTPUT, before anything is written. The
  * caller's own request (on a backend: its pointers, not the staged host
  * copies), after fg_linear_validate. */
-fg_status fg_linear_check_aliasing(fg_error *err, const linear_request *req,
+fg_status fg_linear_check_aliasing(const fg_call *call, const linear_request *req,
                                    const fg_linear_inputs *in, const fg_linear_outputs *out);
 
 /* From the inputs' largest magnitudes (bias: {0, 0} when none): the

@@ -17,8 +17,8 @@
  * in-place backward, whose rows are all read (the statistics pass) before
  * any is overwritten (the gradient pass). Any other overlap of an output
  * with an input or another output is refused (fusedgrpo.h "Conventions"). */
-static fg_status check_aliasing(fg_error *err, const fg_matrix *logits, const fg_batch *batch,
-                                const fg_logits_outputs *out)
+static fg_status check_aliasing(const fg_call *call, const fg_matrix *logits,
+                                const fg_batch *batch, const fg_logits_outputs *out)
 {
     const fg_matrix *g = &out->grad_logits;
     const int in_place = g->data == logits->data && g->dtype == logits->dtype &&
@@ -32,7 +32,8 @@ static fg_status check_aliasing(fg_error *err, const fg_matrix *logits, const fg
     const fg_span outs[] = {fg_span_bytes("logp", out->logp, N * sizeof(float)),
                             fg_span_bytes("entropy", out->entropy, N * sizeof(float)),
                             fg_span_matrix("grad_logits", g)};
-    return fg_check_aliasing(err, outs, 3, ins, FG_BATCH_SPANS + 1);
+    return fg_check_aliasing(call->err, outs, 3, ins, FG_BATCH_SPANS + 1, call->caller_workspace,
+                             call->caller_workspace_bytes);
 }
 
 /* Every check; `scanned` (the finite check on): the logits were scanned for
@@ -62,7 +63,7 @@ static fg_status validate_logits(fg_call *call, const fg_loss_config *cfg, const
         (st = fg_validate_matrix(err, "grad_logits", &out->grad_logits, logits->rows,
                                  logits->cols)) != FG_OK)
         return st;
-    if ((st = check_aliasing(err, logits, batch, out)) != FG_OK)
+    if ((st = check_aliasing(call, logits, batch, out)) != FG_OK)
         return st;
     *scanned = call->check_finite;
     if (call->check_finite) {

@@ -42,7 +42,8 @@ static fg_status validate_logp(fg_call *call, const fg_loss_config *cfg, const f
     ins[FG_BATCH_SPANS + 1] = fg_span_bytes("entropy", entropy, bytes);
     const fg_span outs[2] = {fg_span_bytes("grad_logp", out->grad_logp, bytes),
                              fg_span_bytes("grad_entropy", out->grad_entropy, bytes)};
-    if ((st = fg_check_aliasing(err, outs, 2, ins, FG_BATCH_SPANS + 2)) != FG_OK)
+    if ((st = fg_check_aliasing(err, outs, 2, ins, FG_BATCH_SPANS + 2, call->caller_workspace,
+                                call->caller_workspace_bytes)) != FG_OK)
         return st;
     return fg_call_reserve(call, fg_common_workspace_bytes(batch->batch, batch->batch * batch->seq_len));
 }

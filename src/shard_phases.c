@@ -131,7 +131,8 @@ static fg_status check_aliasing(fg_call *call, const fg_tokens *tokens, const fl
     const fg_span outs[3] = {
         fg_span_bytes("stats", stats, (size_t)FG_SHARD_STATS_FLOATS(N) * sizeof(float)),
         fg_span_bytes("logp", logp, bytes), fg_span_bytes("entropy", entropy, bytes)};
-    return fg_check_aliasing(call->err, outs, 3, ins, 2);
+    return fg_check_aliasing(call->err, outs, 3, ins, 2, call->caller_workspace,
+                             call->caller_workspace_bytes);
 }
 
 /* The call's start, the staging and the checks; on failure the call is

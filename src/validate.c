@@ -283,8 +283,16 @@ static fg_status aliased(fg_error *err, const fg_span *out, const fg_span *other
 }
 
 fg_status fg_check_aliasing(fg_error *err, const fg_span *outs, int n_outs, const fg_span *ins,
-                            int n_ins)
+                            int n_ins, const void *workspace, size_t workspace_bytes)
 {
+    /* The caller's workspace is written by the call: an output like the others. */
+    const fg_span ws = fg_span_bytes("exec->workspace", workspace, workspace_bytes);
+    for (int k = 0; k < n_ins; k++)
+        if (spans_meet(&ws, &ins[k]))
+            return aliased(err, &ws, &ins[k], "the input");
+    for (int k = 0; k < n_outs; k++)
+        if (spans_meet(&ws, &outs[k]))
+            return aliased(err, &ws, &outs[k], "the output");
     for (int i = 0; i < n_outs; i++) {
         for (int k = 0; k < n_ins; k++)
             if (spans_meet(&outs[i], &ins[k]))

@@ -57,9 +57,11 @@ void fg_batch_spans(const fg_batch *b, fg_span spans[FG_BATCH_SPANS]);
 
 /* FG_ERR_ALIASED_OUTPUT, naming both, when an output's span meets an input's
  * or another output's (fusedgrpo.h "Conventions"). Inputs may overlap one
- * another. Spans of validated sizes only: their byte counts do not overflow. */
+ * another. The caller's workspace (fg_exec.workspace, NULL: none), which the
+ * call writes, is checked as one more output. Spans of validated sizes only:
+ * their byte counts do not overflow. */
 fg_status fg_check_aliasing(fg_error *err, const fg_span *outs, int n_outs, const fg_span *ins,
-                            int n_ins);
+                            int n_ins, const void *workspace, size_t workspace_bytes);
 
 /* The largest |element| an input holds, and its row (0 for a vector). */
 typedef struct fg_magnitude {

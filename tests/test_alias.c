@@ -11,7 +11,7 @@
  * fg_shard_stats_finish, fg_linear_shard_backward), on the CPU and (one call)
  * behind the seam on the reference backend; the same array, a shifted view,
  * one row of overlap, interleaved rows, output over output, output over a
- * per-token input. Allowed: fg_logits_grpo's grad_logits exactly over the
+ * per-token input, the caller's workspace over an input or an output. Allowed: fg_logits_grpo's grad_logits exactly over the
  * logits (the same bits as out of place), and the plan query with one
  * placeholder for every output. Odd sizes; several chunks where the call
  * chunks (a budget of a few rows).
@@ -563,6 +563,50 @@ static void set_small_budget(void)
           fg_last_error(ctx), (long long)ms.chunks);
 }
 
+/* The caller's workspace (fg_exec.workspace) is written by the call: over
+ * an input (here hidden, placed at its start) or an output it is refused,
+ * with hidden unchanged; beside them the same call runs. */
+static void check_caller_workspace(void)
+{
+    const fg_linear_inputs in0 = tu_problem_inputs(&prob);
+    const fg_batch *batch = tu_batch_view(&prob.tb);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    tu_linear_outs o;
+    tu_linear_outs_make(&o, N, H, V, 1);
+    fg_exec e;
+    fg_exec_init(&e);
+    fg_linear_plan_info plan;
+    CHECK(fg_linear_grpo_plan(ctx, NULL, &cfg, &in0, batch, &o.out, &e, &plan) == FG_OK,
+          "workspace plan: %s", fg_last_error(ctx));
+    const size_t hidden_bytes = (size_t)N * H * sizeof(float);
+    const size_t ws_bytes = plan.working_bytes + hidden_bytes;
+    float *ws = tu_xmalloc_aligned(ws_bytes);
+    memcpy(ws, prob.hidden_s, hidden_bytes); /* f32 problem, contiguous rows */
+    fg_linear_inputs in = in0;
+    in.hidden = fg_matrix_make(ws, FG_DTYPE_F32, N, H);
+    e.workspace = ws;
+    e.workspace_bytes = ws_bytes;
+    fg_status st = fg_linear_grpo(ctx, NULL, &cfg, &in, batch, &o.out, &e);
+    CHECK(st == FG_ERR_ALIASED_OUTPUT &&
+              has(fg_last_error(ctx), "exec->workspace shares memory with the input hidden"),
+          "workspace over hidden: %s: %s", fg_status_name(st), fg_last_error(ctx));
+    CHECK(memcmp(ws, prob.hidden_s, hidden_bytes) == 0, "%s", "workspace over hidden: hidden changed");
+    /* over an output: grad_hidden at the workspace's start */
+    in.hidden = in0.hidden;
+    fg_linear_outputs out = o.out;
+    out.grad_hidden = fg_matrix_make(ws, FG_DTYPE_F32, N, H);
+    st = fg_linear_grpo(ctx, NULL, &cfg, &in, batch, &out, &e);
+    CHECK(st == FG_ERR_ALIASED_OUTPUT &&
+              has(fg_last_error(ctx), "exec->workspace shares memory with the output grad_hidden"),
+          "workspace over grad_hidden: %s: %s", fg_status_name(st), fg_last_error(ctx));
+    /* apart from every argument: runs */
+    st = fg_linear_grpo(ctx, NULL, &cfg, &in, batch, &o.out, &e);
+    CHECK(st == FG_OK, "workspace apart: %s", fg_last_error(ctx));
+    free(ws);
+    tu_linear_outs_free(&o);
+}
+
 int main(void)
 {
     CHECK(strcmp(fg_status_name(FG_ERR_ALIASED_OUTPUT), "FG_ERR_ALIASED_OUTPUT") == 0 &&
@@ -586,6 +630,7 @@ int main(void)
     check_loss_and_logprobs();
     check_phases();
     check_logits();
+    check_caller_workspace();
 
     free(pool);
     free(pool_copy);

@@ -118,6 +118,15 @@ int main(void)
         check_arm(&arms[i]);
     }
     CHECK(arms[0].gemm_dtype == FG_DTYPE_F32, "%s", "FUSEDGRPO_BF16_PRODUCTS=f32 multiplied bf16");
+    /* a misspelt value is refused, not left to the measurement */
+    setenv("FUSEDGRPO_BF16_PRODUCTS", "bf16", 1);
+    fg_context *bad = NULL;
+    const fg_status st = fg_context_create(NULL, &bad);
+    unsetenv("FUSEDGRPO_BF16_PRODUCTS");
+    CHECK(st == FG_ERR_BAD_HYPERPARAMETER && bad == NULL &&
+              strstr(fg_context_create_error(), "FUSEDGRPO_BF16_PRODUCTS") != NULL,
+          "FUSEDGRPO_BF16_PRODUCTS=bf16: %s: %s", fg_status_name(st), fg_context_create_error());
+    fg_context_destroy(bad);
     CHECK(arms[2].gemm_dtype == arms[0].gemm_dtype || arms[2].gemm_dtype == arms[1].gemm_dtype,
           "%s", "the measured choice is neither f32 nor the native products");
     /* f32 products are the more accurate where the two differ */

@@ -44,9 +44,15 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, tempera
                          reduction: str = "none", process_group=None, *, vocab_start=None,
                          vocab_size=None, grad_hidden=None, sequence_parallel=False,
                          error_group=None, trust_inputs=False, impl="fused", threads=None,
-                         memory_budget=None):
+                         memory_budget=None, dist_process_group=None):
     """(log_probs, entropy) of labels under the LM head, verl's fused-kernel
-    call (see the module doc)."""
+    call (see the module doc). dist_process_group: verl's keyword for
+    process_group (its callers pass it by position)."""
+    if dist_process_group is not None:
+        if process_group is not None and process_group is not dist_process_group:
+            raise TypeError("linear_cross_entropy: process_group and dist_process_group name "
+                            "two groups; give one")
+        process_group = dist_process_group
     execution = dict(impl=impl, threads=threads, memory_budget=memory_budget)
     if process_group is None:
         _refuse_shard_options(vocab_start=vocab_start, vocab_size=vocab_size,

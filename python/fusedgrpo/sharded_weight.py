@@ -82,6 +82,14 @@ def whole_head(weight, bias=None, *, leaves_forward=False):
     return weight, bias
 
 
+def _is_dtensor(t) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch 2.4: not public yet
+        from torch.distributed._tensor import DTensor
+    return isinstance(t, DTensor)
+
+
 def _gathered(t):
     """A DTensor's whole value. Its gradient comes back as Partial("avg") on
     every mesh dimension: each rank's gradient is its own data's, and the
@@ -89,10 +97,12 @@ def _gathered(t):
     allreduce give; on a dimension whose ranks share the data, tensor
     parallel, the mean of equal values). The default (Replicate) would keep
     each rank's own part unaveraged."""
-    from torch.distributed.tensor import DTensor, Partial
-
-    if not isinstance(t, DTensor):
+    if not (torch.distributed.is_available() and _is_dtensor(t)):
         return t
+    try:
+        from torch.distributed.tensor import Partial
+    except ImportError:  # torch 2.4: not public yet
+        from torch.distributed._tensor.placement_types import _Partial as Partial
     return t.full_tensor(grad_placements=[Partial("avg")] * t.device_mesh.ndim)
 
 

@@ -472,16 +472,6 @@ def _digest(*parts) -> float:
 
 # ------------------------------------------------------------------ the options
 
-def _canonical(cfg):
-    """cfg with each -0.0 made 0.0 (the same configuration: every check and
-    use of those options compares them with 0), so that the ranks agree."""
-    for name, _ in cfg._fields_:
-        v = getattr(cfg, name)
-        if isinstance(v, float) and v == 0.0:
-            setattr(cfg, name, 0.0)
-    return cfg
-
-
 def _joins_when_unbound(fn):
     """fn with its arguments bound inside: a call whose arguments do not even
     bind (a missing or doubled argument: TypeError) still joins the entry and
@@ -875,7 +865,7 @@ def _run_loss(hidden, weight, bias, arrays, options, par: _Parallel):
         p = req.ptr
         batch = _lib._batch(req.B, req.T, p(host_tokens[0]), p(host_tokens[1]),
                             *(p(t) for t in keep[:4]), per_seq, p(keep[4]))
-        cfg = _canonical(_options.loss_config(options["loss"]))
+        cfg = _options.loss_config(options["loss"])  # -0.0 made 0.0 by its checks
         if par.trust_inputs is not True:
             digests = (req.options_digest(cfg, options["want"], par),
                        req.tokens_digest(*keep, per_seq))

@@ -27,6 +27,7 @@ SGD steps on transformers' own FSDP2 (``from_pretrained(distributed_config=
 """
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 import sys
@@ -400,7 +401,8 @@ def main(model_dir, trainer_model_dir, out_dir):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # a collective that waits longer raises: a hang fails its test
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {}
     for name in CASES:

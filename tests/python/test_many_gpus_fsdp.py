@@ -29,6 +29,7 @@ included); a 240 s timeout guards a hang.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -60,12 +61,16 @@ def runs(tmp_path_factory):
                                            os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            "2", WORKER, str(d / "untied"), str(d / "untied"), str(d)]
+    # a session of its own: on a timeout the launcher and its workers go together
+    launch = subprocess.Popen(cmd, env=env, cwd=d, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        run = subprocess.run(cmd, env=env, cwd=d, capture_output=True, text=True,
-                             timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the launch still running after {TIMEOUT_S} s:\n{(e.stderr or '')[-4000:]}")
-    assert run.returncode == 0, f"the launch failed:\n{run.stdout[-2000:]}\n{run.stderr[-6000:]}"
+        stdout, stderr = launch.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(launch.pid, signal.SIGKILL)
+        stdout, stderr = launch.communicate()
+        pytest.fail(f"the launch still running after {TIMEOUT_S} s:\n{(stderr or '')[-4000:]}")
+    assert launch.returncode == 0, f"the launch failed:\n{stdout[-2000:]}\n{stderr[-6000:]}"
     results = torch.load(d / "results.pt", weights_only=False)
     refs = {m: fw.reference(fw.model_of(m, str(d / "untied"))) for m in ("untied", "_tied")}
     return results, refs, fw.trainer_reference(str(d / "untied"), str(d / "tr_ref"))
