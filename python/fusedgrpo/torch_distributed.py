@@ -367,9 +367,13 @@ class _Agreement:
         name = _lib.status_name(status)
         if self.status == status:
             raise FusedGRPOError(name, self.message) from self.cause
-        who = f"rank {int(-t[2])}" if math.isfinite(t[2]) else "a rank of a vocab group"
+        # the lowest failing rank, and the largest status of all (two ranks
+        # may fail differently: the name is not that rank's own status)
+        who = (f"rank {int(-t[2])} (the lowest that failed)" if math.isfinite(t[2])
+               else "a rank of a vocab group")
         mine = f" (this rank: {self.message})" if self.message else ""
-        raise FusedGRPOError(name, f"{who} failed with {name}; every rank raises it{mine}")
+        raise FusedGRPOError(name, f"{who} failed; every rank raises the largest status, "
+                                   f"{name}{mine}")
 
 
 def _status_of(e: Exception) -> int:
