@@ -164,6 +164,15 @@ def _options_filter_eps(value) -> float:
     return filter_eps_value(value)
 
 
+def check_impl(impl, name: str = "impl") -> str:
+    """impl, one of IMPLS ("fused", "materialized"), or FusedGRPOError
+    (FG_ERR_UNSUPPORTED) naming ``name`` (the TRL trainer's fusedgrpo_impl)."""
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise FusedGRPOError("FG_ERR_UNSUPPORTED",
+                             f"unknown {name} {impl!r}; one of {tuple(IMPLS)}")
+    return impl
+
+
 def vocab_index(name: str, value) -> int:
     """A vocabulary position or size (vocab_start, vocab_size) as an int: an
     integer, not a bool, never a float truncated by int() (5.7 is refused)."""
@@ -462,9 +471,7 @@ def _linear_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_we
     """(options, inputs, batch, outputs) of fg_linear_grpo on raw addresses.
     grad_dtypes: the DTYPE_* of grad_hidden, grad_weight, grad_bias (default f32);
     filter_eps: a value filter_eps_value returned (FILTER_EPS_AUTO: -1.0)."""
-    if impl not in IMPLS:
-        raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of {tuple(IMPLS)}")
-    options = fg_linear_options(IMPLS[impl], 0, _options_filter_eps(filter_eps))
+    options = fg_linear_options(IMPLS[check_impl(impl)], 0, _options_filter_eps(filter_eps))
     inputs = fg_linear_inputs(_mat(hidden, dtype, B * T, H, ld_hidden),
                               _mat(weight, dtype, V, H, ld_weight),
                               fg_vector(bias or None, dtype, V),
@@ -546,9 +553,7 @@ def logits_call(cfg: fg_loss_config, exec_: fg_exec, *, B, T, V, dtype, logits, 
 def _head_request(impl, *, B, T, H, V, dtype, hidden, ld_hidden, weight, ld_weight, bias,
                   token_ids, mask, filter_eps=0.0):
     """(options, inputs, tokens) of the head-only entry points on raw addresses."""
-    if impl not in IMPLS:
-        raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}; one of {tuple(IMPLS)}")
-    options = fg_linear_options(IMPLS[impl], 0, _options_filter_eps(filter_eps))
+    options = fg_linear_options(IMPLS[check_impl(impl)], 0, _options_filter_eps(filter_eps))
     inputs = fg_linear_inputs(_mat(hidden, dtype, B * T, H, ld_hidden),
                               _mat(weight, dtype, V, H, ld_weight),
                               fg_vector(bias or None, dtype, V), 0, 0)

@@ -227,8 +227,7 @@ def _static(options: dict, impl="fused", threads=None, memory_budget=None,
     checked = {k: _run_time_value(k, v) for k, v in given.items()}
     concrete = {k: v for k, v in checked.items() if not _is_traced(v)}
     _options.loss_config({**static, **concrete})
-    if impl not in _lib.IMPLS:
-        raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}")
+    _lib.check_impl(impl)
     cfg = _options.loss_config(static)
     ex = _options.make_exec(threads, memory_budget)
     return _Static(tuple(sorted(static.items())), _options.config_bytes(cfg).tobytes(), impl,
@@ -982,8 +981,7 @@ def _logprobs_attrs(temperature, opts):
     """The device handlers' attributes (_jax_ffi.cc DecodeHeadAttrs, temperature)."""
     o = dict(opts)
     impl = o.get("impl", "fused")
-    if impl not in _lib.IMPLS:
-        raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"unknown impl {impl!r}")
+    _lib.check_impl(impl)
     ex = _options.make_exec(o.get("threads"), o.get("memory_budget"))
     return dict(impl=impl, filter_eps=np.float64(0.0), temperature=np.float64(temperature),
                 threads=np.int64(ex.threads), memory_budget=np.int64(ex.memory_budget))

@@ -225,12 +225,6 @@ def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
-def _check_impl(impl):
-    if not isinstance(impl, str) or impl not in _lib.IMPLS:
-        raise FusedGRPOError("FG_ERR_UNSUPPORTED",
-                             f"unknown impl {impl!r}; one of {tuple(_lib.IMPLS)}")
-
-
 def _check_call_options(options, impl, threads, memory_budget, filter_eps, *, traced):
     """Every option of a call checked as the caller gave it, in one order
     (eager's and the trace's): the loss options (an unknown name raises
@@ -245,7 +239,7 @@ def _check_call_options(options, impl, threads, memory_budget, filter_eps, *, tr
     _options.check_threads(threads)
     _options.check_memory_budget(memory_budget)
     fe = _lib.filter_eps_value(filter_eps)
-    _check_impl(impl)
+    _lib.check_impl(impl)
     return -1.0 if fe is _lib.FILTER_EPS_AUTO else fe
 
 
@@ -531,7 +525,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
             vespo_lambda_neg=vespo_lambda_neg, entropy_coef=entropy_coef))
         _options.make_exec(threads, memory_budget)
         _lib.filter_eps_value(filter_eps)
-        _check_impl(impl)
+        _lib.check_impl(impl)
         self.beta = beta
         self.use_ref_model = use_ref_model
         self.epsilon_low = epsilon_low

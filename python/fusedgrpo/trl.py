@@ -215,10 +215,7 @@ class FusedGRPOTrainer(GRPOTrainer):
         """The fusedgrpo_* attributes as the C call's execution options, each
         checked for every impl (filter_eps too, which only the fused impl
         applies: the materialized one gets 0)."""
-        impl = self.fusedgrpo_impl
-        if not isinstance(impl, str) or impl not in _lib.IMPLS:
-            raise FusedGRPOError("FG_ERR_UNSUPPORTED", f"fusedgrpo_impl must be one of "
-                                 f"{tuple(_lib.IMPLS)}, got {impl!r}")
+        impl = _lib.check_impl(self.fusedgrpo_impl, "fusedgrpo_impl")
         filter_eps = _lib.filter_eps_value(self.fusedgrpo_filter_eps, "fusedgrpo_filter_eps")
         _options.make_exec(self.fusedgrpo_threads, self.fusedgrpo_memory_budget)
         return dict(impl=impl, memory_budget=self.fusedgrpo_memory_budget,
