@@ -11,6 +11,18 @@
  * between calls still runs on the context's), a cuBLASLt handle and the
  * cuBLASLt workspace.
  *
+ * The ops table (ABI 4): caps FG_BACKEND_ASYNC | FG_BACKEND_THREAD_INVARIANT
+ * (the work runs on the stream whatever c->workers says; FG_BACKEND_FIXED_ROW_BITS
+ * is not claimed: cuBLASLt picks its algorithm, and so a logit's summation
+ * order, from the chunk's row count), align 256, logits_block_rows 0 (GEMM 1
+ * takes any row count), fast_chunk_rows 1024 (on an H200 at V = 151936,
+ * H = 4096 the three products ran 8% below full speed in chunks of 1024 rows
+ * and 25% below at 512), compute_dtype = the inputs' dtype (the products
+ * multiply bf16 on tensor cores, float32 in true float32). Optional ops:
+ * shard_stats, dhidden and put_grad_hidden (the communicator hook and the
+ * phase API); no stats_backward (a host backend's fusion), no filter, no
+ * chunk_slow.
+ *
  * Decisions:
  *  - The cuBLASLt workspace (fg_cuda_gemm_workspace_hint(), 32 MiB) is the
  *    backend's own, allocated once in create (so a context that cannot get it
@@ -31,9 +43,14 @@
  *    token arrays, logp, entropy go through them), so that a host pointer is
  *    refused with FG_ERR_UNSUPPORTED and its name instead of faulting a
  *    kernel (a fault would end the CUDA context).
- *  - The GEMM 3 sums in gw_sum (the call's workspace) are overwritten by the
- *    chunk at r0 == 0 whatever `first` says: they never hold the caller's
- *    sums, so reading them there would read the previous call's.
+ *  - grads obeys `first` exactly, gw_sum or not (backend.h): the driver says
+ *    when the sums start.
+ *  - grad_bias: backward adds each chunk's stored dlogits into gb_sum one row
+ *    at a time, in row order (row_stats.h), so its bits do not depend on the
+ *    chunking; finish stores gb_sum (the driver seeded it with the caller's
+ *    values when accumulating), rounded once for bf16.
+ *  - One definition of each piece: grads runs dhidden then put_grad_hidden,
+ *    and shard_stats runs the stats op's forward kernel with another output.
  *  - Kernels never fault on values read from device memory: row indices out
  *    of range are skipped or give NaN rows (chunk_ops.h), token ids out of
  *    range are recorded in the row check (row_stats.h).
@@ -44,6 +61,7 @@
  */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -55,6 +73,7 @@
 #include "fail.h"
 #include "gemm_cublaslt.h"
 #include "row_stats.h"
+#include "shard_stats.h"
 
 /* The seam's structs are the kernels' structs, byte for byte. */
 static_assert(sizeof(fg_cuda_scan) == sizeof(fg_backend_scan), "scan layout");
@@ -63,9 +82,7 @@ static_assert(offsetof(fg_cuda_scan, pad) == offsetof(fg_backend_scan, pad), "sc
 static_assert(offsetof(fg_cuda_scan, top_row) == offsetof(fg_backend_scan, top_row), "scan");
 static_assert(offsetof(fg_cuda_scan, bad_row) == offsetof(fg_backend_scan, bad_row), "scan");
 static_assert(offsetof(fg_cuda_scan, bad_col) == offsetof(fg_backend_scan, bad_col), "scan");
-static_assert(sizeof(fg_cuda_row_check) == 2 * sizeof(int), "row_check is 2 ints");
-static_assert(offsetof(fg_cuda_row_check, bad_token_row) == 0, "row_check[0]");
-static_assert(offsetof(fg_cuda_row_check, nonfinite_row) == sizeof(int), "row_check[1]");
+static_assert(sizeof(fg_cuda_row_check) == sizeof(int), "row_check is 1 int");
 static_assert(FG_BACKEND_ROW_NONE == FG_CUDA_ROW_NONE, "the same 'no bad row'");
 
 typedef struct cuda_backend {
@@ -75,6 +92,7 @@ typedef struct cuda_backend {
     cublasLtHandle_t lt;
     void *workspace; /* cuBLASLt's, workspace_bytes */
     size_t workspace_bytes;
+    fg_cuda_scan *scan; /* one scan's result on the device, copied out by scan */
 } cuda_backend;
 
 static cuda_backend *state(void *be) { return static_cast<cuda_backend *>(be); }
@@ -137,6 +155,8 @@ static void cuda_destroy(void *be)
         (void)cudaDeviceSynchronize();
         if (s->workspace)
             (void)cudaFree(s->workspace);
+        if (s->scan)
+            (void)cudaFree(s->scan);
         if (s->lt)
             (void)cublasLtDestroy(s->lt);
         (void)cudaGetLastError();
@@ -307,21 +327,42 @@ static size_t cuda_call_scratch_bytes(void *be, const fg_backend_call *c)
     return s ? s->workspace_bytes : 0;
 }
 
-/* The bias column sums' partials. grad_bias.data is asked too: the driver
- * plans before gb_sum is placed. */
-static size_t cuda_chunk_scratch_bytes(void *be, const fg_backend_call *c, int64_t m)
-{
-    (void)be;
-    if (!c || !(c->gb_sum || c->grad_bias.data))
-        return 0;
-    return fg_cuda_row_backward_scratch_bytes(m, c->V);
-}
-
 static const char *dtype_name(fg_dtype t)
 {
     return t == FG_DTYPE_F32 ? "float32" : t == FG_DTYPE_BF16 ? "bfloat16" : "unknown";
 }
 
+/* The products multiply in the inputs' dtype: bf16 on tensor cores with
+ * float32 accumulation, float32 in true float32 (gemm_cublaslt.h). */
+static fg_dtype cuda_compute_dtype(void *be, fg_dtype in_t)
+{
+    (void)be;
+    return in_t;
+}
+
+/* Chunks of m rows and a last one of `last`: the row kernels' launch limit
+ * (checked here, before any output is written). The row work needs no
+ * scratch: the bias column sums add the rows in order (row_stats.h). */
+static fg_status cuda_chunk_scratch(void *be, const fg_backend_call *c, int64_t m, int64_t last,
+                                    size_t *bytes, char *msg, size_t msg_size)
+{
+    if (!be || !c || !bytes)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "chunk_scratch: NULL argument");
+    *bytes = 0;
+    if (m < 0 || last < 0)
+        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
+                    "chunk_scratch: chunks of %lld rows, a last one of %lld", (long long)m,
+                    (long long)last);
+    const int64_t rows = m > last ? m : last;
+    if (rows > FG_CUDA_ROW_LIMIT)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "the CUDA backend: chunks of %lld rows (at most %lld)", (long long)rows,
+                    (long long)FG_CUDA_ROW_LIMIT);
+    return FG_OK;
+}
+
+/* The call as planned: dtypes, the chunk size, the mask where grad_hidden is
+ * wanted, the kernels' launch limits, and memory this device can address. */
 static fg_status cuda_supports(void *be, const fg_backend_call *c, char *msg, size_t msg_size)
 {
     cuda_backend *s = state(be);
@@ -334,12 +375,15 @@ static fg_status cuda_supports(void *be, const fg_backend_call *c, char *msg, si
         return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
                     "the CUDA backend: %s logits for %s inputs (float32, or the inputs' dtype)",
                     dtype_name(c->logit_t), dtype_name(c->in_t));
-    /* The backward products multiply dlogits with the weight / hidden rows in
+    /* dlogits and hbuf hold the products' operand dtype, compute_dtype(in_t):
+     * the backward products multiply dlogits with the weight / hidden rows in
      * one dtype (gemm_cublaslt.h). */
-    if (c->dlogit_t != c->in_t)
+    const fg_dtype cmp_t = cuda_compute_dtype(be, c->in_t);
+    if (c->dlogit_t != cmp_t)
         return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
-                    "the CUDA backend: %s dlogits for %s inputs (the inputs' dtype only)",
-                    dtype_name(c->dlogit_t), dtype_name(c->in_t));
+                    "the CUDA backend: %s dlogits and gathered rows for %s inputs (its compute "
+                    "dtype is %s)",
+                    dtype_name(c->dlogit_t), dtype_name(c->in_t), dtype_name(cmp_t));
     if (c->hidden.dtype != c->in_t || c->weight.dtype != c->in_t ||
         (c->bias.data && c->bias.dtype != c->in_t))
         return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
@@ -354,18 +398,41 @@ static fg_status cuda_supports(void *be, const fg_backend_call *c, char *msg, si
             return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
                         "the CUDA backend: %s gradients for %s inputs", dtype_name(grads[i]),
                         dtype_name(c->in_t));
-    /* The row kernels number a chunk's rows in int and its row groups in grid.y. */
-    if (c->chunk_rows > (int64_t)64 * 65535)
+    /* The chunk size as planned: at least a row when a token is unmasked,
+     * and within the row kernels' launch (rows numbered in int). */
+    if (c->chunk_rows < 0 || (c->n_active > 0 && c->chunk_rows < 1))
         return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
-                    "the CUDA backend: chunks of %lld rows (at most %d)", (long long)c->chunk_rows,
-                    64 * 65535);
+                    "the CUDA backend: chunks of %lld rows for %lld unmasked tokens",
+                    (long long)c->chunk_rows, (long long)c->n_active);
+    if (c->chunk_rows > FG_CUDA_ROW_LIMIT)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "the CUDA backend: chunks of %lld rows (at most %lld)",
+                    (long long)c->chunk_rows, (long long)FG_CUDA_ROW_LIMIT);
+    /* finish and the scan run one block per token row (N) or vocab row (V). */
+    if (c->N > INT_MAX || c->V > INT_MAX)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "the CUDA backend: %lld token rows and %lld vocab rows (at most %d each)",
+                    (long long)c->N, (long long)c->V, INT_MAX);
+    /* finish zeroes grad_hidden's rows at masked tokens: it reads the mask. */
+    if (c->grad_hidden.data && !c->mask)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "the CUDA backend: grad_hidden without the mask (its rows at masked tokens "
+                    "are zeroed from it)");
+    if (c->grad_hidden.data && c->grad_hidden.rows < c->N)
+        return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
+                    "the CUDA backend: grad_hidden has %lld rows, the mask %lld",
+                    (long long)c->grad_hidden.rows, (long long)c->N);
     device_scope scope(s->device);
+    /* The mask is read on the device only by finish, for grad_hidden. */
     const struct {
         const char *name;
         const void *p;
-    } tensors[7] = {{"hidden", c->hidden.data},           {"weight", c->weight.data},
-                    {"bias", c->bias.data},               {"mask", c->mask},
-                    {"grad_hidden", c->grad_hidden.data}, {"grad_weight", c->grad_weight.data},
+    } tensors[7] = {{"hidden", c->hidden.data},
+                    {"weight", c->weight.data},
+                    {"bias", c->bias.data},
+                    {"mask", c->grad_hidden.data ? c->mask : NULL},
+                    {"grad_hidden", c->grad_hidden.data},
+                    {"grad_weight", c->grad_weight.data},
                     {"grad_bias", c->grad_bias.data}};
     for (const auto &t : tensors) {
         const fg_status st = check_pointer(s, t.name, t.p, msg, msg_size);
@@ -384,8 +451,20 @@ static fg_status cuda_scan(void *be, const fg_matrix *x, const uint8_t *mask,
     if (!s || !x || !out)
         return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "scan: NULL argument");
     device_scope scope(s->device);
-    return fg_cuda_scan_matrix(x->data, x->dtype, x->rows, x->cols, x->ld, mask,
-                               reinterpret_cast<fg_cuda_scan *>(out), s->stream, msg, msg_size);
+    /* Into the backend's own slot, then to the host (backend.h: out is host
+     * memory, there when the op returns). */
+    const fg_status st = fg_cuda_scan_matrix(x->data, x->dtype, x->rows, x->cols, x->ld, mask,
+                                             s->scan, s->stream, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    cudaError_t err = cudaMemcpyAsync(out, s->scan, sizeof *s->scan, cudaMemcpyDeviceToHost,
+                                      s->stream);
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(s->stream);
+    if (err != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, "scan: copying the result to the host", err, msg,
+                         msg_size);
+    return FG_OK;
 }
 
 /* ---- the chunk ops --------------------------------------------------------------------- */
@@ -430,7 +509,8 @@ static fg_status cuda_logits(void *be, const fg_backend_call *c, int64_t r0, int
                             s->stream, msg, msg_size);
 }
 
-/* zmax, lsum, entropy, logp of the chunk's rows; bad rows into row_check. */
+/* zmax, lsum, entropy, logp of the chunk's rows; the lowest row whose target
+ * is outside [0, V) into row_check (one int). */
 static fg_status cuda_stats(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                             size_t msg_size)
 {
@@ -447,7 +527,8 @@ static fg_status cuda_stats(void *be, const fg_backend_call *c, int64_t r0, int6
                                      s->stream, msg, msg_size);
 }
 
-/* dlogits from the statistics and g, e; gb_sum += their column sums. */
+/* dlogits from the statistics and g, e; gb_sum += the stored dlogits, row by
+ * row in order (row_stats.h). */
 static fg_status cuda_backward(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
                                char *msg, size_t msg_size)
 {
@@ -464,11 +545,90 @@ static fg_status cuda_backward(void *be, const fg_backend_call *c, int64_t r0, i
     device_scope scope(s->device);
     return fg_cuda_row_backward(c->logits, c->logit_t, c->V, c->dlogits, c->dlogit_t, c->V, m,
                                 c->V, c->inv_temp, c->targets + r0, stats_of(c), c->g, c->e,
-                                c->gb_sum, c->scratch, s->stream, msg, msg_size);
+                                c->gb_sum, s->stream, msg, msg_size);
 }
 
-/* GEMM 2 into ghbuf, scattered into grad_hidden's rows; GEMM 3 into gw_sum
- * or grad_weight. */
+/* Where fg_shard_put_local (src/shard_stats.c) writes token i's statistics
+ * in a layout of `count` tokens: max at buf[i], z_tok at buf[count + i], the
+ * shard's own m, S, D at buf[fg_shard_local_offset(count) + k·count + i],
+ * k = 0, 1, 2 (shard_stats.h's layout, whose offsets are used here; the
+ * kernel writes each slot as fg_shard_put_local would). */
+static fg_cuda_shard_slots shard_slots(float *buf, int64_t count, const int64_t *index)
+{
+    float *own = buf + fg_shard_local_offset(count);
+    fg_cuda_shard_slots o = {buf, buf + count, own, own + count, own + 2 * count, index, count};
+    return o;
+}
+
+/* Each row's own statistics over this shard's vocab rows and its target's
+ * scaled logit (−inf outside [0, V)) into `out` at row i, or at token
+ * c->rows[r0 + i] when by_token: the stats op's forward kernel, the same
+ * max, sum and dot. */
+static fg_status cuda_shard_stats(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                                  float *out, int64_t count, int by_token, char *msg,
+                                  size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    fg_status st = check_chunk(s, c, r0, m, "shard_stats", msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    if (!out || !c->logits)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
+                    "shard_stats: out and the logits are required");
+    /* fg_shard_floats(count) floats, counted in int64. */
+    if (count < (by_token ? 1 : m) || count > (INT64_MAX - 1) / 16)
+        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
+                    "shard_stats: a layout of %lld tokens for %lld rows%s", (long long)count,
+                    (long long)m, by_token ? " by token" : "");
+    device_scope scope(s->device);
+    /* The phase API's stats array may be the caller's: a host pointer is
+     * refused, never faulted on. */
+    if ((st = check_pointer(s, "the shard statistics", out, msg, msg_size)) != FG_OK)
+        return st;
+    return fg_cuda_row_stats_shard(c->logits, c->logit_t, m, c->V, c->V, c->inv_temp,
+                                   c->targets + r0,
+                                   shard_slots(out, count, by_token ? c->rows + r0 : NULL),
+                                   s->stream, msg, msg_size);
+}
+
+/* GEMM 2 alone: ghbuf [m, H] float32 = dlogits [m, V] · W [V, H]. */
+static fg_status cuda_dhidden(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                              size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    fg_status st = check_chunk(s, c, r0, m, "dhidden", msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    if (!c->ghbuf)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "dhidden: ghbuf is required");
+    device_scope scope(s->device);
+    const fg_cuda_gemm g = gemm_of(s);
+    return fg_cuda_gemm_grad_hidden(&g, c->dlogit_t, m, c->V, c->H, c->dlogits, c->V,
+                                    c->weight.data, c->weight.ld, c->ghbuf, FG_DTYPE_F32, c->H,
+                                    0.0f, msg, msg_size);
+}
+
+/* ghbuf's float32 rows into grad_hidden's rows c->rows[r0 + i], rounded once
+ * to a bf16 grad_hidden. */
+static fg_status cuda_put_grad_hidden(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                                      char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    fg_status st = check_chunk(s, c, r0, m, "put_grad_hidden", msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    const fg_matrix *gh = &c->grad_hidden;
+    if (!gh->data) /* not wanted: nothing to put (the reference's contract) */
+        return FG_OK;
+    if (!c->ghbuf)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "put_grad_hidden: ghbuf is required");
+    device_scope scope(s->device);
+    return fg_cuda_scatter_rows(c->ghbuf, c->H, c->rows + r0, m, c->H, gh->data, gh->dtype,
+                                gh->rows, gh->ld, s->stream, msg, msg_size);
+}
+
+/* GEMM 2 (dhidden, put_grad_hidden); GEMM 3 into gw_sum or grad_weight,
+ * overwritten when `first`, else added to. */
 static fg_status cuda_grads(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
                             char *msg, size_t msg_size)
 {
@@ -476,44 +636,39 @@ static fg_status cuda_grads(void *be, const fg_backend_call *c, int64_t r0, int6
     fg_status st = check_chunk(s, c, r0, m, "grads", msg, msg_size);
     if (st != FG_OK)
         return st;
+    if (c->grad_hidden.data && ((st = cuda_dhidden(be, c, r0, m, msg, msg_size)) != FG_OK ||
+                                (st = cuda_put_grad_hidden(be, c, r0, m, msg, msg_size)) != FG_OK))
+        return st;
+    if (!c->grad_weight.data)
+        return FG_OK;
     device_scope scope(s->device);
     const fg_cuda_gemm g = gemm_of(s);
-    if (c->grad_hidden.data) {
-        if (!c->ghbuf)
-            return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "grads: ghbuf is required");
-        /* ghbuf [m, H] float32 = dlogits [m, V] · W [V, H] */
-        st = fg_cuda_gemm_grad_hidden(&g, c->in_t, m, c->V, c->H, c->dlogits, c->V,
-                                      c->weight.data, c->weight.ld, c->ghbuf, FG_DTYPE_F32, c->H,
-                                      0.0f, msg, msg_size);
-        if (st == FG_OK)
-            st = fg_cuda_scatter_rows(c->ghbuf, c->H, c->rows + r0, m, c->H, c->grad_hidden.data,
-                                      c->grad_hidden.dtype, c->grad_hidden.rows,
-                                      c->grad_hidden.ld, s->stream, msg, msg_size);
-        if (st != FG_OK)
-            return st;
-    }
-    if (c->grad_weight.data) {
-        /* gw_sum is the call's workspace, never the caller's sums: its first
-         * chunk (r0 == 0) overwrites it whatever `first` says, so it is
-         * never read uninitialized. */
-        const bool overwrite = first || (c->gw_sum && r0 == 0);
-        void *out = c->gw_sum ? static_cast<void *>(c->gw_sum) : c->grad_weight.data;
-        const fg_dtype out_t = c->gw_sum ? FG_DTYPE_F32 : c->grad_weight.dtype;
-        const int64_t ld = c->gw_sum ? c->H : c->grad_weight.ld;
-        /* out [V, H] (+)= dlogits [m, V]ᵀ · hbuf [m, H] */
-        st = fg_cuda_gemm_grad_weight(&g, c->in_t, m, c->V, c->H, c->dlogits, c->V, c->hbuf, c->H,
-                                      out, out_t, ld, overwrite ? 0.0f : 1.0f, msg, msg_size);
-    }
-    return st;
+    void *out = c->gw_sum ? static_cast<void *>(c->gw_sum) : c->grad_weight.data;
+    const fg_dtype out_t = c->gw_sum ? FG_DTYPE_F32 : c->grad_weight.dtype;
+    const int64_t ld = c->gw_sum ? c->H : c->grad_weight.ld;
+    /* out [V, H] (+)= dlogits [m, V]ᵀ · hbuf [m, H] */
+    return fg_cuda_gemm_grad_weight(&g, c->dlogit_t, m, c->V, c->H, c->dlogits, c->V, c->hbuf,
+                                    c->H, out, out_t, ld, first ? 0.0f : 1.0f, msg, msg_size);
 }
 
-/* After the chunks: grad_weight from gw_sum (or zero), grad_bias from gb_sum,
+/* After the chunks: grad_weight from gw_sum (or zero), grad_bias = gb_sum,
  * zero grad_hidden rows at masked tokens. */
 static fg_status cuda_finish(void *be, const fg_backend_call *c, char *msg, size_t msg_size)
 {
     cuda_backend *s = state(be);
     if (!s || !c)
         return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "finish: NULL argument");
+    const fg_matrix *gh = &c->grad_hidden;
+    if (gh->data && !c->mask)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
+                    "finish: grad_hidden is wanted but the mask is NULL");
+    if (gh->data && gh->rows < c->N)
+        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
+                    "finish: grad_hidden has %lld rows, the mask %lld", (long long)gh->rows,
+                    (long long)c->N);
+    if (c->grad_bias.data && !c->gb_sum)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
+                    "finish: grad_bias is wanted but gb_sum is NULL");
     device_scope scope(s->device);
     fg_status st = FG_OK;
     const fg_matrix *gw = &c->grad_weight;
@@ -525,25 +680,14 @@ static fg_status cuda_finish(void *be, const fg_backend_call *c, char *msg, size
                                 c->accumulate, s->stream, msg, msg_size);
     if (st != FG_OK)
         return st;
-    if (c->grad_bias.data) {
-        if (!c->gb_sum)
-            return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
-                        "finish: grad_bias is wanted but gb_sum is NULL");
-        st = fg_cuda_store_sums(c->gb_sum, c->V, c->grad_bias.data, c->grad_bias.dtype, c->V, 1,
-                                c->V, c->accumulate && !c->gb_seeded, s->stream, msg,
-                                msg_size);
-        if (st != FG_OK)
-            return st;
-    }
-    const fg_matrix *gh = &c->grad_hidden;
-    if (gh->data && c->mask) {
-        if (gh->rows < c->N)
-            return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
-                        "finish: grad_hidden has %lld rows, the mask %lld", (long long)gh->rows,
-                        (long long)c->N);
+    /* The driver seeded gb_sum (the caller's values when accumulating). */
+    if (c->grad_bias.data &&
+        (st = fg_cuda_store_sums(c->gb_sum, c->V, c->grad_bias.data, c->grad_bias.dtype, c->V, 1,
+                                 c->V, 0, s->stream, msg, msg_size)) != FG_OK)
+        return st;
+    if (gh->data && c->N > 0)
         st = fg_cuda_zero_rows(gh->data, gh->dtype, c->N, c->H, gh->ld, c->mask, s->stream, msg,
                                msg_size);
-    }
     return st;
 }
 
@@ -554,6 +698,10 @@ static fg_backend_ops make_ops(void)
     fg_backend_ops o = {};
     o.abi = FG_BACKEND_ABI;
     o.name = "cuda";
+    o.caps = FG_BACKEND_ASYNC | FG_BACKEND_THREAD_INVARIANT;
+    o.align = 256;
+    o.logits_block_rows = 0;
+    o.fast_chunk_rows = 1024;
     o.destroy = cuda_destroy;
     o.alloc = cuda_alloc;
     o.release = cuda_release;
@@ -561,8 +709,10 @@ static fg_backend_ops make_ops(void)
     o.to_device = cuda_to_device;
     o.fill_zero = cuda_fill_zero;
     o.wait = cuda_wait;
+    o.compute_dtype = cuda_compute_dtype;
     o.call_scratch_bytes = cuda_call_scratch_bytes;
-    o.chunk_scratch_bytes = cuda_chunk_scratch_bytes;
+    o.chunk_scratch = cuda_chunk_scratch;
+    o.chunk_slow = NULL;
     o.supports = cuda_supports;
     o.scan = cuda_scan;
     o.logits = cuda_logits;
@@ -570,6 +720,11 @@ static fg_backend_ops make_ops(void)
     o.backward = cuda_backward;
     o.grads = cuda_grads;
     o.finish = cuda_finish;
+    o.stats_backward = NULL;
+    o.shard_stats = cuda_shard_stats;
+    o.dhidden = cuda_dhidden;
+    o.put_grad_hidden = cuda_put_grad_hidden;
+    o.filter = NULL;
     return o;
 }
 
@@ -599,6 +754,13 @@ static fg_status cuda_open(cuda_backend *s, char *msg, size_t msg_size)
                     "CUDA: allocating the cuBLASLt workspace (%zu bytes) on device %d: %s (%s)",
                     s->workspace_bytes, s->device, cudaGetErrorName(err),
                     cudaGetErrorString(err));
+    }
+    const cudaError_t serr = cudaMalloc(&s->scan, sizeof *s->scan);
+    if (serr != cudaSuccess) {
+        (void)cudaGetLastError();
+        s->scan = NULL;
+        return cuda_fail(FG_ERR_OUT_OF_MEMORY, "allocating the scan's result", serr, msg,
+                         msg_size);
     }
     return FG_OK;
 }

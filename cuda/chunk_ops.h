@@ -48,7 +48,8 @@ fg_status fg_cuda_scan_matrix(const void *x, fg_dtype xtype, int64_t rows, int64
 /* dst [m, cols] (row stride ld_dst) = src [rows[i], :] for i < m, src of
  * src_rows rows (stride ld_src), the same dtype (bits copied). A row index
  * outside [0, src_rows) gives a row of NaN: the statistics of that row are
- * then not finite, which the row check reports, instead of a fault. */
+ * then not finite, which the driver's check of the statistics reports,
+ * instead of a fault. */
 fg_status fg_cuda_gather_rows(const void *src, fg_dtype type, int64_t src_rows, int64_t ld_src,
                               const int64_t *rows, int64_t m, int64_t cols, void *dst,
                               int64_t ld_dst, cudaStream_t stream, char *msg, size_t msg_size);

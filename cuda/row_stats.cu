@@ -6,11 +6,19 @@
  * are rescaled at most once per pack. The block merges its threads' partial
  * statistics in a fixed order, so a row's result does not depend on timing.
  *
+ * The same kernel writes a vocab shard's own statistics (row_stats_shard):
+ * one definition of a row's max, sum and dot.
+ *
  * Backward: a block owns GROUP_ROWS rows × (THREADS · pack) columns. Each
  * thread walks down its columns row by row, so every load and store is
- * coalesced and the per-row coefficients come from shared memory; the bias
- * column sums are kept in registers along the way (one partial per row group,
- * summed in group order by a small second kernel over [groups, V]).
+ * coalesced and the per-row coefficients come from shared memory. The bias
+ * column sums are a second kernel over the stored dx, one thread per column
+ * (coalesced over columns), adding the rows one by one in order: the bits of
+ * summing every row in order, whatever the chunking (fg_col_sums_add of
+ * src/row_kernels.c). It reads dx once more (M·V elements: for bf16 dlogits
+ * at H = 4096 about 1.5% of the time of a chunk's three products on an H200,
+ * by bandwidth and peak rates), which bits independent of the chunk size are
+ * worth.
  *
  * expf and logf are the accurate library functions (no --use_fast_math). */
 #include <cuda_bf16.h>
@@ -18,12 +26,16 @@
 #include <math.h>
 #include <stdio.h>
 
+#include <algorithm>
+
 #include "fail.h"
 #include "row_stats.h"
 #include "storage.cuh"
 
 #define THREADS 256
-#define GROUP_ROWS 64 /* rows per backward block, and per bias partial sum */
+#define GROUP_ROWS 64   /* rows per backward block (and pass) */
+#define MAX_GRID_Y 65535 /* the most blocks in grid.y: larger chunks loop */
+#define SUM_UNROLL 8     /* rows a column-sum thread loads before adding them in order */
 
 
 /* N consecutive values, loaded and stored as one vector access. */
@@ -106,35 +118,58 @@ __device__ Stats block_merge(Stats s)
     return s;
 }
 
-/* Row r's outputs from its statistics; bad rows go to check. */
-template <typename T>
-__device__ void finish_row(int64_t r, Stats s, const T *row, int64_t V, float inv_temp,
-                           const int64_t *tokens, fg_cuda_row_stats out, fg_cuda_row_check *check)
-{
-    const float lsum = logf(s.sum);
-    const int64_t tok = tokens[r];
-    const bool tok_ok = tok >= 0 && tok < V;
-    const float z_tok = tok_ok ? to_float(row[tok]) * inv_temp : NAN;
-    const float entropy = lsum - s.dot / s.sum, logp = (z_tok - s.max) - lsum;
-    out.zmax[r] = s.max;
-    out.lsum[r] = lsum;
-    out.entropy[r] = entropy;
-    out.logp[r] = logp;
-    if (!tok_ok)
-        atomicMin(&check->bad_token_row, (int)r);
-    else if (!(isfinite(s.max) && isfinite(lsum) && isfinite(entropy) && isfinite(logp)))
-        atomicMin(&check->nonfinite_row, (int)r);
-}
+/* Row r's outputs from its statistics (fg_row_finalize of src/row_kernels.h);
+ * a token outside [0, V) gives a NaN logp and goes to check. */
+struct StatsSink {
+    fg_cuda_row_stats out;
+    fg_cuda_row_check *check;
+
+    template <typename T>
+    __device__ void put(int64_t r, Stats s, const T *row, int64_t V, float inv_temp,
+                        const int64_t *tokens) const
+    {
+        const float lsum = logf(s.sum);
+        const int64_t tok = tokens[r];
+        const bool tok_ok = tok >= 0 && tok < V;
+        const float z_tok = tok_ok ? to_float(row[tok]) * inv_temp : NAN;
+        out.zmax[r] = s.max;
+        out.lsum[r] = lsum;
+        out.entropy[r] = lsum - s.dot / s.sum;
+        out.logp[r] = (z_tok - s.max) - lsum;
+        if (!tok_ok)
+            atomicMin(&check->bad_token_row, (int)r);
+    }
+};
+
+/* Row r's own statistics and its target's logit (−inf: another shard's) at
+ * its slot of a vocab shard's layout (row_stats.h). */
+struct ShardSink {
+    fg_cuda_shard_slots out;
+
+    template <typename T>
+    __device__ void put(int64_t r, Stats s, const T *row, int64_t V, float inv_temp,
+                        const int64_t *tokens) const
+    {
+        const int64_t slot = out.index ? out.index[r] : r;
+        if (slot < 0 || slot >= out.count)
+            return;
+        const int64_t tok = tokens[r];
+        out.max[slot] = s.max;
+        out.z_tok[slot] = tok >= 0 && tok < V ? to_float(row[tok]) * inv_temp : -INFINITY;
+        out.own_max[slot] = s.max;
+        out.own_sum[slot] = s.sum;
+        out.own_dot[slot] = s.dot;
+    }
+};
 
 /* ---- forward ---------------------------------------------------------------- */
 
 /* x [M, V] row stride ld; grid M blocks of THREADS; N = 1 or the pack width
- * (then every row start is 16-byte aligned). */
-template <typename T, int N>
+ * (then every row start is 16-byte aligned). Sink: StatsSink or ShardSink. */
+template <typename T, int N, typename Sink>
 __global__ void __launch_bounds__(THREADS)
     row_stats_forward_kernel(const T *x, int64_t V, int64_t ld, float inv_temp,
-                             const int64_t *tokens, fg_cuda_row_stats out,
-                             fg_cuda_row_check *check)
+                             const int64_t *tokens, Sink sink)
 {
     const int64_t r = blockIdx.x;
     const T *row = x + r * ld;
@@ -154,7 +189,7 @@ __global__ void __launch_bounds__(THREADS)
     }
     s = block_merge(s);
     if (threadIdx.x == 0)
-        finish_row(r, s, row, V, inv_temp, tokens, out, check);
+        sink.put(r, s, row, V, inv_temp, tokens);
 }
 
 /* The plain reference: one thread per row, a max pass then a sum pass. z and
@@ -179,7 +214,8 @@ __global__ void row_stats_forward_ref_kernel(const T *x, int64_t M, int64_t V, i
         dot += (double)p * u;
     }
     const Stats s = {zmax, (float)sum, (float)dot};
-    finish_row(r, s, row, V, inv_temp, tokens, out, check);
+    const StatsSink sink = {out, check};
+    sink.put(r, s, row, V, inv_temp, tokens);
 }
 
 /* ---- backward --------------------------------------------------------------- */
@@ -205,29 +241,14 @@ __device__ __forceinline__ float dlogit(float x, int64_t v, const RowCoef &k, fl
     return (k.g * (onehot - p) - k.e * p * (lp + k.entropy)) * inv_temp;
 }
 
-/* grid (ceil(V / (THREADS · N)), ceil(M / GROUP_ROWS)) blocks of THREADS.
- * partial [gridDim.y, V] or NULL: the column sums of this row group. */
+/* dx of rows [r0, r0 + rows) at columns [c, c + N) (c < V), walking down the
+ * rows: every load and store coalesced across the block's threads. */
 template <typename Tin, typename Tout, int N>
-__global__ void __launch_bounds__(THREADS)
-    row_backward_kernel(const Tin *x, int64_t ld_x, Tout *dx, int64_t ld_dx, int64_t M, int64_t V,
-                        float inv_temp, const int64_t *tokens, fg_cuda_row_stats st,
-                        const float *g, const float *e, float *partial)
+__device__ __forceinline__ void backward_group(const Tin *x, int64_t ld_x, Tout *dx,
+                                               int64_t ld_dx, int64_t V, float inv_temp,
+                                               const RowCoef *coef, int64_t r0, int rows,
+                                               int64_t c, bool whole)
 {
-    __shared__ RowCoef coef[GROUP_ROWS];
-    const int64_t r0 = (int64_t)blockIdx.y * GROUP_ROWS;
-    const int rows = (int)min((int64_t)GROUP_ROWS, M - r0);
-    for (int i = threadIdx.x; i < rows; i += THREADS)
-        coef[i] = row_coef(r0 + i, tokens, st, g, e);
-    __syncthreads();
-
-    const int64_t c = ((int64_t)blockIdx.x * THREADS + threadIdx.x) * N;
-    if (c >= V)
-        return;
-    const bool whole = c + N <= V; /* a whole pack; else the row's last, narrower one */
-    float colsum[N];
-#pragma unroll
-    for (int j = 0; j < N; j++)
-        colsum[j] = 0.0f;
 #pragma unroll 4
     for (int i = 0; i < rows; i++) {
         const RowCoef k = coef[i];
@@ -237,39 +258,69 @@ __global__ void __launch_bounds__(THREADS)
             const Pack<Tin, N> in = *reinterpret_cast<const Pack<Tin, N> *>(xr);
             Pack<Tout, N> o;
 #pragma unroll
-            for (int j = 0; j < N; j++) {
+            for (int j = 0; j < N; j++)
                 o.v[j] = from_float<Tout>(dlogit(to_float(in.v[j]), c + j, k, inv_temp));
-                colsum[j] += to_float(o.v[j]);
-            }
             *reinterpret_cast<Pack<Tout, N> *>(dr) = o;
         } else {
 #pragma unroll
             for (int j = 0; j < N; j++)
-                if (c + j < V) {
-                    const Tout o = from_float<Tout>(dlogit(to_float(xr[j]), c + j, k, inv_temp));
-                    dr[j] = o;
-                    colsum[j] += to_float(o);
-                }
+                if (c + j < V)
+                    dr[j] = from_float<Tout>(dlogit(to_float(xr[j]), c + j, k, inv_temp));
         }
     }
-    if (partial)
-#pragma unroll
-        for (int j = 0; j < N; j++)
-            if (c + j < V)
-                partial[(int64_t)blockIdx.y * V + c + j] = colsum[j];
 }
 
-/* bias_sum[v] += Σ_group partial[group, v], groups in order. */
-__global__ void column_sums_kernel(const float *partial, int64_t groups, int64_t V,
-                                   float *bias_sum)
+/* grid (ceil(V / (THREADS · N)), min(ceil(M / GROUP_ROWS), MAX_GRID_Y)) blocks
+ * of THREADS; block y takes row groups y, y + gridDim.y, ... (one group each
+ * unless a chunk has over MAX_GRID_Y · GROUP_ROWS rows). */
+template <typename Tin, typename Tout, int N>
+__global__ void __launch_bounds__(THREADS)
+    row_backward_kernel(const Tin *x, int64_t ld_x, Tout *dx, int64_t ld_dx, int64_t M, int64_t V,
+                        float inv_temp, const int64_t *tokens, fg_cuda_row_stats st,
+                        const float *g, const float *e)
 {
-    const int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    __shared__ RowCoef coef[GROUP_ROWS];
+    const int64_t c = ((int64_t)blockIdx.x * THREADS + threadIdx.x) * N;
+    const bool whole = c + N <= V; /* a whole pack; else the row's last, narrower one */
+    for (int64_t r0 = (int64_t)blockIdx.y * GROUP_ROWS; r0 < M;
+         r0 += (int64_t)gridDim.y * GROUP_ROWS) {
+        const int rows = (int)min((int64_t)GROUP_ROWS, M - r0);
+        __syncthreads(); /* the previous group's coefficients are read */
+        for (int i = threadIdx.x; i < rows; i += THREADS)
+            coef[i] = row_coef(r0 + i, tokens, st, g, e);
+        __syncthreads();
+        if (c < V)
+            backward_group<Tin, Tout, N>(x, ld_x, dx, ld_dx, V, inv_temp, coef, r0, rows, c,
+                                         whole);
+    }
+}
+
+/* bias_sum[v] += dx[r, v] for r = 0, 1, ..., M − 1, one float add per row in
+ * row order; one thread per column, a warp's loads coalesced over columns.
+ * SUM_UNROLL rows are loaded before they are added (in order), so that a
+ * thread keeps several loads in flight. grid ceil(V / THREADS). */
+template <typename T>
+__global__ void __launch_bounds__(THREADS)
+    column_sums_kernel(const T *dx, int64_t ld_dx, int64_t M, int64_t V, float *bias_sum)
+{
+    const int64_t v = (int64_t)blockIdx.x * THREADS + threadIdx.x;
     if (v >= V)
         return;
-    float s = 0.0f;
-    for (int64_t i = 0; i < groups; i++)
-        s += partial[i * V + v];
-    bias_sum[v] += s;
+    const T *col = dx + v;
+    float s = bias_sum[v];
+    int64_t r = 0;
+    for (; r + SUM_UNROLL <= M; r += SUM_UNROLL) {
+        float x[SUM_UNROLL];
+#pragma unroll
+        for (int j = 0; j < SUM_UNROLL; j++)
+            x[j] = to_float(col[(r + j) * ld_dx]);
+#pragma unroll
+        for (int j = 0; j < SUM_UNROLL; j++)
+            s += x[j];
+    }
+    for (; r < M; r++)
+        s += to_float(col[r * ld_dx]);
+    bias_sum[v] = s;
 }
 
 /* The plain reference: one thread per row. */
@@ -304,7 +355,6 @@ __global__ void column_sums_ref_kernel(const T *dx, int64_t ld_dx, int64_t M, in
 
 /* ---- host side ---------------------------------------------------------------- */
 
-
 static fg_status launched(const char *what, char *msg, size_t msg_size)
 {
     const cudaError_t err = cudaGetLastError();
@@ -328,28 +378,37 @@ static fg_status check_dtype(fg_dtype t, const char *name, char *msg, size_t msg
     return FG_OK;
 }
 
-/* The checks every row entry point shares. */
-static fg_status check_rows(const void *x, fg_dtype xtype, int64_t M, int64_t V, int64_t ld,
-                            float inv_temp, const int64_t *tokens, fg_cuda_row_stats st,
-                            char *msg, size_t msg_size)
+/* The checks of the logits every row entry point reads. */
+static fg_status check_x(const void *x, fg_dtype xtype, int64_t M, int64_t V, int64_t ld,
+                         float inv_temp, const int64_t *tokens, char *msg, size_t msg_size)
 {
-    if (!x || !tokens || !st.zmax || !st.lsum || !st.entropy || !st.logp)
-        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
-                    "row stats: x, tokens and the four stats arrays are required");
+    if (!x || !tokens)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "row stats: x and tokens are required");
     if (M <= 0 || V <= 0 || ld < V)
         return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
                     "row stats: M = %lld, V = %lld, ld = %lld (need M, V > 0, ld >= V)",
                     (long long)M, (long long)V, (long long)ld);
-    /* Rows are numbered in int (atomicMin) and row groups fill grid.y. */
-    if (M > (int64_t)GROUP_ROWS * 65535)
+    /* Rows are numbered in int (atomicMin) and the forward's fill grid.x. */
+    if (M > FG_CUDA_ROW_LIMIT)
         return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
-                    "row stats: a chunk of %lld rows is over the %d rows one launch takes",
-                    (long long)M, GROUP_ROWS * 65535);
+                    "row stats: a chunk of %lld rows is over the %lld rows one launch takes",
+                    (long long)M, (long long)FG_CUDA_ROW_LIMIT);
     if (!(inv_temp > 0.0f) || !isfinite(inv_temp))
         return fail(FG_ERR_BAD_TEMPERATURE, msg, msg_size,
                     "row stats: 1/temperature = %g is not a finite positive number",
                     (double)inv_temp);
     return check_dtype(xtype, "row stats: x", msg, msg_size);
+}
+
+/* check_x and the four statistics arrays. */
+static fg_status check_rows(const void *x, fg_dtype xtype, int64_t M, int64_t V, int64_t ld,
+                            float inv_temp, const int64_t *tokens, fg_cuda_row_stats st,
+                            char *msg, size_t msg_size)
+{
+    if (!st.zmax || !st.lsum || !st.entropy || !st.logp)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
+                    "row stats: the four stats arrays are required");
+    return check_x(x, xtype, M, V, ld, inv_temp, tokens, msg, msg_size);
 }
 
 fg_status fg_cuda_row_check_reset(fg_cuda_row_check *check, cudaStream_t stream, char *msg,
@@ -380,27 +439,34 @@ fg_status fg_cuda_row_check_status(const fg_cuda_row_check *check, int64_t row0,
         return fail(FG_ERR_TOKEN_OUT_OF_RANGE, msg, msg_size,
                     "row %lld: the token id is outside [0, V)",
                     (long long)(row0 + h.bad_token_row));
-    if (h.nonfinite_row != FG_CUDA_ROW_NONE)
-        return fail(FG_ERR_NONFINITE_INPUT, msg, msg_size,
-                    "row %lld: its logits give a non-finite max, log-sum-exp, entropy or "
-                    "log-prob (NaN or Inf in the inputs)",
-                    (long long)(row0 + h.nonfinite_row));
     return FG_OK;
 }
 
-template <typename T>
+/* The fast forward with either sink: packs where every row start is 16-byte
+ * aligned, else one value at a time. */
+template <typename T, typename Sink>
 static void launch_forward(const void *x, int64_t M, int64_t V, int64_t ld, float inv_temp,
-                           const int64_t *tokens, fg_cuda_row_stats st, fg_cuda_row_check *check,
-                           cudaStream_t stream)
+                           const int64_t *tokens, Sink sink, cudaStream_t stream)
 {
     constexpr int N = pack_width<T>();
     const T *xt = static_cast<const T *>(x);
     if (aligned(x, 16) && ld % N == 0)
-        row_stats_forward_kernel<T, N>
-            <<<(unsigned)M, THREADS, 0, stream>>>(xt, V, ld, inv_temp, tokens, st, check);
+        row_stats_forward_kernel<T, N, Sink>
+            <<<(unsigned)M, THREADS, 0, stream>>>(xt, V, ld, inv_temp, tokens, sink);
     else
-        row_stats_forward_kernel<T, 1>
-            <<<(unsigned)M, THREADS, 0, stream>>>(xt, V, ld, inv_temp, tokens, st, check);
+        row_stats_forward_kernel<T, 1, Sink>
+            <<<(unsigned)M, THREADS, 0, stream>>>(xt, V, ld, inv_temp, tokens, sink);
+}
+
+template <typename Sink>
+static void launch_forward_any(const void *x, fg_dtype xtype, int64_t M, int64_t V, int64_t ld,
+                               float inv_temp, const int64_t *tokens, Sink sink,
+                               cudaStream_t stream)
+{
+    if (xtype == FG_DTYPE_BF16)
+        launch_forward<__nv_bfloat16>(x, M, V, ld, inv_temp, tokens, sink, stream);
+    else
+        launch_forward<float>(x, M, V, ld, inv_temp, tokens, sink, stream);
 }
 
 fg_status fg_cuda_row_stats_forward(const void *x, fg_dtype xtype, int64_t M, int64_t V,
@@ -413,11 +479,29 @@ fg_status fg_cuda_row_stats_forward(const void *x, fg_dtype xtype, int64_t M, in
         return st;
     if (!check)
         return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "row stats: check is NULL");
-    if (xtype == FG_DTYPE_BF16)
-        launch_forward<__nv_bfloat16>(x, M, V, ld, inv_temp, tokens, stats, check, stream);
-    else
-        launch_forward<float>(x, M, V, ld, inv_temp, tokens, stats, check, stream);
+    const StatsSink sink = {stats, check};
+    launch_forward_any(x, xtype, M, V, ld, inv_temp, tokens, sink, stream);
     return launched("the row stats forward", msg, msg_size);
+}
+
+fg_status fg_cuda_row_stats_shard(const void *x, fg_dtype xtype, int64_t M, int64_t V,
+                                  int64_t ld, float inv_temp, const int64_t *tokens,
+                                  fg_cuda_shard_slots out, cudaStream_t stream, char *msg,
+                                  size_t msg_size)
+{
+    fg_status st = check_x(x, xtype, M, V, ld, inv_temp, tokens, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    if (!out.max || !out.z_tok || !out.own_max || !out.own_sum || !out.own_dot)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
+                    "shard stats: the five output arrays are required");
+    if (out.count < (out.index ? 1 : M))
+        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
+                    "shard stats: %lld slots for %lld rows%s", (long long)out.count,
+                    (long long)M, out.index ? " by index" : "");
+    const ShardSink sink = {out};
+    launch_forward_any(x, xtype, M, V, ld, inv_temp, tokens, sink, stream);
+    return launched("the shard stats forward", msg, msg_size);
 }
 
 fg_status fg_cuda_row_stats_forward_ref(const void *x, fg_dtype xtype, int64_t M, int64_t V,
@@ -440,31 +524,24 @@ fg_status fg_cuda_row_stats_forward_ref(const void *x, fg_dtype xtype, int64_t M
     return launched("the reference row stats forward", msg, msg_size);
 }
 
-size_t fg_cuda_row_backward_scratch_bytes(int64_t M, int64_t V)
-{
-    if (M <= 0 || V <= 0)
-        return 0;
-    return (size_t)((M + GROUP_ROWS - 1) / GROUP_ROWS) * (size_t)V * sizeof(float);
-}
-
 template <typename Tin, typename Tout>
 static void launch_backward(const void *x, int64_t ld_x, void *dx, int64_t ld_dx, int64_t M,
                             int64_t V, float inv_temp, const int64_t *tokens,
-                            fg_cuda_row_stats st, const float *g, const float *e, float *partial,
+                            fg_cuda_row_stats st, const float *g, const float *e,
                             cudaStream_t stream)
 {
     constexpr int N = pack_width<Tin>();
     const Tin *xt = static_cast<const Tin *>(x);
     Tout *dt = static_cast<Tout *>(dx);
-    const unsigned groups = blocks_for(M, GROUP_ROWS);
+    const unsigned groups = std::min(blocks_for(M, GROUP_ROWS), (unsigned)MAX_GRID_Y);
     if (aligned(x, 16) && ld_x % N == 0 && aligned(dx, sizeof(Pack<Tout, N>)) && ld_dx % N == 0)
         row_backward_kernel<Tin, Tout, N>
             <<<dim3(blocks_for(V, THREADS * N), groups), THREADS, 0, stream>>>(
-                xt, ld_x, dt, ld_dx, M, V, inv_temp, tokens, st, g, e, partial);
+                xt, ld_x, dt, ld_dx, M, V, inv_temp, tokens, st, g, e);
     else
         row_backward_kernel<Tin, Tout, 1><<<dim3(blocks_for(V, THREADS), groups), THREADS, 0,
                                             stream>>>(xt, ld_x, dt, ld_dx, M, V, inv_temp, tokens,
-                                                      st, g, e, partial);
+                                                      st, g, e);
 }
 
 /* The checks of both backward entry points beyond check_rows. */
@@ -482,7 +559,7 @@ static fg_status check_backward(const void *dx, fg_dtype dxtype, int64_t ld_dx, 
 fg_status fg_cuda_row_backward(const void *x, fg_dtype xtype, int64_t ld_x, void *dx,
                                fg_dtype dxtype, int64_t ld_dx, int64_t M, int64_t V,
                                float inv_temp, const int64_t *tokens, fg_cuda_row_stats stats,
-                               const float *g, const float *e, float *bias_sum, void *scratch,
+                               const float *g, const float *e, float *bias_sum,
                                cudaStream_t stream, char *msg, size_t msg_size)
 {
     fg_status st = check_rows(x, xtype, M, V, ld_x, inv_temp, tokens, stats, msg, msg_size);
@@ -490,28 +567,27 @@ fg_status fg_cuda_row_backward(const void *x, fg_dtype xtype, int64_t ld_x, void
         st = check_backward(dx, dxtype, ld_dx, V, g, e, msg, msg_size);
     if (st != FG_OK)
         return st;
-    if (bias_sum && !scratch)
-        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
-                    "row backward: bias sums need scratch of "
-                    "fg_cuda_row_backward_scratch_bytes(M, V) bytes");
-    float *partial = bias_sum ? static_cast<float *>(scratch) : NULL;
     const bool xb = xtype == FG_DTYPE_BF16, ob = dxtype == FG_DTYPE_BF16;
     if (xb && ob)
         launch_backward<__nv_bfloat16, __nv_bfloat16>(x, ld_x, dx, ld_dx, M, V, inv_temp, tokens,
-                                                      stats, g, e, partial, stream);
+                                                      stats, g, e, stream);
     else if (xb)
         launch_backward<__nv_bfloat16, float>(x, ld_x, dx, ld_dx, M, V, inv_temp, tokens, stats,
-                                              g, e, partial, stream);
+                                              g, e, stream);
     else if (ob)
         launch_backward<float, __nv_bfloat16>(x, ld_x, dx, ld_dx, M, V, inv_temp, tokens, stats,
-                                              g, e, partial, stream);
+                                              g, e, stream);
     else
         launch_backward<float, float>(x, ld_x, dx, ld_dx, M, V, inv_temp, tokens, stats, g, e,
-                                      partial, stream);
+                                      stream);
     if ((st = launched("the row backward", msg, msg_size)) != FG_OK || !bias_sum)
         return st;
-    column_sums_kernel<<<blocks_for(V, THREADS), THREADS, 0, stream>>>(
-        partial, blocks_for(M, GROUP_ROWS), V, bias_sum);
+    if (ob)
+        column_sums_kernel<<<blocks_for(V, THREADS), THREADS, 0, stream>>>(
+            static_cast<const __nv_bfloat16 *>(dx), ld_dx, M, V, bias_sum);
+    else
+        column_sums_kernel<<<blocks_for(V, THREADS), THREADS, 0, stream>>>(
+            static_cast<const float *>(dx), ld_dx, M, V, bias_sum);
     return launched("the bias column sums", msg, msg_size);
 }
 

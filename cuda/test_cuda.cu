@@ -5,8 +5,12 @@
  * odd sizes, float32 and bfloat16, random data:
  *   - the fast row kernels against the plain reference kernels and both
  *     against a float64 host computation of the same formulas (row_stats.h);
+ *     the bias column sums with the bits of a host float32 sum of the stored
+ *     dx, rows in order; a vocab shard's own statistics (row_stats_shard)
+ *     by row and by index against the forward's and float64;
  *   - the three products against float64 host products;
- *   - a bad token id and a NaN/Inf row refused with a status, no device fault.
+ *   - a bad token id refused with a status, a NaN/Inf row giving non-finite
+ *     statistics (the caller's to check), no device fault.
  * Each check prints its worst error as a fraction of its tolerance.
  *
  * Tolerances, per row, with zscale = 1 + max_v |z_v| and
@@ -19,7 +23,12 @@
  *                            double), 1e-6 · dscale for dx, plus 2^-7·|dx| for
  *                            bfloat16 (one unit in the last place)
  *   bias sums vs float64 sum of the stored dx: the bound of recursive float
- *                            summation, (M + 1)·2^-24·(|bias₀| + Σ_r |dx[r, v]|)
+ *                            summation, (M + 1)·2^-24·(|bias₀| + Σ_r |dx[r, v]|);
+ *                            vs a host float32 sum of the stored dx, rows in
+ *                            order: the same bits
+ *   shard stats: max and z_tok the same bits as the forward's zmax and the
+ *                            host's float x·inv_temp; sum and dot vs float64
+ *                            1e-5 · zscale · (sum + |dot|)
  *   products:                1e-5 · Σ_k |a_k b_k| (+ 2^-8·|c| for bfloat16 out);
  *                            TF32 (10 mantissa bits) would fail it. */
 #include <cuda_runtime.h>
@@ -198,10 +207,21 @@ static void test_argument_checks(void)
                  fg_cuda_row_stats_forward_ref(&f, FG_DTYPE_F32, 1, 1, 1, 0.0f, &tok, st, check, 0,
                                                msg, sizeof msg),
                  FG_ERR_BAD_TEMPERATURE, msg);
-    check_status("row backward: bias without scratch",
-                 fg_cuda_row_backward(&f, FG_DTYPE_F32, 1, &f, FG_DTYPE_F32, 1, 1, 1, 1.0f, &tok,
-                                      st, &f, &f, &f, NULL, 0, msg, sizeof msg),
+    fg_cuda_shard_slots slots = {&f, &f, &f, &f, &f, NULL, 1};
+    check_status("shard stats: fewer slots than rows",
+                 fg_cuda_row_stats_shard(&f, FG_DTYPE_F32, 2, 1, 1, 1.0f, &tok, slots, 0, msg,
+                                         sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
+    slots.own_dot = NULL;
+    check_status("shard stats: an output missing",
+                 fg_cuda_row_stats_shard(&f, FG_DTYPE_F32, 1, 1, 1, 1.0f, &tok, slots, 0, msg,
+                                         sizeof msg),
                  FG_ERR_NULL_ARGUMENT, msg);
+    check_status("row backward: M over the launch limit",
+                 fg_cuda_row_backward(&f, FG_DTYPE_F32, 1, &f, FG_DTYPE_F32, 1,
+                                      FG_CUDA_ROW_LIMIT + 1, 1, 1.0f, &tok, st, &f, &f, &f, 0,
+                                      msg, sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
     check_status("row backward: ld_dx < V",
                  fg_cuda_row_backward_ref(&f, FG_DTYPE_F32, 2, &f, FG_DTYPE_F32, 1, 1, 2, 1.0f,
                                           &tok, st, &f, &f, NULL, 0, msg, sizeof msg),
@@ -326,12 +346,10 @@ static void test_rows(fg_dtype xt, fg_dtype dt, int64_t M, int64_t V, int64_t ld
     to_device(dx_ref);
     const std::vector<float> bias0(V, 0.25f);
     float *bias = device_copy(bias0), *bias_ref = device_copy(bias0);
-    void *scratch;
-    CUDA_OK(cudaMalloc(&scratch, fg_cuda_row_backward_scratch_bytes(M, V)));
     /* Both backward kernels read the fast forward's statistics, so that
      * their comparison sees the backward alone. */
     s = fg_cuda_row_backward(x.dev, xt, ld_x, dx.dev, dt, ld_dx, M, V, inv_temp, d_tokens, fast.st,
-                             d_g, d_e, bias, scratch, 0, msg, sizeof msg);
+                             d_g, d_e, bias, 0, msg, sizeof msg);
     if (s == FG_OK)
         s = fg_cuda_row_backward_ref(x.dev, xt, ld_x, dx_ref.dev, dt, ld_dx, M, V, inv_temp,
                                      d_tokens, fast.st, d_g, d_e, bias_ref, 0, msg, sizeof msg);
@@ -395,7 +413,7 @@ static void test_rows(fg_dtype xt, fg_dtype dt, int64_t M, int64_t V, int64_t ld
         Matrix inplace = matrix_make(xt, M, V, ld_x);
         CUDA_OK(cudaMemcpy(inplace.dev, x.dev, x.host.size(), cudaMemcpyDeviceToDevice));
         s = fg_cuda_row_backward(inplace.dev, xt, ld_x, inplace.dev, dt, ld_dx, M, V, inv_temp,
-                                 d_tokens, fast.st, d_g, d_e, NULL, NULL, 0, msg, sizeof msg);
+                                 d_tokens, fast.st, d_g, d_e, NULL, 0, msg, sizeof msg);
         check_status("backward in place", s, FG_OK, msg);
         to_host(inplace);
         bool same = true;
@@ -415,6 +433,68 @@ static void test_rows(fg_dtype xt, fg_dtype dt, int64_t M, int64_t V, int64_t ld
     }
     check_close("bias sums fast vs float64 sum of its dx", V, bf, col_sum_f, btol);
     check_close("bias sums reference vs float64 sum of its dx", V, br, col_sum_r, btol);
+    /* The order: bias₀ + dx[0, v] + dx[1, v] + ..., one float add per row. */
+    bool in_order = true, in_order_ref = true;
+    for (int64_t v = 0; v < V; v++) {
+        float sf = 0.25f, sr = 0.25f;
+        for (int64_t r = 0; r < M; r++) {
+            sf += mat_get(dx, r, v);
+            sr += mat_get(dx_ref, r, v);
+        }
+        in_order &= memcmp(&sf, &hb[v], sizeof sf) == 0;
+        in_order_ref &= memcmp(&sr, &hbr[v], sizeof sr) == 0;
+    }
+    check_true("bias sums fast: the bits of a float32 sum of its dx, rows in order", in_order);
+    check_true("bias sums reference: the bits of a float32 sum of its dx, rows in order",
+               in_order_ref);
+
+    /* A vocab shard's own statistics: by row, then by index (reversed, two
+     * slots more, which stay as they were). */
+    for (int by_index = 0; by_index < 2; by_index++) {
+        const int64_t count = by_index ? M + 2 : M;
+        std::vector<float> fill(5 * count, 777.0f);
+        float *out = device_copy(fill);
+        std::vector<int64_t> index(M);
+        for (int64_t r = 0; r < M; r++)
+            index[r] = M - 1 - r;
+        int64_t *d_index = device_copy(index);
+        const fg_cuda_shard_slots slots = {out, out + count, out + 2 * count, out + 3 * count,
+                                           out + 4 * count, by_index ? d_index : NULL, count};
+        s = fg_cuda_row_stats_shard(x.dev, xt, M, V, ld_x, inv_temp, d_tokens, slots, 0, msg,
+                                    sizeof msg);
+        check_status(by_index ? "shard stats by index" : "shard stats by row", s, FG_OK, msg);
+        const std::vector<float> o = host_copy(out, 5 * count);
+        bool exact = true, kept = true;
+        std::vector<double> s_got, s_want, s_tol;
+        for (int64_t r = 0; r < M; r++) {
+            const int64_t k = by_index ? index[r] : r;
+            const float ztok = mat_get(x, r, tokens[r]) * inv_temp;
+            exact &= memcmp(&o[k], &hf[r], 4) == 0 && memcmp(&o[2 * count + k], &hf[r], 4) == 0 &&
+                     memcmp(&o[count + k], &ztok, 4) == 0;
+            double sum = 0, dot = 0;
+            for (int64_t v = 0; v < V; v++) {
+                const double u = (double)mat_get(x, r, v) * inv_temp - hf[r], e1 = exp(u);
+                sum += e1;
+                dot += e1 * u;
+            }
+            s_got.push_back(o[3 * count + k]);
+            s_want.push_back(sum);
+            s_got.push_back(o[4 * count + k]);
+            s_want.push_back(dot);
+            const double t = 1e-5 * host[r].zscale * (sum + fabs(dot));
+            s_tol.push_back(t);
+            s_tol.push_back(t);
+        }
+        for (int64_t k = M; k < count; k++)
+            for (int q = 0; q < 5; q++)
+                kept &= o[q * count + k] == 777.0f;
+        check_true("shard stats: max and own max = the forward's zmax, z_tok = x·inv_temp "
+                   "(the same bits)", exact);
+        check_true("shard stats: slots of no row kept", kept);
+        check_close("shard stats: own sum and dot vs float64", s_got.size(), s_got, s_want, s_tol);
+        CUDA_OK(cudaFree(out));
+        CUDA_OK(cudaFree(d_index));
+    }
 
     CUDA_OK(cudaFree(x.dev));
     CUDA_OK(cudaFree(dx.dev));
@@ -427,11 +507,11 @@ static void test_rows(fg_dtype xt, fg_dtype dt, int64_t M, int64_t V, int64_t ld
     CUDA_OK(cudaFree(ref.buf));
     CUDA_OK(cudaFree(bias));
     CUDA_OK(cudaFree(bias_ref));
-    CUDA_OK(cudaFree(scratch));
 }
 
-/* A bad token id and non-finite logits are refused by a status, and the
- * device keeps working. */
+/* A bad token id is refused by a status; non-finite logits give non-finite
+ * statistics in their rows only (the caller checks them); the device keeps
+ * working. */
 static void test_row_refusals(fg_dtype xt)
 {
     char msg[256], what[160];
@@ -467,20 +547,34 @@ static void test_row_refusals(fg_dtype xt)
                 CUDA_OK(cudaMemcpy(d_tokens, tokens.data(), M * sizeof(int64_t),
                                    cudaMemcpyHostToDevice));
             }
+            msg[0] = '\0';
             fg_status s = fg_cuda_row_check_reset(check, 0, msg, sizeof msg);
             if (s == FG_OK)
                 s = (use_ref ? fg_cuda_row_stats_forward_ref : fg_cuda_row_stats_forward)(
                     x.dev, xt, M, V, V, 1.25f, d_tokens, st.st, check, 0, msg, sizeof msg);
             if (s == FG_OK)
                 s = fg_cuda_row_check_status(check, row0, 0, msg, sizeof msg);
-            const fg_status want =
-                fixed_tokens ? FG_ERR_NONFINITE_INPUT : FG_ERR_TOKEN_OUT_OF_RANGE;
+            const fg_status want = fixed_tokens ? FG_OK : FG_ERR_TOKEN_OUT_OF_RANGE;
             snprintf(what, sizeof what, "%s: %s", kind,
-                     fixed_tokens ? "NaN/Inf rows refused" : "bad token ids refused");
+                     fixed_tokens ? "NaN/Inf rows pass the row check" : "bad token ids refused");
             check_status(what, s, want, msg);
-            const char *row = fixed_tokens ? "row 1020:" : "row 1009:"; /* the lowest bad row */
-            snprintf(what, sizeof what, "%s: the message names %s", kind, row);
-            check_true(what, strncmp(msg, row, strlen(row)) == 0);
+            if (!fixed_tokens) {
+                const char *row = "row 1009:"; /* the lowest bad row */
+                snprintf(what, sizeof what, "%s: the message names %s", kind, row);
+                check_true(what, strncmp(msg, row, strlen(row)) == 0);
+                continue;
+            }
+            /* Rows 20 (NaN) and 25 (Inf) have some non-finite statistic, no other row. */
+            const std::vector<float> h = host_copy(st.buf, 4 * M);
+            bool rows_ok = true;
+            for (int64_t r = 0; r < M; r++) {
+                bool finite = true;
+                for (int q = 0; q < 4; q++)
+                    finite &= isfinite(h[q * M + r]) != 0;
+                rows_ok &= finite == (r != 20 && r != 25);
+            }
+            snprintf(what, sizeof what, "%s: non-finite statistics in rows 20 and 25 only", kind);
+            check_true(what, rows_ok);
         }
     }
     check_true("no device fault after the refusals", cudaDeviceSynchronize() == cudaSuccess);

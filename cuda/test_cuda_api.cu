@@ -1,8 +1,9 @@
 /* The C API's CUDA path (FG_BACKEND_CUDA) against its CPU path.
  *
- * Without a CUDA device: fg_context_create with FG_BACKEND_CUDA must refuse
- * with FG_ERR_UNSUPPORTED (the backend library loads, finds no device, and
- * says so); then "skipped: <reason>" and exit 77. With one:
+ * Without a CUDA device: fg_context_create with FG_BACKEND_CUDA, and the
+ * backend's own fg_backend_cuda_create, must refuse with FG_ERR_UNSUPPORTED
+ * (the backend library loads, finds no device, and says so); then
+ * "skipped: <reason>" and exit 77. With one:
  *
  *   - A random LM-head problem of odd sizes (B = 3, T = 37, H = 96, V = 1031;
  *     a third of the tokens masked, their ids out of range on purpose; hidden
@@ -27,6 +28,11 @@
  *     summed over the shards, each shard's grad_weight and grad_bias rows
  *     (float32 gradients, the tolerances below), the GEMM phases at the
  *     fused tests' budget.
+ *   - The backend's ops one by one (backend.h, ABI 4) against the reference
+ *     backend (see "the backend's ops" below): the ops table, supports and
+ *     chunk_scratch, logits, stats and row_check, shard_stats, dhidden,
+ *     put_grad_hidden, grads' `first` on gw_sum, the bias sums' bits in
+ *     chunks of 7 rows and of all rows, finish's grad_bias = gb_sum.
  *   - Refusals: an unmasked token id = V (FG_ERR_TOKEN_OUT_OF_RANGE) and a
  *     NaN in an unmasked hidden row (FG_ERR_NONFINITE_INPUT), fused and
  *     materialized, accumulating or not: the same status as the CPU and every
@@ -55,15 +61,24 @@
  * distance of any token's log-ratio to the default bounds so that such a
  * failure is recognized (the seeds are fixed). */
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
+#include "backend.h"
 #include "fusedgrpo.h"
+#include "shard_stats.h"
+
+/* The CUDA backend's entry point (libfusedgrpo_cuda.so, linked for the ops
+ * tests below; the core opens the same library at run time). */
+extern "C" fg_status fg_backend_cuda_create(void *stream, fg_device *out, char *msg,
+                                            size_t msg_size);
 
 static int checks_run, checks_failed;
 
@@ -1017,6 +1032,551 @@ static void test_refusals(const Contexts &cx, Problem &p, DeviceProblem &d, size
     }
 }
 
+/* ---- the backend's ops against the reference backend (backend.h) ------------------- */
+
+/* The CUDA backend (libfusedgrpo_cuda.so, linked) and the reference
+ * (backend_reference.c, in the static core) run the same ops on the same
+ * inputs, each in its own memory, every byte through the ops' own alloc /
+ * to_device / to_host. Checked: the ops table of ABI 4; supports and
+ * chunk_scratch on the call the one driver sends (and their refusals: no
+ * mask with grad_hidden or one in host memory, chunks of no row or over the
+ * row kernels' launch, dlogits of another dtype); logits, stats and row_check; shard_stats (by
+ * row and by token), dhidden and put_grad_hidden against the reference;
+ * grads obeying `first` on gw_sum at r0 == 0 (both ways), later, and in
+ * place; the bias sums' bits the same in chunks of 7 rows as in one chunk
+ * (and those of a host sum of every row in order); finish storing
+ * grad_bias = gb_sum without adding the caller's values. */
+
+struct Side {
+    const char *name;
+    fg_device dev;
+    std::vector<void *> blocks;
+};
+
+static void side_die(const Side &s, const char *what, fg_status st, const char *msg)
+{
+    printf("FAIL %s backend: %s: %s: %s\n", s.name, what, fg_status_name(st), msg);
+    exit(1);
+}
+
+static void *side_alloc(Side &s, size_t bytes)
+{
+    char msg[256] = "";
+    void *p = NULL;
+    const fg_status st = s.dev.ops->alloc(s.dev.state, bytes, &p, msg, sizeof msg);
+    if (st != FG_OK)
+        side_die(s, "alloc", st, msg);
+    s.blocks.push_back(p);
+    return p;
+}
+
+static void side_put(Side &s, void *dst, const void *host, size_t bytes)
+{
+    char msg[256] = "";
+    const fg_status st = s.dev.ops->to_device(s.dev.state, dst, host, bytes, msg, sizeof msg);
+    if (st != FG_OK)
+        side_die(s, "to_device", st, msg);
+}
+
+static void side_get(Side &s, void *host, const void *src, size_t bytes)
+{
+    char msg[256] = "";
+    fg_status st = s.dev.ops->to_host(s.dev.state, host, src, bytes, msg, sizeof msg);
+    if (st == FG_OK)
+        st = s.dev.ops->wait(s.dev.state, msg, sizeof msg);
+    if (st != FG_OK)
+        side_die(s, "to_host", st, msg);
+}
+
+template <typename T> static T *side_copy(Side &s, const std::vector<T> &host)
+{
+    T *p = static_cast<T *>(side_alloc(s, host.size() * sizeof(T)));
+    side_put(s, p, host.data(), host.size() * sizeof(T));
+    return p;
+}
+
+template <typename T> static std::vector<T> side_read(Side &s, const void *src, size_t n)
+{
+    std::vector<T> v(n);
+    side_get(s, v.data(), src, n * sizeof(T));
+    return v;
+}
+
+static void side_close(Side &s)
+{
+    for (void *p : s.blocks)
+        s.dev.ops->release(s.dev.state, p);
+    s.blocks.clear();
+    if (s.dev.ops)
+        s.dev.ops->destroy(s.dev.state);
+    s.dev.ops = NULL;
+}
+
+/* An op's status, checked. */
+static bool op_ran(const Side &s, const char *what, fg_status st, const char *msg)
+{
+    char line[512];
+    snprintf(line, sizeof line, "%s: %s %s%s%s", s.name, what, fg_status_name(st),
+             st != FG_OK ? ": " : "", st != FG_OK ? msg : "");
+    check_true(line, st == FG_OK);
+    return st == FG_OK;
+}
+
+#define OP(side, call, name, ...)                                                                 \
+    do {                                                                                          \
+        char msg_[512] = "";                                                                      \
+        const fg_status st_ = (side).dev.ops->call((side).dev.state, __VA_ARGS__, msg_,           \
+                                                   sizeof msg_);                                  \
+        op_ran((side), (name), st_, msg_);                                                        \
+    } while (0)
+
+/* Grad_weight of the ops tests: float32 (a bf16 one goes through gw_sum,
+ * tested here on its own). */
+static const int64_t LDGW_OPS = H + 4;
+
+/* The call of the active rows `rows` (targets `tg`) in s's memory: every
+ * input uploaded, every buffer for one chunk of all the rows. */
+static fg_backend_call ops_call(Side &s, const Problem &p, const std::vector<int64_t> &rows,
+                                const std::vector<int64_t> &tg)
+{
+    const fg_dtype t = p.dtype;
+    const size_t es = dsize(t), n = rows.size();
+    fg_backend_call c;
+    memset(&c, 0, sizeof c);
+    c.N = N;
+    c.H = H;
+    c.V = V;
+    c.n_active = (int64_t)n;
+    c.chunk_rows = (int64_t)n;
+    c.in_t = t;
+    c.logit_t = FG_DTYPE_F32;
+    c.dlogit_t = t; /* compute_dtype(in_t), what the one driver sends */
+    c.inv_temp = (float)(1.0 / TEMPERATURE);
+    c.workers = 1;
+    c.hidden = {side_copy(s, p.hidden), t, N, H, LDH};
+    c.weight = {side_copy(s, p.weight), t, V, H, LDH};
+    c.bias = {side_copy(s, p.bias), t, V};
+    c.mask = side_copy(s, p.mask);
+    c.grad_hidden = {side_alloc(s, (size_t)N * LDGH * es), t, N, H, LDGH};
+    c.grad_weight = {side_alloc(s, (size_t)V * LDGW_OPS * 4), FG_DTYPE_F32, V, H, LDGW_OPS};
+    c.grad_bias = {side_alloc(s, (size_t)V * es), t, V};
+    c.rows = side_copy(s, rows);
+    c.targets = side_copy(s, tg);
+    c.logits = side_alloc(s, n * V * 4);
+    c.dlogits = side_alloc(s, n * V * es);
+    c.hbuf = side_alloc(s, n * H * es);
+    c.ghbuf = static_cast<float *>(side_alloc(s, n * H * 4));
+    float *st = static_cast<float *>(side_alloc(s, 6 * n * 4));
+    c.zmax = st;
+    c.lsum = st + n;
+    c.entropy = st + 2 * n;
+    c.logp = st + 3 * n;
+    c.g = st + 4 * n;
+    c.e = st + 5 * n;
+    c.gw_sum = static_cast<float *>(side_alloc(s, (size_t)V * H * 4));
+    c.gb_sum = static_cast<float *>(side_alloc(s, (size_t)V * 4));
+    c.row_check = static_cast<int *>(side_alloc(s, sizeof(int)));
+    return c;
+}
+
+static void put_row_check(Side &s, const fg_backend_call &c)
+{
+    const int none = FG_BACKEND_ROW_NONE;
+    side_put(s, c.row_check, &none, sizeof none);
+}
+
+/* Values of dtype t, rounded on the host as the device stores them. */
+static std::vector<unsigned char> random_values(fg_dtype t, size_t n, double scale)
+{
+    std::vector<unsigned char> b(n * dsize(t));
+    for (size_t i = 0; i < n; i++)
+        store(b, t, i, scale * normal());
+    return b;
+}
+
+static std::vector<float> random_floats(size_t n, double scale)
+{
+    std::vector<float> v(n);
+    for (float &x : v)
+        x = (float)(scale * normal());
+    return v;
+}
+
+/* |got − want| <= tol[i] everywhere (NaN only against NaN); prints the worst. */
+static void close_all(const char *what, const std::vector<double> &got,
+                      const std::vector<double> &want, const std::vector<double> &tol)
+{
+    Worst w;
+    for (size_t i = 0; i < want.size(); i++)
+        consider(w, i, got[i], want[i], tol[i]);
+    char line[300];
+    snprintf(line, sizeof line, "%s: worst %.3g of tol at %zu (got %.9g, want %.9g)", what,
+             w.ratio, w.at, w.got, w.want);
+    check_true(line, w.ratio <= 1.0);
+}
+
+static std::vector<double> as_doubles(const std::vector<float> &v)
+{
+    return std::vector<double>(v.begin(), v.end());
+}
+
+/* The ops table of ABI 4, supports and chunk_scratch. */
+static void test_ops_table(Side &cu, const fg_backend_call &c, const uint8_t *host_mask)
+{
+    const fg_backend_ops *o = cu.dev.ops;
+    check_true("cuda ops: abi, name", o->abi == FG_BACKEND_ABI && strcmp(o->name, "cuda") == 0);
+    check_true("cuda ops: caps ASYNC | THREAD_INVARIANT",
+               o->caps == (FG_BACKEND_ASYNC | FG_BACKEND_THREAD_INVARIANT));
+    check_true("cuda ops: align 256, logits_block_rows 0, fast_chunk_rows 1024",
+               o->align == 256 && o->logits_block_rows == 0 && o->fast_chunk_rows == 1024);
+    check_true("cuda ops: compute_dtype is the inputs' dtype",
+               o->compute_dtype && o->compute_dtype(cu.dev.state, FG_DTYPE_F32) == FG_DTYPE_F32 &&
+                   o->compute_dtype(cu.dev.state, FG_DTYPE_BF16) == FG_DTYPE_BF16);
+    check_true("cuda ops: shard_stats, dhidden, put_grad_hidden; no stats_backward, filter, "
+               "chunk_slow",
+               o->shard_stats && o->dhidden && o->put_grad_hidden && !o->stats_backward &&
+                   !o->filter && !o->chunk_slow && o->chunk_scratch);
+    char msg[512] = "", what[300];
+    fg_status st = o->supports(cu.dev.state, &c, msg, sizeof msg);
+    snprintf(what, sizeof what, "supports: the call as planned (%s): %s", dname(c.in_t), msg);
+    check_true(what, st == FG_OK);
+    size_t bytes = 1;
+    st = o->chunk_scratch(cu.dev.state, &c, c.chunk_rows, 5, &bytes, msg, sizeof msg);
+    check_true("chunk_scratch: FG_OK, no bytes (the bias sums need none)",
+               st == FG_OK && bytes == 0);
+    st = o->chunk_scratch(cu.dev.state, &c, (int64_t)INT_MAX + 1, 1, &bytes, msg, sizeof msg);
+    check_true("chunk_scratch: refuses chunks over the row kernels' launch",
+               st == FG_ERR_UNSUPPORTED);
+    struct Bad {
+        const char *what;
+        fg_backend_call c;
+    };
+    std::vector<Bad> bad;
+    Bad b = {"grad_hidden without the mask", c};
+    b.c.mask = NULL;
+    bad.push_back(b);
+    b = {"chunks of 0 rows with unmasked tokens", c};
+    b.c.chunk_rows = 0;
+    bad.push_back(b);
+    b = {"chunks over the row kernels' launch", c};
+    b.c.chunk_rows = (int64_t)INT_MAX + 1;
+    bad.push_back(b);
+    b = {"dlogits of another dtype than compute_dtype", c};
+    b.c.dlogit_t = c.in_t == FG_DTYPE_F32 ? FG_DTYPE_BF16 : FG_DTYPE_F32;
+    bad.push_back(b);
+    b = {"grad_hidden with fewer rows than tokens", c};
+    b.c.grad_hidden.rows = N - 1;
+    bad.push_back(b);
+    b = {"grad_hidden with a mask in host memory (finish reads it on the device)", c};
+    b.c.mask = host_mask;
+    bad.push_back(b);
+    for (const Bad &x : bad) {
+        msg[0] = '\0';
+        st = o->supports(cu.dev.state, &x.c, msg, sizeof msg);
+        snprintf(what, sizeof what, "supports refuses %s: %s", x.what, msg);
+        check_true(what, st == FG_ERR_UNSUPPORTED);
+    }
+    b = {"no token unmasked, chunks of 0 rows", c};
+    b.c.n_active = 0;
+    b.c.chunk_rows = 0;
+    st = o->supports(cu.dev.state, &b.c, msg, sizeof msg);
+    snprintf(what, sizeof what, "supports takes %s: %s", b.what, msg);
+    check_true(what, st == FG_OK);
+    b = {"grad_hidden not wanted, no mask", c};
+    b.c.grad_hidden.data = NULL;
+    b.c.mask = NULL;
+    st = o->supports(cu.dev.state, &b.c, msg, sizeof msg);
+    snprintf(what, sizeof what, "supports takes %s: %s", b.what, msg);
+    check_true(what, st == FG_OK);
+}
+
+/* GEMM 1 of rows [r0, r0 + m) on both; the reference's logits then replaced
+ * by the CUDA ones, so that the row ops after it see the same inputs. */
+static void logits_both(Side &cu, Side &ref, const fg_backend_call &C, const fg_backend_call &R,
+                        int64_t r0, int64_t m, bool compare)
+{
+    OP(cu, logits, "logits", &C, r0, m);
+    OP(ref, logits, "logits", &R, r0, m);
+    const size_t n = (size_t)m * V;
+    std::vector<float> lc = side_read<float>(cu, C.logits, n), lr = side_read<float>(ref, R.logits, n);
+    const size_t hb = (size_t)m * H * dsize(C.dlogit_t);
+    std::vector<unsigned char> hc = side_read<unsigned char>(cu, C.hbuf, hb),
+                               hr = side_read<unsigned char>(ref, R.hbuf, hb);
+    if (compare) {
+        std::vector<double> tol(n);
+        for (size_t i = 0; i < n; i++)
+            tol[i] = TOL_TOKEN.rel * (1 + fabs(lr[i]));
+        close_all("logits vs the reference", as_doubles(lc), as_doubles(lr), tol);
+        check_true("hbuf: the gathered rows, the same bits", hc == hr);
+    }
+    side_put(ref, R.logits, lc.data(), n * sizeof(float));
+}
+
+/* shard_stats of rows [r0, r0 + m) at `count` slots, by token or by row. */
+static void test_shard_stats(Side &cu, Side &ref, const fg_backend_call &C,
+                             const fg_backend_call &R, int64_t r0, int64_t m, int64_t count,
+                             int by_token)
+{
+    const size_t nf = (size_t)fg_shard_floats(count);
+    const std::vector<float> sentinel(nf, 1234.5f);
+    float *oc = side_copy(cu, sentinel), *orf = side_copy(ref, sentinel);
+    OP(cu, shard_stats, "shard_stats", &C, r0, m, oc, count, by_token);
+    OP(ref, shard_stats, "shard_stats", &R, r0, m, orf, count, by_token);
+    const std::vector<float> gc = side_read<float>(cu, oc, nf), gr = side_read<float>(ref, orf, nf);
+    /* max, z_tok and the own max: the same bits (a max of the same float
+     * products); the own sums within float32 summation error; every slot
+     * the reference left alone left alone. */
+    const int64_t own = fg_shard_local_offset(count);
+    bool same_slots = true, exact = true;
+    int64_t minus_inf = 0;
+    std::vector<double> got, want, tol;
+    for (size_t i = 0; i < nf; i++) {
+        const bool untouched = memcmp(&gr[i], &sentinel[i], sizeof(float)) == 0;
+        if (untouched) {
+            same_slots &= memcmp(&gc[i], &sentinel[i], sizeof(float)) == 0;
+            continue;
+        }
+        const int64_t k = (int64_t)i;
+        if (k < 2 * count || (k >= own && k < own + count)) {
+            exact &= memcmp(&gc[i], &gr[i], sizeof(float)) == 0;
+            minus_inf += k >= count && k < 2 * count && gr[i] == -INFINITY;
+        } else {
+            got.push_back(gc[i]);
+            want.push_back(gr[i]);
+            tol.push_back(1e-5 * fabs(gr[i]) + 1e-6);
+        }
+    }
+    char what[200];
+    snprintf(what, sizeof what, "shard_stats rows %lld+%lld %s (count %lld): the same slots written",
+             (long long)r0, (long long)m, by_token ? "by token" : "by row", (long long)count);
+    check_true(what, same_slots);
+    snprintf(what, sizeof what, "shard_stats: max, z_tok (%lld of another shard: -inf), own max "
+             "the same bits", (long long)minus_inf);
+    check_true(what, exact);
+    check_true("shard_stats: some slots written", !got.empty());
+    close_all("shard_stats: own sum and dot vs the reference", got, want, tol);
+}
+
+static void test_backend_ops(fg_dtype dtype)
+{
+    printf("-- the backend's ops against the reference backend, %s\n", dname(dtype));
+    Problem p = problem_make(dtype);
+    std::vector<int64_t> rows, tg;
+    for (int64_t t = 0; t < N; t++)
+        if (p.mask[t]) {
+            rows.push_back(t);
+            tg.push_back(p.tokens[t]);
+        }
+    const int64_t n = (int64_t)rows.size();
+    tg[4] = V + 5; /* another shard's tokens: row_check 4, z_tok -inf, no one-hot term */
+    tg[30] = -3;
+    const size_t es = dsize(dtype);
+
+    Side cu = {"cuda", {NULL, NULL}, {}}, ref = {"reference", {NULL, NULL}, {}};
+    char msg[512] = "";
+    fg_status st = fg_backend_cuda_create(NULL, &cu.dev, msg, sizeof msg);
+    if (st != FG_OK)
+        side_die(cu, "create", st, msg);
+    st = fg_backend_reference_create(NULL, &ref.dev, msg, sizeof msg);
+    if (st != FG_OK)
+        side_die(ref, "create", st, msg);
+    const bool ref_ops = ref.dev.ops->shard_stats && ref.dev.ops->dhidden &&
+                         ref.dev.ops->put_grad_hidden;
+    check_true("the reference has shard_stats, dhidden and put_grad_hidden", ref_ops);
+    if (!ref_ops) {
+        side_close(cu);
+        side_close(ref);
+        return;
+    }
+    const fg_backend_call C = ops_call(cu, p, rows, tg), R = ops_call(ref, p, rows, tg);
+    test_ops_table(cu, C, p.mask.data());
+
+    /* logits, stats, row_check over every row. */
+    logits_both(cu, ref, C, R, 0, n, true);
+    put_row_check(cu, C);
+    put_row_check(ref, R);
+    OP(cu, stats, "stats", &C, (int64_t)0, n);
+    OP(ref, stats, "stats", &R, (int64_t)0, n);
+    {
+        const std::vector<float> sc = side_read<float>(cu, C.zmax, 4 * n),
+                                 sr = side_read<float>(ref, R.zmax, 4 * n);
+        std::vector<double> tol(4 * n);
+        for (int64_t i = 0; i < 4 * n; i++)
+            tol[i] = TOL_TOKEN.rel * (1 + fabs(sr[i]));
+        close_all("stats (zmax, lsum, entropy, logp; NaN logp at another shard's targets)",
+                  as_doubles(sc), as_doubles(sr), tol);
+        const int rc = side_read<int>(cu, C.row_check, 1)[0],
+                  rr = side_read<int>(ref, R.row_check, 1)[0];
+        char what[160];
+        snprintf(what, sizeof what, "row_check: the lowest row outside [0, V), 4 (cuda %d, "
+                 "reference %d)", rc, rr);
+        check_true(what, rc == 4 && rr == 4);
+    }
+
+    /* shard_stats of a later chunk: by token into [N], by row into m + 3. */
+    const int64_t r0 = 10, m = 25;
+    logits_both(cu, ref, C, R, r0, m, true);
+    test_shard_stats(cu, ref, C, R, r0, m, N, 1);
+    test_shard_stats(cu, ref, C, R, r0, m, m + 3, 0);
+
+    /* dhidden from the same dlogits. */
+    rng_state = 99;
+    const std::vector<unsigned char> D = random_values(dtype, (size_t)n * V, 0.05);
+    side_put(cu, C.dlogits, D.data(), D.size());
+    side_put(ref, R.dlogits, D.data(), D.size());
+    OP(cu, dhidden, "dhidden", &C, (int64_t)0, n);
+    OP(ref, dhidden, "dhidden", &R, (int64_t)0, n);
+    {
+        const std::vector<float> gc = side_read<float>(cu, C.ghbuf, (size_t)n * H),
+                                 gr = side_read<float>(ref, R.ghbuf, (size_t)n * H);
+        std::vector<double> tol((size_t)n * H);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t h = 0; h < H; h++) {
+                double a = 0;
+                for (int64_t v = 0; v < V; v++)
+                    a += fabs(load(D, dtype, (size_t)(i * V + v)) *
+                              load(p.weight, dtype, (size_t)(v * LDH + h)));
+                tol[(size_t)(i * H + h)] = 1e-5 * a + 1e-30;
+            }
+        close_all("dhidden (ghbuf) vs the reference", as_doubles(gc), as_doubles(gr), tol);
+    }
+
+    /* put_grad_hidden of rows [r0, r0 + m) from the same ghbuf: the same bits
+     * (one rounding), every other row and the padding untouched. */
+    {
+        const std::vector<float> G = random_floats((size_t)n * H, 1.0);
+        side_put(cu, C.ghbuf, G.data(), G.size() * 4);
+        side_put(ref, R.ghbuf, G.data(), G.size() * 4);
+        const std::vector<unsigned char> fill((size_t)N * LDGH * es, 0xff);
+        side_put(cu, C.grad_hidden.data, fill.data(), fill.size());
+        side_put(ref, R.grad_hidden.data, fill.data(), fill.size());
+        OP(cu, put_grad_hidden, "put_grad_hidden", &C, r0, m);
+        OP(ref, put_grad_hidden, "put_grad_hidden", &R, r0, m);
+        const std::vector<unsigned char> hc = side_read<unsigned char>(cu, C.grad_hidden.data, fill.size()),
+                                         hr = side_read<unsigned char>(ref, R.grad_hidden.data, fill.size());
+        int64_t written = 0;
+        for (int64_t t = 0; t < N; t++)
+            written += memcmp(&hr[(size_t)t * LDGH * es], &fill[0], es) != 0;
+        char what[160];
+        snprintf(what, sizeof what, "put_grad_hidden: the same bits as the reference (%lld rows "
+                 "written of %lld)", (long long)written, (long long)m);
+        check_true(what, hc == hr && written == m);
+    }
+
+    /* grads on gw_sum (GEMM 3 alone) from the same dlogits and hbuf. */
+    logits_both(cu, ref, C, R, 0, n, false); /* hbuf of every row */
+    {
+        rng_state = 1234;
+        const std::vector<float> P = random_floats((size_t)V * H, 4.0);
+        const std::vector<unsigned char> hb = side_read<unsigned char>(ref, R.hbuf, (size_t)n * H * es);
+        struct Case {
+            const char *what;
+            int64_t r0, m;
+            int first;
+            bool in_place;
+        };
+        const Case cases[4] = {{"gw_sum, r0 = 0, first = 0: added to", 0, n, 0, false},
+                               {"gw_sum, r0 = 0, first = 1: overwritten", 0, n, 1, false},
+                               {"gw_sum, r0 = 8, first = 1: overwritten", 8, n - 8, 1, false},
+                               {"grad_weight in place, r0 = 0, first = 0: added to", 0, n, 0,
+                                true}};
+        for (const Case &k : cases) {
+            fg_backend_call c2[2] = {C, R};
+            Side *sides[2] = {&cu, &ref};
+            std::vector<float> out[2];
+            for (int s = 0; s < 2; s++) {
+                fg_backend_call &c = c2[s];
+                c.grad_hidden.data = NULL; /* GEMM 3 alone */
+                float *dst = k.in_place ? static_cast<float *>(c.grad_weight.data) : c.gw_sum;
+                const int64_t ld = k.in_place ? LDGW_OPS : (int64_t)H;
+                if (k.in_place)
+                    c.gw_sum = NULL;
+                std::vector<float> init((size_t)V * ld, 0.0f);
+                for (int64_t v = 0; v < V; v++)
+                    for (int64_t h = 0; h < H; h++)
+                        init[(size_t)(v * ld + h)] = P[(size_t)(v * H + h)];
+                side_put(*sides[s], dst, init.data(), init.size() * 4);
+                OP(*sides[s], grads, k.what, &c, k.r0, k.m, k.first);
+                out[s] = side_read<float>(*sides[s], dst, init.size());
+                if (k.in_place) { /* only the H columns */
+                    std::vector<float> packed((size_t)V * H);
+                    for (int64_t v = 0; v < V; v++)
+                        for (int64_t h = 0; h < H; h++)
+                            packed[(size_t)(v * H + h)] = out[s][(size_t)(v * ld + h)];
+                    out[s] = packed;
+                }
+            }
+            std::vector<double> tol((size_t)V * H);
+            for (int64_t v = 0; v < V; v++)
+                for (int64_t h = 0; h < H; h++) {
+                    double a = k.first ? 0.0 : fabs(P[(size_t)(v * H + h)]);
+                    for (int64_t i = 0; i < k.m; i++)
+                        a += fabs(load(D, dtype, (size_t)(i * V + v)) *
+                                  load(hb, dtype, (size_t)(i * H + h)));
+                    tol[(size_t)(v * H + h)] = 1e-5 * a + 1e-30;
+                }
+            char what[200];
+            snprintf(what, sizeof what, "grads: %s, vs the reference", k.what);
+            close_all(what, as_doubles(out[0]), as_doubles(out[1]), tol);
+        }
+    }
+
+    /* The bias sums: chunks of 7 rows and one chunk of all, from the same
+     * logits and g, e: the same bits, those of a host sum of every row in
+     * order onto the driver's seed. */
+    {
+        OP(cu, logits, "logits", &C, (int64_t)0, n);
+        const std::vector<float> L = side_read<float>(cu, C.logits, (size_t)n * V);
+        rng_state = 4321;
+        const std::vector<float> g = random_floats(n, 1.0), e = random_floats(n, 0.3),
+                                 seed = random_floats(V, 2.0);
+        std::vector<float> sums[2];
+        std::vector<unsigned char> dl;
+        const int64_t chunk[2] = {n, 7};
+        for (int k = 0; k < 2; k++) {
+            side_put(cu, C.gb_sum, seed.data(), (size_t)V * 4);
+            for (int64_t a = 0; a < n; a += chunk[k]) {
+                const int64_t len = std::min(chunk[k], n - a);
+                side_put(cu, C.logits, &L[(size_t)(a * V)], (size_t)(len * V) * 4);
+                put_row_check(cu, C);
+                OP(cu, stats, "stats", &C, a, len);
+                side_put(cu, C.g, &g[(size_t)a], (size_t)len * 4);
+                side_put(cu, C.e, &e[(size_t)a], (size_t)len * 4);
+                OP(cu, backward, "backward", &C, a, len);
+            }
+            sums[k] = side_read<float>(cu, C.gb_sum, V);
+            if (k == 0)
+                dl = side_read<unsigned char>(cu, C.dlogits, (size_t)n * V * es);
+        }
+        std::vector<float> host = seed;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t v = 0; v < V; v++)
+                host[(size_t)v] += (float)load(dl, dtype, (size_t)(i * V + v));
+        check_true("gb_sum: chunks of 7 rows and of all rows, the same bits",
+                   memcmp(sums[0].data(), sums[1].data(), (size_t)V * 4) == 0);
+        check_true("gb_sum: the bits of the seed plus every row in order (one float add each)",
+                   memcmp(sums[0].data(), host.data(), (size_t)V * 4) == 0);
+
+        /* finish: grad_bias = gb_sum (rounded once), the caller's old values
+         * not added even when accumulating (the driver seeded the sums). */
+        fg_backend_call f = C;
+        f.grad_hidden.data = NULL;
+        f.grad_weight.data = NULL;
+        f.accumulate = 1;
+        const std::vector<unsigned char> old = random_values(dtype, V, 3.0);
+        side_put(cu, f.grad_bias.data, old.data(), old.size());
+        OP(cu, finish, "finish", &f);
+        const std::vector<unsigned char> gb = side_read<unsigned char>(cu, f.grad_bias.data, old.size());
+        std::vector<unsigned char> want(old.size());
+        for (int64_t v = 0; v < V; v++)
+            store(want, dtype, (size_t)v, sums[0][(size_t)v]);
+        check_true("finish: grad_bias = gb_sum, rounded once, the caller's values not added",
+                   gb == want);
+    }
+    side_close(cu);
+    side_close(ref);
+}
+
 /* ---- main ----------------------------------------------------------------------------- */
 
 static fg_context *cuda_context(cudaStream_t stream, fg_status *st)
@@ -1080,6 +1640,12 @@ int main(void)
                  fg_status_name(st));
         check_true(what, st == FG_ERR_UNSUPPORTED && ctx == NULL);
         fg_context_destroy(ctx);
+        fg_device dev = {NULL, NULL};
+        char msg[512] = "";
+        st = fg_backend_cuda_create(NULL, &dev, msg, sizeof msg);
+        snprintf(what, sizeof what, "without a device fg_backend_cuda_create refuses: %s: %s",
+                 fg_status_name(st), msg);
+        check_true(what, st == FG_ERR_UNSUPPORTED && dev.ops == NULL && dev.state == NULL);
         printf("skipped: %s\n",
                err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device is present");
         return checks_failed ? 1 : 77;
@@ -1102,6 +1668,8 @@ int main(void)
         return 1;
     }
 
+    test_backend_ops(FG_DTYPE_F32);
+    test_backend_ops(FG_DTYPE_BF16);
     test_dtype(cx, FG_DTYPE_F32);
     test_dtype(cx, FG_DTYPE_BF16);
 

@@ -2,7 +2,8 @@
 # The GPU run of the CUDA backend, end to end, in under 9 minutes:
 #   bash scripts/gpu_test.sh OUTDIR
 # 1. Builds cuda/ on its own (CUDA toolkit, cmake and ninja; no oneDNN, no
-#    libyaml) for sm_90a plus PTX.
+#    libyaml) for sm_90a plus PTX: the backend, test_cuda and bench_cuda
+#    (its source in bench/cuda/, built by cuda/CMakeLists.txt).
 # 2. Builds the whole project with the CUDA backend (FG_CUDA=ON, the default
 #    architectures: sm_80 to sm_120 and PTX, as the wheel; targets
 #    fusedgrpo, fusedgrpo_cuda, test_cuda_api, bench_cuda_api only). It needs
@@ -24,9 +25,10 @@
 #    Python packages are the machine's; what it lacks (trl, datasets, dill,
 #    multiprocess; pytest where it has none) comes from the wheels in
 #    .gpu-carry/wheels, placed after the machine's own (prepare_python).
-# 4. The benchmarks (FG_GPU_SKIP_BENCH=1 leaves them out): bench_cuda_api
-#    (the C API's fused step at budgets 512 MiB to 3 GiB against the bare
-#    products and the materialized path, T = 8192 and 32768), the peers'
+# 4. The benchmarks (sources in bench/cuda/; FG_GPU_SKIP_BENCH=1 leaves them
+#    out): bench_cuda_api (the C API's fused step at budgets 512 MiB to
+#    3 GiB against the bare products and the materialized path, T = 8192 and
+#    32768), the peers'
 #    benchmark when bench/peers/gpu_peers.sh exists (FG_GPU_PEERS_LIMIT
 #    seconds, default 240; FG_PEERS_TOKENS, say 32768, runs only those T,
 #    comma-separated; FG_PEERS_TIMEOUT seconds a peer, default 60), then
@@ -133,8 +135,9 @@ echo "built in ${SECONDS}s; $(grep -ci warning "$out/build.txt") lines mention a
 
 step "build (the whole project with the CUDA backend: fusedgrpo, fusedgrpo_cuda, test_cuda_api, bench_cuda_api)"
 # The tests under tests/ and the tool are not needed (the tool needs libyaml
-# and libcjson); test_cuda_api and bench_cuda_api live in cuda/ and are built
-# either way.
+# and libcjson); test_cuda_api (cuda/) and bench_cuda_api (bench/cuda/) are
+# cuda/CMakeLists.txt's targets and are built either way, into
+# $build_full/cuda.
 dnnl_args=()
 if [ -d "$carry" ]; then
   # A transfer may have dropped the symlinks: make them again.

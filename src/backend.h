@@ -1,10 +1,10 @@
 /*
  * The per-chunk seam: what a call needs from the memory its tensors live in,
- * and the chunk work a backend runs there. linear_device.c walks the chunks
- * and owns everything O(tokens) (validation, the loss math, the checks, the
- * loss and metrics) on the host; a backend owns everything O(chunk x vocab)
- * and O(vocab x hidden) in its own memory. The CPU driver (linear_grpo.c)
- * reaches the CPU's hardware through the same ops, with the CPU backend:
+ * and the chunk work a backend runs there. One driver (linear_grpo.c) walks
+ * the chunks over it for every backend and owns everything O(tokens)
+ * (validation, the plan, the loss math, the checks, the loss and metrics) on
+ * the host; a backend owns everything O(chunk x vocab) and O(vocab x hidden)
+ * in its own memory:
  *
  *   per chunk of m unmasked tokens (rows [r0, r0 + m) of the active list):
  *     logits    hbuf = hidden[rows]; logits = hbuf · Wᵀ + b          GEMM 1
@@ -16,21 +16,25 @@
  *   the zero rows of grad_hidden at masked tokens)
  *
  * Three backends implement it: the CPU one (backend_cpu.c: oneDNN products
- * in fixed blocks, OpenMP row work, the optional ops below), the CUDA one
+ * in fixed blocks, OpenMP row work, every optional op), the CUDA one
  * (cuda/backend_cuda.cu, a shared library the context loads at run time, so
- * the core never links CUDA), and a plain reference on host memory
- * (backend_reference.c): loops in double, the specification of every op,
- * which tests the seam driver on machines without a GPU and which the CUDA
- * backend is checked against on one.
+ * the core never links CUDA), and a plain reference (backend_reference.c):
+ * loops in double, the specification of every op, whose memory the driver
+ * treats as a device's (every byte through to_host / to_device), so that
+ * the device path of the driver runs on machines without a GPU.
  *
  * Memory: every pointer below is the backend's memory (device memory for
  * CUDA), the caller's tensors included; only the host buffers of to_host /
  * to_device are host memory. Ops run in order on the backend's stream and
- * may return before they finish; to_host's bytes are there after wait().
- * Every op returns an fg_status and, on failure, a message in msg (msg_size
- * bytes); none exits or aborts. An op may refuse memory the backend cannot
- * address (a host pointer handed to CUDA) with FG_ERR_UNSUPPORTED, never
- * fault on it.
+ * may return before they finish (FG_BACKEND_ASYNC); to_host's bytes are
+ * there after wait(). Every op returns an fg_status and, on failure, a
+ * message in msg (msg_size bytes); none exits or aborts. An op may refuse
+ * memory the backend cannot address (a host pointer handed to CUDA) with
+ * FG_ERR_UNSUPPORTED, never fault on it.
+ *
+ * Capabilities (caps, below) say what the driver may assume; optional ops
+ * are NULL where a backend lacks them, and a call that needs one is refused
+ * with FG_ERR_UNSUPPORTED naming the op, never run some other way.
  */
 #ifndef FG_BACKEND_H
 #define FG_BACKEND_H
@@ -47,14 +51,32 @@ extern "C" {
 /* The version of this interface; a backend library built against another is
  * refused when the context loads it. 2: a target outside [0, V) is another
  * vocab shard's token; the backward adds no one-hot term for it (the phase
- * API of a vocab-sharded weight). 3: the optional ops of a host backend
- * (capabilities, below), fg_backend_call.gb_seeded, and hbuf in dlogit_t. */
-#define FG_BACKEND_ABI 3
+ * API of a vocab-sharded weight). 3: the optional ops of a host backend,
+ * hbuf in dlogit_t. 4: one driver for every backend: caps, compute_dtype,
+ * chunk_scratch, the chunk-shaping facts, workers / hook / filtering in the
+ * call, gb_sum always seeded by the driver, one row_check int, filter's
+ * kept count. */
+#define FG_BACKEND_ABI 4
+
+/* Capabilities (fg_backend_ops.caps). */
+enum {
+    /* The host reads and writes the backend's memory directly: the driver
+     * uses its buffers in place and stages nothing (the CPU backend). */
+    FG_BACKEND_HOST_MEMORY = 1u << 0,
+    /* Ops may return before they finish; to_host's bytes are there after
+     * wait() (CUDA). */
+    FG_BACKEND_ASYNC = 1u << 1,
+    /* A row's logits, statistics and dlogits have the same bits whatever the
+     * chunk's size and the row's place in it. */
+    FG_BACKEND_FIXED_ROW_BITS = 1u << 2,
+    /* Every result has the same bits for any thread count. */
+    FG_BACKEND_THREAD_INVARIANT = 1u << 3
+};
 
 /* row_check's "no bad row": 0x7f in every byte, what a byte fill can give. */
 #define FG_BACKEND_ROW_NONE 0x7f7f7f7f
 
-/* What a scan of one input found (backend memory, read with to_host). */
+/* What a scan of one input found (host memory: the scan op's result). */
 typedef struct fg_backend_scan {
     uint32_t top_bits; /* largest |x| as float32 bits (bf16 widened); >= 0x7f800000:
                           some element is NaN or Inf                          */
@@ -72,9 +94,17 @@ typedef struct fg_backend_call {
     int64_t chunk_rows;         /* the largest chunk: the buffers' row count     */
     fg_dtype in_t;              /* hidden, weight and bias                       */
     fg_dtype logit_t;           /* the logits chunk                              */
-    fg_dtype dlogit_t;          /* d loss/d logits: the backward products' dtype */
+    fg_dtype dlogit_t;          /* d loss/d logits and hbuf: the products' operand
+                                   dtype (compute_dtype(in_t))                   */
     float inv_temp;
     int accumulate;             /* add grad_weight and grad_bias to the caller's */
+    int workers;                /* threads the products may run on (the scratch
+                                   chunk_scratch sized holds that many)          */
+    int hook;                   /* the shards merge through a communicator per
+                                   chunk: they may walk a smaller, agreed chunk
+                                   than each planned alone                      */
+    double filter_eps;          /* gradient filtering's threshold; 0: off        */
+    int64_t kept_cap;           /* kept entries a row may hold, filtering        */
     /* The caller's tensors (data NULL: not given / not wanted). */
     fg_matrix hidden, weight;
     fg_vector bias;
@@ -88,26 +118,26 @@ typedef struct fg_backend_call {
                                    [0, V): another vocab shard's token        */
     void *logits;               /* [chunk_rows, V] of logit_t, row stride V      */
     void *dlogits;              /* [chunk_rows, V] of dlogit_t (may be logits)    */
-    void *hbuf;                 /* [chunk_rows, H] of dlogit_t: the gathered rows
-                                   (in_t but on a CPU without bf16 products,
-                                   where they are widened to float32)          */
+    void *hbuf;                 /* [chunk_rows, H] of dlogit_t: the gathered rows */
     float *ghbuf;               /* [chunk_rows, H]: a chunk's grad_hidden rows    */
     float *zmax, *lsum, *entropy, *logp; /* [chunk_rows] row statistics           */
     float *g, *e;               /* [chunk_rows] d loss/d logp, d loss/d entropy   */
     float *gw_sum;              /* [V, H] float32 sums of a bf16 grad_weight over
                                    the chunks, or NULL (summed in place)        */
     float *gb_sum;              /* [V] grad_bias's float32 sums, or NULL (while
-                                   planning: non-NULL exactly when wanted)       */
-    int gb_seeded;              /* gb_sum started from the caller's grad_bias (the
-                                   CPU driver, accumulating: a float32 grad_bias
-                                   sums in place, row after row)               */
-    void *scratch;              /* chunk_scratch_bytes(chunk_rows) bytes          */
-    int *row_check;             /* 2 ints: the stats op's first bad chunk row (a
-                                   token id outside [0, V), non-finite
-                                   statistics), FG_BACKEND_ROW_NONE when none;
-                                   reset by the device driver before each chunk
-                                   (the CPU driver checks tokens on the host,
-                                   fg_common_check_tokens, and reads it not) */
+                                   planning: non-NULL exactly when wanted). The
+                                   driver starts them before the chunks: the
+                                   caller's values when accumulating, else 0,
+                                   so that float32 micro-batches sum as one call */
+    void *scratch;              /* chunk_scratch's bytes                          */
+    int *row_check;             /* 1 int: the stats op's lowest chunk row whose
+                                   target is outside [0, V), FG_BACKEND_ROW_NONE
+                                   when none; reset by the driver before each
+                                   chunk's stats and read after them          */
+    /* Gradient filtering's workspace (filter_eps > 0): [chunk_rows, kept_cap]
+     * kept column ids, [chunk_rows] counts and targets (grad_filter.h). */
+    int32_t *kept_idx, *kept_nnz;
+    int64_t *kept_tgt;
 } fg_backend_call;
 
 /* The loss's derivatives of one token, for stats_backward: g = d loss/d logp
@@ -120,7 +150,17 @@ typedef struct fg_backend_derivs {
 
 typedef struct fg_backend_ops {
     int abi;          /* FG_BACKEND_ABI                                        */
-    const char *name; /* "cuda", "reference"                                   */
+    const char *name; /* "cpu", "cuda", "reference"                            */
+    unsigned caps;    /* FG_BACKEND_HOST_MEMORY, ...                           */
+    size_t align;     /* the workspace's pieces start at multiples of this     */
+    /* Chunk shaping, facts the planner asks. logits_block_rows: the logits
+     * product runs in blocks of this many rows and pads a chunk's last one
+     * (the planner then prefers chunks in whole blocks); 0: any size.
+     * fast_chunk_rows: chunks of fewer rows run the products measurably
+     * slower (a bf16 grad_weight's float32 sums never push the chunks below
+     * it and to under half); 0: none. */
+    int64_t logits_block_rows;
+    int64_t fast_chunk_rows;
     void (*destroy)(void *be);
 
     /* Memory. alloc: `bytes` of backend memory, aligned to 256 bytes. */
@@ -137,18 +177,31 @@ typedef struct fg_backend_ops {
     /* Waits until every op enqueued so far has finished. */
     fg_status (*wait)(void *be, char *msg, size_t msg_size);
 
-    /* Planning: bytes the backend holds for the context besides the call's
-     * workspace (e.g. the GEMM library's workspace: reported, not budgeted),
-     * and the scratch a chunk of m rows needs in the call's workspace (the
-     * row ops'). */
+    /* Planning (c: shapes, dtypes, views, workers, hook, filter_eps; gw_sum
+     * and gb_sum non-NULL exactly when they will be). The products' operand
+     * dtype for inputs of in_t: hbuf and dlogits hold it. */
+    fg_dtype (*compute_dtype)(void *be, fg_dtype in_t);
+    /* Bytes the backend holds for the context besides the call's workspace
+     * (e.g. the GEMM library's workspace: reported, not budgeted). */
     size_t (*call_scratch_bytes)(void *be, const fg_backend_call *c);
-    size_t (*chunk_scratch_bytes)(void *be, const fg_backend_call *c, int64_t m);
-    /* Whether the backend can run this call: 0, or FG_ERR_UNSUPPORTED with a
-     * message naming what it lacks. */
+    /* Prepares the work of chunks of m rows and of a last one of `last`
+     * rows on c->workers threads (so that a failure surfaces before any
+     * output is written) and gives the scratch they need in the call's
+     * workspace. */
+    fg_status (*chunk_scratch)(void *be, const fg_backend_call *c, int64_t m, int64_t last,
+                               size_t *bytes, char *msg, size_t msg_size);
+    /* Optional: whether chunks of m rows run grad_hidden's product markedly
+     * slower per row than longer ones (the planner avoids making them). */
+    int (*chunk_slow)(void *be, const fg_backend_call *c, int64_t m);
+    /* Whether the backend can run this call as planned (chunk_rows and every
+     * view set): 0, or FG_ERR_UNSUPPORTED with a message naming what it
+     * lacks. */
     fg_status (*supports)(void *be, const fg_backend_call *c, char *msg, size_t msg_size);
 
     /* The finite check of an input: rows r with mask[r] != 0 (mask NULL: every
-     * row) of x, into *out (backend memory). */
+     * row) of x, into *out, HOST memory: the op returns once the result is
+     * there (on an asynchronous backend, after the work queued before it;
+     * the backend keeps whatever device memory the reduction needs). */
     fg_status (*scan)(void *be, const fg_matrix *x, const uint8_t *mask, fg_backend_scan *out,
                       char *msg, size_t msg_size);
 
@@ -158,18 +211,16 @@ typedef struct fg_backend_ops {
     /* zmax, lsum, entropy, logp of the chunk's rows i = 0..m-1 (token row
      * c->rows[r0 + i], target c->targets[r0 + i]; definitions in
      * row_kernels.h) into c->zmax[i] ...; the lowest i whose target is
-     * outside [0, V) into row_check[0] (its logp is then NaN; zmax, lsum and
-     * entropy are the row's all the same), the lowest whose statistics are
-     * not finite into row_check[1] (both only lowered). A call of the phase
-     * API reads zmax, lsum, entropy and logp alone, not row_check: a target
-     * outside [0, V) is another shard's there. */
+     * outside [0, V) into *row_check (only lowered; its logp is then NaN;
+     * zmax, lsum and entropy are the row's all the same). */
     fg_status (*stats)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                        size_t msg_size);
     /* dlogits from the statistics (zmax, lsum, entropy: the stats op's, or
      * a vocab-sharded call's merged ones the driver wrote there) and c->g,
      * c->e; a target outside [0, V) adds no one-hot term (another shard's
-     * token). With gb_sum, its columns summed in: gb_sum[v] += Σ_rows
-     * dlogits[r, v] (the stored values, rows in order). */
+     * token). With gb_sum, its columns summed in: gb_sum[v] += dlogits[r, v]
+     * for the chunk's rows r in order, one float32 addition a row, of the
+     * stored values: the bits do not depend on the chunking. */
     fg_status (*backward)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                           size_t msg_size);
     /* GEMM 2 into the grad_hidden rows of the chunk's tokens (rounded once
@@ -180,38 +231,42 @@ typedef struct fg_backend_ops {
     fg_status (*grads)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
                        char *msg, size_t msg_size);
     /* After every chunk: gw_sum rounded into a bf16 grad_weight (added to it
-     * when accumulating), grad_bias = gb_sum (+ grad_bias when accumulating
-     * and not gb_seeded; rounded once for bf16), grad_hidden's rows at masked
-     * tokens (mask[r] == 0) zeroed, and grad_weight zeroed when no token is
-     * unmasked and the call does not accumulate. The driver starts gb_sum
-     * before the chunks: zeroes, or the caller's values (gb_seeded). */
+     * when accumulating), grad_bias = gb_sum (rounded once for bf16; the
+     * driver seeded the sums), grad_hidden's rows at masked tokens (mask[r]
+     * == 0) zeroed, and grad_weight zeroed when no token is unmasked and the
+     * call does not accumulate. */
     fg_status (*finish)(void *be, const fg_backend_call *c, char *msg, size_t msg_size);
 
-    /* Capabilities: optional ops, NULL where a backend lacks them (all but
-     * the CPU backend, backend_cpu.h, whose memory the host reads). */
-    /* stats, then each row's g and e from `derivs` (also into c->g, c->e),
-     * then backward: one read of each row of logits while it is in cache,
-     * for losses whose token derivatives need only the token's own row. */
+    /* Optional ops, NULL where a backend lacks them. */
+    /* A fusion, for FG_BACKEND_HOST_MEMORY backends (the derivatives are a
+     * host function): stats, then each row's g and e from `derivs` (also
+     * into c->g, c->e), then backward: one read of each row of logits while
+     * it is in cache. Without it the driver runs stats, the loss math and
+     * backward, with the same results. */
     fg_status (*stats_backward)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
                                 const fg_backend_derivs *derivs, char *msg, size_t msg_size);
     /* Each row's own statistics over this shard's vocab rows (shard_stats.h:
      * the max, the sums, the target's logit or -inf in another shard) into
-     * `out`, a layout of `count` tokens: at row i, or at token c->rows[r0 + i]
-     * when `by_token` (the phase API's [B*T] array). */
+     * `out` (backend memory), a layout of `count` tokens: at row i, or at
+     * token c->rows[r0 + i] when `by_token` (the phase API's [B*T] array).
+     * Needed by the communicator hook and the phase API's (a). */
     fg_status (*shard_stats)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
                              float *out, int64_t count, int by_token, char *msg, size_t msg_size);
     /* grads' GEMM 2 in two steps, so that the communicator hook sums each
      * shard's share between them: the product alone into ghbuf's float32
-     * rows, then those rows into grad_hidden (rounded once to bf16). */
+     * rows, then those rows into grad_hidden (rounded once to bf16). Needed
+     * by the communicator hook where grad_hidden is wanted. */
     fg_status (*dhidden)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                          size_t msg_size);
     fg_status (*put_grad_hidden)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
                                  char *msg, size_t msg_size);
-    /* Gradient filtering, after backward: each row's kept entries of dlogits
-     * (the backend's threshold); where every row keeps few enough, the
-     * chunk's dhidden and grads run as sparse products over them. */
-    fg_status (*filter)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
-                        size_t msg_size);
+    /* Gradient filtering (docs/LOSS_SPEC.md), after backward, with
+     * c->filter_eps > 0: each row's kept entries of dlogits into the kept_*
+     * workspace; where every row keeps few enough, the chunk's dhidden and
+     * grads run as sparse products over them. *kept: the entries the
+     * products use (m * V when the chunk runs dense). Needed by filter_eps. */
+    fg_status (*filter)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                        int64_t *kept, char *msg, size_t msg_size);
 } fg_backend_ops;
 
 /* A backend instance: its ops and its state. */

@@ -45,13 +45,14 @@ static const void *chunk_row(const void *base, fg_dtype t, int64_t V, int64_t i)
 
 /* -------------------------------------------------------------- shapes */
 
-fg_dtype fg_cpu_gemm_dtype(const fg_call *call, fg_dtype in_t)
+/* The products multiply bf16 only where oneDNN multiplies bf16 natively on
+ * this CPU and measured faster (gemm_onednn.c), else float32 (the gathered
+ * rows and weight tiles widened). */
+static fg_dtype cpu_compute_dtype(void *be, fg_dtype in_t)
 {
-    return in_t == FG_DTYPE_BF16 && fg_gemm_native_bf16(call->gemm) ? FG_DTYPE_BF16
-                                                                    : FG_DTYPE_F32;
+    return in_t == FG_DTYPE_BF16 && fg_gemm_native_bf16(state(be)->call->gemm) ? FG_DTYPE_BF16
+                                                                               : FG_DTYPE_F32;
 }
-
-int64_t fg_cpu_logits_block_rows(void) { return FG_BLOCK_LOGITS_M; }
 
 /* Converted weight tiles (bf16 on CPUs without native bf16 GEMMs; f32 for
  * short grad_hidden products whose weight rows lie 4 KiB multiples apart,
@@ -59,12 +60,13 @@ int64_t fg_cpu_logits_block_rows(void) { return FG_BLOCK_LOGITS_M; }
  * restride_f32) scale with the chunk: half its logits, at most
  * FG_TILE_CAP_BYTES. Everything a call holds is then a function of the
  * chunk rows alone, so the smallest budget is the need of a one-row chunk.
- * None for float32 inputs where shards merge per chunk (s->tiles 0): they
+ * None for float32 inputs where shards merge per chunk (c->hook): they
  * replan at the agreed, smaller chunk without refitting, and a chunk short
  * enough for the tiles would need more memory than its own plan. */
 static size_t tile_cap(const fg_cpu_backend *s, const fg_backend_call *c, int64_t m)
 {
-    if (!s->tiles)
+    (void)s;
+    if (c->hook && c->in_t == FG_DTYPE_F32)
         return 0;
     const size_t half_logits = (size_t)m * (size_t)c->V * sizeof(float) / 2;
     return half_logits < FG_TILE_CAP_BYTES ? half_logits : FG_TILE_CAP_BYTES;
@@ -111,7 +113,9 @@ static fg_gemm_shape shape_dweight(const fg_cpu_backend *s, const fg_backend_cal
                            .split_k = 0};
 }
 
-fg_status fg_cpu_prepare_chunk(const fg_cpu_backend *s, const fg_backend_call *c, int64_t m,
+/* Prepares every product a chunk of m rows issues, raising *need to cover
+ * them (oneDNN's primitives: a failure surfaces before any output). */
+static fg_status prepare_chunk(const fg_cpu_backend *s, const fg_backend_call *c, int64_t m,
                                fg_gemm_scratch *need)
 {
     fg_gemm_shape shapes[4];
@@ -138,8 +142,9 @@ fg_status fg_cpu_prepare_chunk(const fg_cpu_backend *s, const fg_backend_call *c
  * 1024: 38.7 GFLOP/s a core against 70.4 at a stride of 1040
  * (bench/block_probe.c). Products on weight tiles (fg_gemm_tiled) are
  * stored at such a stride and run fast at any m. */
-int fg_cpu_dhidden_slow(const fg_cpu_backend *s, const fg_backend_call *c, int64_t m)
+static int cpu_chunk_slow(void *be, const fg_backend_call *c, int64_t m)
 {
+    const fg_cpu_backend *s = state(be);
     if (!c->grad_hidden.data)
         return 0;
     const fg_gemm_shape g = shape_dhidden(s, c, m);
@@ -156,23 +161,26 @@ static size_t cpu_call_scratch(void *be, const fg_backend_call *c)
     return 0; /* oneDNN's JIT code and packing buffers: outside any budget */
 }
 
-/* The products' scratch for chunks of m rows on the plan's GEMM threads;
- * SIZE_MAX / 2 (no budget holds it) where a product cannot be prepared. */
-static size_t cpu_chunk_scratch(void *be, const fg_backend_call *c, int64_t m)
+/* The products' scratch (and converted weight tiles) for chunks of m rows
+ * and a last one of `last` rows on c->workers threads. */
+static fg_status cpu_chunk_scratch(void *be, const fg_backend_call *c, int64_t m, int64_t last,
+                                   size_t *bytes, char *msg, size_t n)
 {
     fg_cpu_backend *s = state(be);
     fg_gemm_scratch need = {0, 0};
-    if (fg_cpu_prepare_chunk(s, c, m, &need) != FG_OK)
-        return SIZE_MAX / 2;
-    return fg_gemm_scratch_bytes(&need, s->gemm_workers);
+    fg_status st = prepare_chunk(s, c, m, &need);
+    if (st == FG_OK && last != m)
+        st = prepare_chunk(s, c, last, &need);
+    *bytes = fg_gemm_scratch_bytes(&need, c->workers);
+    return failed(s, st, msg, n);
 }
 
 /* The products multiply the gathered rows and dlogits in this CPU's compute
- * dtype (fg_cpu_gemm_dtype): bf16 dlogits only where oneDNN has bf16
+ * dtype (cpu_compute_dtype): bf16 dlogits only where oneDNN has bf16
  * kernels, float32 ones only for float32 or widened bf16 inputs. */
 static fg_status cpu_supports(void *be, const fg_backend_call *c, char *msg, size_t n)
 {
-    const fg_dtype want = fg_cpu_gemm_dtype(state(be)->call, c->in_t);
+    const fg_dtype want = cpu_compute_dtype(be, c->in_t);
     if (c->dlogit_t == want)
         return FG_OK;
     snprintf(msg, n, "the CPU backend multiplies %s inputs with %s dlogits on this CPU, not %s",
@@ -238,7 +246,7 @@ static fg_status cpu_logits(void *be, const fg_backend_call *c, int64_t r0, int6
     const fg_gemm_shape g = shape_logits(s, c, m);
     return failed(s,
                   fg_gemm_run(s->call->gemm, &g, c->hbuf, c->weight.data, c->logits, c->bias.data,
-                              c->scratch, s->gemm_workers, &s->call->gemm_stats, s->call->err),
+                              c->scratch, c->workers, &s->call->gemm_stats, s->call->err),
                   msg, n);
 }
 
@@ -274,18 +282,14 @@ static void backward_row(const fg_backend_call *c, int64_t r0, int64_t i)
                     t >= 0 && t < c->V ? t : -1);
 }
 
-/* The first rows with a target outside [0, V) or non-finite statistics
- * (row_check), after the rows' parallel loop. */
+/* The first row with a target outside [0, V) (row_check), after the rows'
+ * parallel loop. */
 static void check_rows(const fg_backend_call *c, int64_t r0, int64_t m)
 {
-    for (int64_t i = 0; i < m; i++) {
+    for (int64_t i = 0; i < m && *c->row_check > i; i++) {
         const int64_t t = c->targets[r0 + i];
-        if ((t < 0 || t >= c->V) && c->row_check[0] > i)
-            c->row_check[0] = (int)i;
-        else if (t >= 0 && t < c->V && c->row_check[1] > i &&
-                 !(isfinite(c->zmax[i]) && isfinite(c->lsum[i]) && isfinite(c->entropy[i]) &&
-                   isfinite(c->logp[i])))
-            c->row_check[1] = (int)i;
+        if (t < 0 || t >= c->V)
+            *c->row_check = (int)i;
     }
 }
 
@@ -357,31 +361,26 @@ static fg_status cpu_shard_stats(void *be, const fg_backend_call *c, int64_t r0,
 /* Gradient filtering of the chunk's dlogits: the kept entries, compacted in
  * place, or kept_total -1 when some row keeps too many (the chunk runs
  * dense). Counts the entries the backward products use either way. */
-static fg_status cpu_filter(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
-                            size_t n)
+static fg_status cpu_filter(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                            int64_t *kept, char *msg, size_t n)
 {
     (void)msg, (void)n;
     fg_cpu_backend *s = state(be);
     fg_call *call = s->call;
     s->kept_total = -1;
-    call->dlogits_entries += m * c->V;
-    if (s->filter_eps <= 0) {
-        call->dlogits_kept += m * c->V;
-        return FG_OK;
-    }
     for (int64_t i = 0; i < m; i++) {
         const int64_t t = c->targets[r0 + i];
-        s->kept_tgt[i] = t >= 0 && t < c->V ? t : -1;
+        c->kept_tgt[i] = t >= 0 && t < c->V ? t : -1;
     }
     s->kept = (fg_kept){.d = c->dlogits, .d_t = c->dlogit_t, .d_ld = c->V, .count = m,
-                        .V = c->V, .target = s->kept_tgt, .idx = s->kept_idx,
-                        .cap = s->kept_cap, .nnz = s->kept_nnz};
+                        .V = c->V, .target = c->kept_tgt, .idx = c->kept_idx,
+                        .cap = c->kept_cap, .nnz = c->kept_nnz};
     const double t0 = omp_get_wtime();
-    s->kept_total = fg_filter_select(call->threads, &s->kept, s->filter_eps);
+    s->kept_total = fg_filter_select(call->threads, &s->kept, c->filter_eps);
     if (s->kept_total >= 0)
         fg_filter_compact(call->threads, &s->kept);
     call->gemm_stats.seconds += omp_get_wtime() - t0;
-    call->dlogits_kept += s->kept_total >= 0 ? s->kept_total : m * c->V;
+    *kept = s->kept_total >= 0 ? s->kept_total : m * c->V;
     return FG_OK;
 }
 
@@ -407,7 +406,7 @@ static fg_status cpu_dhidden(void *be, const fg_backend_call *c, int64_t r0, int
     const fg_gemm_shape g = shape_dhidden(s, c, m);
     return failed(s,
                   fg_gemm_run(s->call->gemm, &g, c->dlogits, c->weight.data, c->ghbuf, NULL,
-                              c->scratch, s->gemm_workers, &s->call->gemm_stats, s->call->err),
+                              c->scratch, c->workers, &s->call->gemm_stats, s->call->err),
                   msg, n);
 }
 
@@ -449,7 +448,7 @@ static fg_status cpu_grads(void *be, const fg_backend_call *c, int64_t r0, int64
     const fg_gemm_shape g = shape_dweight(s, c, m, !first);
     return failed(s,
                   fg_gemm_run(s->call->gemm, &g, c->dlogits, c->hbuf, dst, NULL, c->scratch,
-                              s->gemm_workers, &s->call->gemm_stats, s->call->err),
+                              c->workers, &s->call->gemm_stats, s->call->err),
                   msg, n);
 }
 
@@ -464,18 +463,12 @@ static fg_status cpu_finish(void *be, const fg_backend_call *c, char *msg, size_
     if (gw->data && c->n_active == 0 && !c->accumulate)
         for (int64_t v = 0; v < c->V; v++)
             memset(row_at(gw, v), 0, (size_t)c->H * fg_dtype_size(gw->dtype));
-    const fg_vector *gb = &c->grad_bias;
-    const int add = c->accumulate && !c->gb_seeded;
+    const fg_vector *gb = &c->grad_bias; /* the sums started from the caller's values */
     if (gb->data && gb->dtype == FG_DTYPE_BF16)
-        for (int64_t v = 0; v < c->V; v++) {
-            uint16_t *b = (uint16_t *)gb->data + v;
-            *b = fg_bf16_store(add ? c->gb_sum[v] + fg_bf16_load(*b) : c->gb_sum[v]);
-        }
+        for (int64_t v = 0; v < c->V; v++)
+            ((uint16_t *)gb->data)[v] = fg_bf16_store(c->gb_sum[v]);
     else if (gb->data)
-        for (int64_t v = 0; v < c->V; v++) {
-            float *b = (float *)gb->data + v;
-            *b = add ? c->gb_sum[v] + *b : c->gb_sum[v];
-        }
+        memcpy(gb->data, c->gb_sum, (size_t)c->V * sizeof(float));
     const fg_matrix *gh = &c->grad_hidden;
     if (gh->data)
         for (int64_t r = 0; r < c->N; r++)
@@ -487,6 +480,10 @@ static fg_status cpu_finish(void *be, const fg_backend_call *c, char *msg, size_
 static const fg_backend_ops cpu_ops = {
     .abi = FG_BACKEND_ABI,
     .name = "cpu",
+    .caps = FG_BACKEND_HOST_MEMORY | FG_BACKEND_FIXED_ROW_BITS | FG_BACKEND_THREAD_INVARIANT,
+    .align = FG_ALIGN,
+    .logits_block_rows = FG_BLOCK_LOGITS_M,
+    .fast_chunk_rows = 0,
     .destroy = fg_host_destroy,
     .alloc = fg_host_alloc,
     .release = fg_host_release,
@@ -494,8 +491,10 @@ static const fg_backend_ops cpu_ops = {
     .to_device = fg_host_copy,
     .fill_zero = fg_host_fill_zero,
     .wait = fg_host_wait,
+    .compute_dtype = cpu_compute_dtype,
     .call_scratch_bytes = cpu_call_scratch,
-    .chunk_scratch_bytes = cpu_chunk_scratch,
+    .chunk_scratch = cpu_chunk_scratch,
+    .chunk_slow = cpu_chunk_slow,
     .supports = cpu_supports,
     .scan = cpu_scan,
     .logits = cpu_logits,
@@ -510,12 +509,10 @@ static const fg_backend_ops cpu_ops = {
     .filter = cpu_filter,
 };
 
-void fg_backend_cpu_init(fg_cpu_backend *s, fg_call *call, int tiles, fg_device *out)
+void fg_backend_cpu_init(fg_cpu_backend *s, fg_call *call, fg_device *out)
 {
     memset(s, 0, sizeof *s);
     s->call = call;
-    s->gemm_workers = 1;
-    s->tiles = tiles;
     s->kept_total = -1;
     out->ops = &cpu_ops;
     out->state = s;

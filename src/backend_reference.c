@@ -1,19 +1,21 @@
 /*
- * The seam's plain reference (backend.h) on host memory: every op as the
- * simplest loops, sums in double, one thread. It is the specification of
- * each op, the backend the seam driver (linear_device.c) is tested with on
- * machines without a GPU, and what the CUDA backend is checked against on
- * one. Slow by design: for tests, never for speed.
+ * The seam's plain reference (backend.h): every op as the simplest loops,
+ * sums in double, one thread. It is the specification of each op and the
+ * backend the CUDA one is checked against. Its memory is the host's, but the
+ * driver (linear_grpo.c) treats it as a device's (no FG_BACKEND_HOST_MEMORY:
+ * every byte through to_host / to_device), so that the driver's staging path
+ * is tested on machines without a GPU. Slow by design: for tests, never for
+ * speed.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend_host.h"
 #include "bf16.h"
 #include "internal.h"
-
-#include <stdio.h>
+#include "shard_stats.h"
 
 static float load(const void *base, fg_dtype t, size_t i)
 {
@@ -32,22 +34,32 @@ static void store(void *base, fg_dtype t, size_t i, float x)
 
 static size_t at(int64_t r, int64_t ld, int64_t c) { return (size_t)r * (size_t)ld + (size_t)c; }
 
+/* The reference multiplies in double whatever the dtype: hbuf and dlogits
+ * keep the inputs' own. */
+static fg_dtype ref_compute_dtype(void *be, fg_dtype in_t)
+{
+    (void)be;
+    return in_t;
+}
+
 static size_t ref_call_scratch(void *be, const fg_backend_call *c)
 {
     (void)be, (void)c;
     return 0;
 }
 
-static size_t ref_chunk_scratch(void *be, const fg_backend_call *c, int64_t m)
+/* Loops need no scratch and nothing to prepare. */
+static fg_status ref_chunk_scratch(void *be, const fg_backend_call *c, int64_t m, int64_t last,
+                                   size_t *bytes, char *msg, size_t n)
 {
-    (void)be, (void)c, (void)m;
-    return 0;
+    (void)be, (void)c, (void)m, (void)last, (void)msg, (void)n;
+    *bytes = 0;
+    return FG_OK;
 }
 
 static fg_status ref_supports(void *be, const fg_backend_call *c, char *msg, size_t n)
 {
-    (void)be, (void)msg, (void)n;
-    (void)c;
+    (void)be, (void)c, (void)msg, (void)n;
     return FG_OK;
 }
 
@@ -91,7 +103,8 @@ static fg_status ref_logits(void *be, const fg_backend_call *c, int64_t r0, int6
     for (int64_t i = 0; i < m; i++) {
         const int64_t row = c->rows[r0 + i];
         for (int64_t h = 0; h < c->H; h++) /* the gathered rows, as GEMM 3 reads them */
-            store(c->hbuf, c->dlogit_t, at(i, c->H, h), load(c->hidden.data, c->in_t, at(row, c->hidden.ld, h)));
+            store(c->hbuf, c->dlogit_t, at(i, c->H, h),
+                  load(c->hidden.data, c->in_t, at(row, c->hidden.ld, h)));
         for (int64_t v = 0; v < c->V; v++) {
             double acc = c->bias.data ? load(c->bias.data, c->in_t, (size_t)v) : 0.0;
             for (int64_t h = 0; h < c->H; h++)
@@ -103,40 +116,65 @@ static fg_status ref_logits(void *be, const fg_backend_call *c, int64_t r0, int6
     return FG_OK;
 }
 
-static void lower(int *slot, int64_t i)
+/* Row i's scaled logit z = x · inv_temp at column v. */
+static double z_at(const fg_backend_call *c, int64_t i, int64_t v)
 {
-    if ((int64_t)*slot > i)
-        *slot = (int)i;
+    return (double)load(c->logits, c->logit_t, at(i, c->V, v)) * c->inv_temp;
 }
+
+/* Row i's statistics (row_kernels.h's fg_row_stats), in double: max z,
+ * sum = Σ exp(z − max), dot = Σ exp(z − max)·(z − max). */
+typedef struct ref_row {
+    double max, sum, dot;
+} ref_row;
+
+static ref_row row_stats(const fg_backend_call *c, int64_t i)
+{
+    ref_row s = {-INFINITY, 0.0, 0.0};
+    for (int64_t v = 0; v < c->V; v++)
+        s.max = fmax(s.max, z_at(c, i, v));
+    for (int64_t v = 0; v < c->V; v++) {
+        const double d = z_at(c, i, v) - s.max;
+        s.sum += exp(d);
+        s.dot += exp(d) * d;
+    }
+    return s;
+}
+
+static int in_vocab(const fg_backend_call *c, int64_t tok) { return tok >= 0 && tok < c->V; }
 
 static fg_status ref_stats(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                            size_t n)
 {
     (void)be, (void)msg, (void)n;
     for (int64_t i = 0; i < m; i++) {
-        double zmax = -INFINITY;
-        for (int64_t v = 0; v < c->V; v++)
-            zmax = fmax(zmax, (double)load(c->logits, c->logit_t, at(i, c->V, v)) * c->inv_temp);
-        double sum = 0.0, dot = 0.0;
-        for (int64_t v = 0; v < c->V; v++) {
-            const double d = (double)load(c->logits, c->logit_t, at(i, c->V, v)) * c->inv_temp - zmax;
-            sum += exp(d);
-            dot += exp(d) * d;
-        }
+        const ref_row s = row_stats(c, i);
         const int64_t tok = c->targets[r0 + i];
-        const double lsum = log(sum);
-        const double ztok = tok >= 0 && tok < c->V
-                                ? (double)load(c->logits, c->logit_t, at(i, c->V, tok)) * c->inv_temp
-                                : NAN;
-        c->zmax[i] = (float)zmax;
+        const double lsum = log(s.sum);
+        /* another shard's target: logp NaN, the row's statistics all the same */
+        const double ztok = in_vocab(c, tok) ? z_at(c, i, tok) : NAN;
+        c->zmax[i] = (float)s.max;
         c->lsum[i] = (float)lsum;
-        c->entropy[i] = (float)(lsum - dot / sum);
-        c->logp[i] = (float)((ztok - zmax) - lsum);
-        if (!(tok >= 0 && tok < c->V))
-            lower(&c->row_check[0], i);
-        else if (!isfinite(c->zmax[i]) || !isfinite(c->lsum[i]) || !isfinite(c->entropy[i]) ||
-                 !isfinite(c->logp[i]))
-            lower(&c->row_check[1], i);
+        c->entropy[i] = (float)(lsum - s.dot / s.sum);
+        c->logp[i] = (float)((ztok - s.max) - lsum);
+        if (!in_vocab(c, tok) && (int64_t)*c->row_check > i)
+            *c->row_check = (int)i;
+    }
+    return FG_OK;
+}
+
+/* This shard's own statistics of each row, unmerged (shard_stats.h): its
+ * max, sums and target's logit (−inf: another shard's), each float32 once. */
+static fg_status ref_shard_stats(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                                 float *out, int64_t count, int by_token, char *msg, size_t n)
+{
+    (void)be, (void)msg, (void)n;
+    for (int64_t i = 0; i < m; i++) {
+        const ref_row s = row_stats(c, i);
+        const int64_t tok = c->targets[r0 + i];
+        const fg_row_stats st = {(float)s.max, (float)s.sum, (float)s.dot};
+        const float ztok = in_vocab(c, tok) ? (float)z_at(c, i, tok) : -INFINITY;
+        fg_shard_put_local(out, count, by_token ? c->rows[r0 + i] : i, st, ztok);
     }
     return FG_OK;
 }
@@ -150,44 +188,71 @@ static fg_status ref_backward(void *be, const fg_backend_call *c, int64_t r0, in
     for (int64_t i = 0; i < m; i++) {
         const int64_t tok = c->targets[r0 + i];
         for (int64_t v = 0; v < c->V; v++) {
-            const double z = (double)load(c->logits, c->logit_t, at(i, c->V, v)) * c->inv_temp;
-            const double lp = (z - c->zmax[i]) - c->lsum[i], p = exp(lp);
+            const double lp = (z_at(c, i, v) - c->zmax[i]) - c->lsum[i], p = exp(lp);
             const double dx = c->inv_temp * (c->g[i] * ((v == tok ? 1.0 : 0.0) - p) -
                                              c->e[i] * p * (lp + c->entropy[i]));
             store(c->dlogits, c->dlogit_t, at(i, c->V, v), (float)dx);
         }
     }
-    if (c->gb_sum) /* the stored values, rows in order */
-        for (int64_t v = 0; v < c->V; v++) {
-            double acc = c->gb_sum[v];
+    if (c->gb_sum) /* the stored values, one float32 addition a row, rows in order */
+        for (int64_t v = 0; v < c->V; v++)
             for (int64_t i = 0; i < m; i++)
-                acc += load(c->dlogits, c->dlogit_t, at(i, c->V, v));
-            c->gb_sum[v] = (float)acc;
+                c->gb_sum[v] += load(c->dlogits, c->dlogit_t, at(i, c->V, v));
+    return FG_OK;
+}
+
+/* GEMM 2 alone: ghbuf[i, :] = Σ_v dlogits[i, v] · W[v, :] ([m, H] float32),
+ * in double, stored once. */
+static fg_status ref_dhidden(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                             size_t n)
+{
+    (void)be, (void)r0;
+    if (!c->ghbuf) {
+        snprintf(msg, n, "dhidden: ghbuf is required");
+        return FG_ERR_NULL_ARGUMENT;
+    }
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t h = 0; h < c->H; h++) {
+            double acc = 0.0;
+            for (int64_t v = 0; v < c->V; v++)
+                acc += (double)load(c->dlogits, c->dlogit_t, at(i, c->V, v)) *
+                       load(c->weight.data, c->in_t, at(v, c->weight.ld, h));
+            c->ghbuf[at(i, c->H, h)] = (float)acc;
         }
     return FG_OK;
 }
 
+/* ghbuf's rows into grad_hidden's rows of the chunk's tokens, rounded once
+ * to a bf16 grad_hidden. */
+static fg_status ref_put_grad_hidden(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                                     char *msg, size_t n)
+{
+    (void)be, (void)msg, (void)n;
+    const fg_matrix *gh = &c->grad_hidden;
+    if (!gh->data) /* not wanted: nothing to put */
+        return FG_OK;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t h = 0; h < c->H; h++)
+            store(gh->data, gh->dtype, at(c->rows[r0 + i], gh->ld, h), c->ghbuf[at(i, c->H, h)]);
+    return FG_OK;
+}
+
+/* GEMM 2 as dhidden then put_grad_hidden (one definition of grad_hidden),
+ * GEMM 3 overwriting its destination on the first chunk, adding after. */
 static fg_status ref_grads(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
                            char *msg, size_t n)
 {
-    (void)be, (void)msg, (void)n;
-    if (c->grad_hidden.data) /* GEMM 2, one rounding into the caller's row */
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t h = 0; h < c->H; h++) {
-                double acc = 0.0;
-                for (int64_t v = 0; v < c->V; v++)
-                    acc += (double)load(c->dlogits, c->dlogit_t, at(i, c->V, v)) *
-                           load(c->weight.data, c->in_t, at(v, c->weight.ld, h));
-                store(c->grad_hidden.data, c->grad_hidden.dtype,
-                      at(c->rows[r0 + i], c->grad_hidden.ld, h), (float)acc);
-            }
-    if (c->grad_weight.data) { /* GEMM 3 */
+    fg_status st;
+    if (c->grad_hidden.data && ((st = ref_dhidden(be, c, r0, m, msg, n)) != FG_OK ||
+                                (st = ref_put_grad_hidden(be, c, r0, m, msg, n)) != FG_OK))
+        return st;
+    if (c->grad_weight.data) { /* [V, H] (+)= dlogitsᵀ [V, m] · hbuf [m, H] */
         void *dst = c->gw_sum ? (void *)c->gw_sum : c->grad_weight.data;
         const fg_dtype dt = c->gw_sum ? FG_DTYPE_F32 : c->grad_weight.dtype;
         const int64_t ld = c->gw_sum ? c->H : c->grad_weight.ld;
         for (int64_t v = 0; v < c->V; v++)
             for (int64_t h = 0; h < c->H; h++) {
-                double acc = first ? 0.0 : load(dst, dt, at(v, ld, h));
+                double acc = first ? 0.0 : load(dst, dt, at(v, ld, h)); /* first: not read */
                 for (int64_t i = 0; i < m; i++)
                     acc += (double)load(c->dlogits, c->dlogit_t, at(i, c->V, v)) *
                            load(c->hbuf, c->dlogit_t, at(i, c->H, h));
@@ -199,25 +264,27 @@ static fg_status ref_grads(void *be, const fg_backend_call *c, int64_t r0, int64
 
 static fg_status ref_finish(void *be, const fg_backend_call *c, char *msg, size_t n)
 {
-    (void)be, (void)msg, (void)n;
+    (void)be;
     const fg_matrix *gw = &c->grad_weight;
-    if (gw->data && c->gw_sum && c->n_active > 0)
+    if (gw->data && c->gw_sum && c->n_active > 0) /* one float32 sum, rounded once */
         for (int64_t v = 0; v < c->V; v++)
             for (int64_t h = 0; h < c->H; h++) {
-                const float old = c->accumulate ? load(gw->data, gw->dtype, at(v, gw->ld, h)) : 0.0f;
+                const float old =
+                    c->accumulate ? load(gw->data, gw->dtype, at(v, gw->ld, h)) : 0.0f;
                 store(gw->data, gw->dtype, at(v, gw->ld, h), c->gw_sum[at(v, c->H, h)] + old);
             }
     if (gw->data && c->n_active == 0 && !c->accumulate)
         for (int64_t v = 0; v < c->V; v++)
             memset((unsigned char *)gw->data + at(v, gw->ld, 0) * fg_dtype_size(gw->dtype), 0,
                    (size_t)c->H * fg_dtype_size(gw->dtype));
-    if (c->grad_bias.data)
-        for (int64_t v = 0; v < c->V; v++) {
-            const float old = c->accumulate && !c->gb_seeded
-                                  ? load(c->grad_bias.data, c->grad_bias.dtype, (size_t)v)
-                                  : 0.0f;
-            store(c->grad_bias.data, c->grad_bias.dtype, (size_t)v, c->gb_sum[v] + old);
+    if (c->grad_bias.data) { /* the driver seeded the sums: the caller's values are in */
+        if (!c->gb_sum) {
+            snprintf(msg, n, "finish: gb_sum is required with grad_bias");
+            return FG_ERR_NULL_ARGUMENT;
         }
+        for (int64_t v = 0; v < c->V; v++)
+            store(c->grad_bias.data, c->grad_bias.dtype, (size_t)v, c->gb_sum[v]);
+    }
     const fg_matrix *gh = &c->grad_hidden;
     if (gh->data)
         for (int64_t r = 0; r < c->N; r++)
@@ -227,9 +294,15 @@ static fg_status ref_finish(void *be, const fg_backend_call *c, char *msg, size_
     return FG_OK;
 }
 
+/* Not FG_BACKEND_HOST_MEMORY on purpose (the header); no fusion, no
+ * filtering (a call needing them is refused by name, which a test checks). */
 static const fg_backend_ops reference_ops = {
     .abi = FG_BACKEND_ABI,
     .name = "reference",
+    .caps = FG_BACKEND_FIXED_ROW_BITS | FG_BACKEND_THREAD_INVARIANT,
+    .align = 256,
+    .logits_block_rows = 0,
+    .fast_chunk_rows = 1024, /* the CUDA backend's, so that tests run the planner's rule */
     .destroy = fg_host_destroy,
     .alloc = fg_host_alloc,
     .release = fg_host_release,
@@ -237,8 +310,10 @@ static const fg_backend_ops reference_ops = {
     .to_device = fg_host_copy,
     .fill_zero = fg_host_fill_zero,
     .wait = fg_host_wait,
+    .compute_dtype = ref_compute_dtype,
     .call_scratch_bytes = ref_call_scratch,
-    .chunk_scratch_bytes = ref_chunk_scratch,
+    .chunk_scratch = ref_chunk_scratch,
+    .chunk_slow = NULL,
     .supports = ref_supports,
     .scan = ref_scan,
     .logits = ref_logits,
@@ -246,6 +321,11 @@ static const fg_backend_ops reference_ops = {
     .backward = ref_backward,
     .grads = ref_grads,
     .finish = ref_finish,
+    .stats_backward = NULL,
+    .shard_stats = ref_shard_stats,
+    .dhidden = ref_dhidden,
+    .put_grad_hidden = ref_put_grad_hidden,
+    .filter = NULL,
 };
 
 fg_status fg_backend_reference_create(void *stream, fg_device *out, char *msg, size_t msg_size)

@@ -26,7 +26,10 @@ struct fg_context {
     void *device_library;
     void *device_mem;
     size_t device_bytes;
-    size_t bytes_current; /* held now: the arena                              */
+    size_t bytes_current; /* held now: the arena (on a backend behind the seam:
+                             its memory)                                      */
+    size_t host_held;     /* a backend behind the seam: the host arena of the
+                             calls' O(tokens) arrays, not the backend's memory */
     size_t bytes_peak;    /* high-water mark, a borrowed workspace included   */
     size_t last_budget;
     int64_t last_chunk_rows, last_chunks, last_gemm_flops, last_dl_entries, last_dl_kept;
@@ -190,7 +193,7 @@ void fg_context_destroy(fg_context *ctx)
     if (ctx->device_library)
         dlclose(ctx->device_library);
     fg_gemm_cache_destroy(ctx->gemm);
-    fg_arena_release(&ctx->arena, &ctx->bytes_current);
+    fg_arena_release(&ctx->arena, ctx->device.ops ? &ctx->host_held : &ctx->bytes_current);
     free(ctx);
 }
 
@@ -231,7 +234,7 @@ void fg_release_workspace(fg_context *ctx)
 {
     if (!ctx)
         return;
-    fg_arena_release(&ctx->arena, &ctx->bytes_current);
+    fg_arena_release(&ctx->arena, ctx->device.ops ? &ctx->host_held : &ctx->bytes_current);
     if (ctx->device.ops)
         release_device_memory(ctx);
 }
@@ -298,7 +301,10 @@ fg_status fg_call_reserve(fg_call *call, size_t bytes)
         call->ran = 1;
         return FG_OK;
     }
-    if (fg_arena_reserve(call->arena, bytes, call->budget, &ctx->bytes_current) != FG_OK)
+    /* On a backend behind the seam the arena holds the host's copies, outside
+     * the budget and the counted bytes (the backend's memory). */
+    if (fg_arena_reserve(call->arena, bytes, call->device ? SIZE_MAX : call->budget,
+                         call->device ? &ctx->host_held : &ctx->bytes_current) != FG_OK)
         return fg_fail(call->err, FG_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
                        bytes);
     if (ctx->bytes_current > ctx->bytes_peak)

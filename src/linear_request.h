@@ -1,7 +1,7 @@
 /*
- * A request to the LM-head drivers (linear_grpo.c on the CPU, linear_device.c
- * behind the backend seam) and the checks they share: every argument, then
- * the bounds the inputs' largest magnitudes give the logits and gradients.
+ * A request to the LM-head driver (linear_grpo.c, one for every backend)
+ * and its checks (linear_checks.c): every argument, then the bounds the
+ * inputs' largest magnitudes give the logits and gradients.
  */
 #ifndef FG_LINEAR_REQUEST_H
 #define FG_LINEAR_REQUEST_H
@@ -41,6 +41,20 @@ static inline int fg_uses_hook(enum call_kind k)
 {
     return k != KIND_SHARD_STATS && k != KIND_SHARD_BACKWARD;
 }
+
+/* Runs a request on backend `be` (NULL: the call's own, the context's
+ * backend or a CPU backend for the call): every check, the plan, the
+ * memory, the chunks. Tests hand the CPU backend with its capabilities
+ * changed (without FG_BACKEND_HOST_MEMORY: the staged path over it). */
+fg_status fg_linear_run(fg_call *call, const fg_device *be, const fg_linear_options *opts,
+                        const linear_request *req, const fg_linear_inputs *in,
+                        fg_linear_outputs *out);
+
+/* fg_linear_grpo_plan's query for a request on backend `be` (as above). */
+fg_status fg_linear_plan_request(fg_call *call, const fg_device *be,
+                                 const fg_linear_options *opts, const linear_request *req,
+                                 const fg_linear_inputs *in, const fg_linear_outputs *out,
+                                 fg_linear_plan_info *info);
 
 /* The up-front scan's findings: the inputs were scanned (the finite check
  * on), and their largest |element|s, which bound every logit and, with the
@@ -84,8 +98,7 @@ int fg_linear_is_sharded(const fg_linear_inputs *in);
 
 /* The phase API's (a), after the chunks wrote each unmasked token's own
  * statistics into stats (host memory, [FG_SHARD_STATS_FLOATS(N)]): the
- * masked tokens' (none: shard_stats.h) and the status slot cleared. The CPU
- * path and the seam driver both end (a) with it. */
+ * masked tokens' (none: shard_stats.h) and the status slot cleared. */
 void fg_shard_stats_close(float *stats, const fg_batch *batch);
 
 /* The phase API's (d): the merged zmax, lsum and entropy that

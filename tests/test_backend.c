@@ -693,6 +693,72 @@ static void grad_weight_sums_rule(void)
     tu_problem_free(&prob);
 }
 
+/* Capabilities: gradient filtering needs the backend's filter op, which the
+ * reference leaves NULL: the call is refused by name, before any output is
+ * written, never run dense. The communicator hook runs over the reference
+ * too (test_sharding_reference). */
+static void null_op_refused(void)
+{
+    tu_problem prob;
+    tu_problem_make(&prob, B, T, H, V, FG_DTYPE_F32, 1, 4242u);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    const fg_linear_inputs in = tu_problem_inputs(&prob);
+    tu_linear_outs o;
+    tu_linear_outs_make(&o, N, H, V, 1);
+    tu_linear_outs_fill(&o, 0x5a);
+    const fg_linear_options opts = {FG_IMPL_FUSED, 0, 1e-3};
+    const fg_status st = fg_linear_grpo(ctx_ref, &opts, &cfg, &in, tu_batch_view(&prob.tb),
+                                        &o.out, NULL);
+    CHECK(st == FG_ERR_UNSUPPORTED && strstr(fg_last_error(ctx_ref), "op filter") &&
+              strstr(fg_last_error(ctx_ref), "reference"),
+          "filter_eps on the reference backend: %s (%s)", fg_status_name(st),
+          fg_last_error(ctx_ref));
+    CHECK(tu_linear_outs_are(&o, 0x5a), "%s", "the refused filtering call wrote an output");
+    tu_linear_outs_free(&o);
+    tu_problem_free(&prob);
+}
+
+/* grad_bias's float32 sums add each row's dlogits in token order, whatever
+ * the chunks (backend.h): the same bits from one chunk and from the least
+ * budget's, on the CPU and on the reference, f32 and accumulating. */
+static void bias_bits_whatever_the_chunks(void)
+{
+    fg_context *ctxs[2] = {ctx_cpu, ctx_ref};
+    for (int c = 0; c < 2; c++) {
+        tu_problem prob;
+        tu_problem_make(&prob, B, T, H, V, FG_DTYPE_F32, 1, 515u);
+        fg_loss_config cfg;
+        fg_loss_config_init(&cfg);
+        const fg_linear_inputs in = tu_problem_inputs(&prob);
+        const fg_batch *batch = tu_batch_view(&prob.tb);
+        tu_linear_outs a, b;
+        tu_linear_outs_make(&a, N, H, V, 1);
+        tu_linear_outs_make(&b, N, H, V, 1);
+        for (int64_t v = 0; v < V; v++) /* accumulate onto the same values */
+            a.grad_bias[v] = b.grad_bias[v] = 0.01f * (float)(v % 13);
+        a.out.accumulate = b.out.accumulate = 1;
+        fg_linear_plan_info info;
+        fg_exec ex;
+        fg_exec_init(&ex);
+        ex.memory_budget = 1;
+        fg_linear_grpo_plan(ctxs[c], NULL, &cfg, &in, batch, &a.out, &ex, &info);
+        ex.memory_budget = info.min_budget_bytes; /* one row a chunk */
+        const fg_status s1 = fg_linear_grpo(ctxs[c], NULL, &cfg, &in, batch, &a.out, &ex);
+        fg_memory_stats ms;
+        fg_get_memory_stats(ctxs[c], &ms);
+        const int64_t chunks = ms.chunks;
+        const fg_status s2 = fg_linear_grpo(ctxs[c], NULL, &cfg, &in, batch, &b.out, NULL);
+        CHECK(s1 == FG_OK && s2 == FG_OK && chunks > 1 &&
+                  memcmp(a.grad_bias, b.grad_bias, (size_t)V * sizeof(float)) == 0,
+              "%s: grad_bias bits differ between %lld chunks and one (%s)",
+              c ? "reference" : "cpu", (long long)chunks, fg_last_error(ctxs[c]));
+        tu_linear_outs_free(&a);
+        tu_linear_outs_free(&b);
+        tu_problem_free(&prob);
+    }
+}
+
 int main(void)
 {
     fg_context_options o;
@@ -715,6 +781,8 @@ int main(void)
     shard_phases_failure(3, 0);
     refusals();
     grad_weight_sums_rule();
+    null_op_refused();
+    bias_bits_whatever_the_chunks();
     fg_context_destroy(ctx_cpu);
     fg_context_destroy(ctx_ref);
     return tu_finish();

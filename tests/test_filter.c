@@ -280,6 +280,53 @@ static void refused(fg_context *ctx)
     tu_problem_free(&p);
 }
 
+/* Every budget from the least the plan query gives up to one chunk's plans
+ * (bf16 inputs and gradients, filtering on): where the backend's products
+ * write bf16, the planner weighs a bf16 grad_weight's float32 sums with the
+ * filter's buffers that come with them, so a budget that runs without the
+ * sums is never refused for them. */
+static void every_budget_plans(fg_context *ctx)
+{
+    /* The filter's buffers hold V/2 bytes a row: at this V several pages,
+     * so the budgets between the sums beside a row with and without them
+     * are a window the page steps below fall in. */
+    enum { PB = 2, PT = 40, PH = 16, PV = 32771 };
+    tu_problem prob;
+    tu_problem_make(&prob, PB, PT, PH, PV, FG_DTYPE_BF16, 0, 99u);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    const fg_batch *batch = tu_batch_view(&prob.tb);
+    const fg_linear_inputs in = tu_problem_inputs(&prob);
+    static uint16_t placeholder;
+    fg_linear_outputs out;
+    memset(&out, 0, sizeof out);
+    out.grad_hidden = fg_matrix_make(&placeholder, FG_DTYPE_BF16, (int64_t)PB * PT, PH);
+    out.grad_weight = fg_matrix_make(&placeholder, FG_DTYPE_BF16, PV, PH);
+    const fg_linear_options fo = {FG_IMPL_FUSED, 0, 1e-3};
+    fg_exec ex;
+    fg_exec_init(&ex);
+    ex.memory_budget = 1;
+    fg_linear_plan_info info;
+    fg_linear_grpo_plan(ctx, &fo, &cfg, &in, batch, &out, &ex, &info);
+    int refused = 0, with_sums = 0, without = 0;
+    for (ex.memory_budget = info.min_budget_bytes;
+         ex.memory_budget < ((size_t)64 << 20) && with_sums < 64; ex.memory_budget += 4096) {
+        const fg_status st = fg_linear_grpo_plan(ctx, &fo, &cfg, &in, batch, &out, &ex, &info);
+        if (st != FG_OK && !refused++)
+            CHECK(0, "budget %zu: %s", ex.memory_budget, fg_last_error(ctx));
+        if (st != FG_OK)
+            continue;
+        with_sums += info.grad_weight_sum_bytes > 0;
+        without += info.grad_weight_sum_bytes == 0;
+        if (info.chunks < 2)
+            break;
+    }
+    CHECK(!refused, "%d budgets above the least were refused", refused);
+    printf("every budget plans (bf16, filtering): %d with the float32 sums, %d without\n",
+           with_sums, without);
+    tu_problem_free(&prob);
+}
+
 int main(void)
 {
     fg_context *ctx = NULL;
@@ -291,6 +338,7 @@ int main(void)
     peaked(ctx, FG_DTYPE_BF16, "bf16");
     flat(ctx);
     refused(ctx);
+    every_budget_plans(ctx);
     fg_context_destroy(ctx);
     return tu_finish();
 }

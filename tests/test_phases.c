@@ -28,6 +28,10 @@
 
 /* Against the oracle: each the smallest round number >= 4x the worst
  * measured (AVX2, this test; measured worst in the comment). */
+/* The loss from logp, phase (c): a CPU entry point, on a CPU context
+ * whatever backend the GEMM phases run on (FG_TEST_BACKEND). */
+static fg_context *ctx_host;
+
 static const double TOL_LOSS = 3e-6;    /* |a-b| / max(|b|, scale); 6.8e-7 */
 static const double TOL_LOGP = 2e-6;    /* max |a-b| / max(|b|, 1) over tokens; 3.8e-7 */
 static const double TOL_ENTROPY = 5e-6; /* the same; 1.2e-6 */
@@ -150,8 +154,9 @@ static void run_case(fg_context *ctx, const tcase *tc, uint64_t seed)
         memset(&lo[s], 0, sizeof lo[s]);
         lo[s].grad_logp = sh[s].dlogp;
         lo[s].grad_entropy = sh[s].dentropy;
-        st = fg_grpo_loss_from_logp(ctx, &cfg, batch, sh[s].logp, sh[s].entropy, &lo[s], NULL);
-        CHECK(st == FG_OK, "%s loss: %s", tc->name, fg_last_error(ctx));
+        st = fg_grpo_loss_from_logp(ctx_host, &cfg, batch, sh[s].logp, sh[s].entropy, &lo[s],
+                                    NULL);
+        CHECK(st == FG_OK, "%s loss: %s", tc->name, fg_last_error(ctx_host));
     }
     /* (d), then grad_hidden summed over the shards */
     for (int s = 0; s < P; s++) {
@@ -344,7 +349,8 @@ static void check_all_masked(fg_context *ctx)
     const int ok = fg_linear_shard_stats(ctx, NULL, 1.0, &in, &tokens, s.stats, NULL) == FG_OK &&
                    fg_shard_stats_rescale(ctx, &tokens, s.stats) == FG_OK &&
                    fg_shard_stats_finish(ctx, &tokens, s.stats, s.logp, s.entropy) == FG_OK &&
-                   fg_grpo_loss_from_logp(ctx, &cfg, batch, s.logp, s.entropy, &lo, NULL) == FG_OK &&
+                   fg_grpo_loss_from_logp(ctx_host, &cfg, batch, s.logp, s.entropy, &lo, NULL) ==
+                       FG_OK &&
                    fg_linear_shard_backward(ctx, NULL, 1.0, &in, &tokens, s.stats, s.dlogp,
                                             s.dentropy, &g, NULL) == FG_OK;
     CHECK(ok, "all masked: %s", fg_last_error(ctx));
@@ -370,7 +376,7 @@ static void check_all_masked(fg_context *ctx)
 int main(void)
 {
     fg_context *ctx;
-    if (fg_context_create(NULL, &ctx) != FG_OK)
+    if (fg_context_create(NULL, &ctx) != FG_OK || tu_host_context_create(&ctx_host) != FG_OK)
         return 1;
     /* What a shard sends per call, counted: 10 floats a token and a status. */
     CHECK(FG_SHARD_STATS_MAX_COUNT(1000) + FG_SHARD_STATS_SUM_COUNT(1000) == 10001, "%s",
@@ -393,5 +399,6 @@ int main(void)
     check_failure(ctx, 4, 2, 0);
     check_all_masked(ctx);
     fg_context_destroy(ctx);
+    fg_context_destroy(ctx_host);
     return tu_finish();
 }

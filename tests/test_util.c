@@ -1,3 +1,4 @@
+#define TU_CONTEXT_CREATE_ITSELF
 #include "test_util.h"
 
 #include <math.h>
@@ -593,3 +594,23 @@ double tu_rel_l2f(const float *a, const float *b, int64_t n)
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+
+int tu_on_reference(void)
+{
+    const char *b = getenv("FG_TEST_BACKEND");
+    return b && strcmp(b, "reference") == 0;
+}
+
+fg_status tu_context_create(const fg_context_options *opts, fg_context **out)
+{
+    fg_context_options o;
+    if (opts)
+        o = *opts;
+    else
+        fg_context_options_init(&o);
+    if (tu_on_reference() && o.backend == FG_BACKEND_CPU)
+        o.backend = FG_BACKEND_REFERENCE;
+    return fg_context_create(&o, out);
+}
+
+fg_status tu_host_context_create(fg_context **out) { return fg_context_create(NULL, out); }

@@ -16,6 +16,22 @@
 
 #include "fusedgrpo.h"
 
+/* ---------------------------------------------------------------- backend */
+
+/* FG_TEST_BACKEND=reference runs a test's contexts on the seam's reference
+ * backend (the driver's device path, staging included) where it asks for
+ * the CPU: CTest runs chosen tests both ways with the same assertions.
+ * Every test's fg_context_create goes through tu_context_create. */
+fg_status tu_context_create(const fg_context_options *opts, fg_context **out);
+/* Whether FG_TEST_BACKEND selects the reference backend. */
+int tu_on_reference(void);
+/* A context on the CPU whatever FG_TEST_BACKEND says: the host-only entry
+ * points (fg_logits_grpo, fg_grpo_loss_from_logp). */
+fg_status tu_host_context_create(fg_context **out);
+#ifndef TU_CONTEXT_CREATE_ITSELF
+#define fg_context_create tu_context_create
+#endif
+
 /* ------------------------------------------------------------------ checks */
 
 extern long tu_passed;

@@ -310,7 +310,6 @@ static void section_rows(int64_t M, fg_dtype ztype, bool bias)
     const size_t zs = ztype == BF16 ? 2 : 4;
     void *z = dev_alloc((size_t)M * V * zs), *d = dev_alloc((size_t)M * V * 2);
     float *bias_sum = bias ? (float *)dev_alloc((size_t)V * 4) : NULL;
-    void *scratch = bias ? dev_alloc(fg_cuda_row_backward_scratch_bytes(M, V)) : NULL;
     if (ztype == BF16) {
         fill_bf16_kernel<<<4096, 256, 0, stream>>>((__nv_bfloat16 *)z, M * V, 97, 4.0f);
     } else { /* f32 logits: twice the bf16 values; each float's high half is one in [-4, 4] */
@@ -327,7 +326,7 @@ static void section_rows(int64_t M, fg_dtype ztype, bool bias)
     });
     const Timing tb = time_it([&] {
         must(fg_cuda_row_backward(z, ztype, V, d, BF16, V, M, V, 1.0f, b.tokens, b.st, b.g, b.e,
-                                  bias_sum, scratch, stream, msg, sizeof msg));
+                                  bias_sum, stream, msg, sizeof msg));
     });
     char name[96];
     const char *zn = ztype == BF16 ? "bf16" : "f32";
@@ -335,11 +334,10 @@ static void section_rows(int64_t M, fg_dtype ztype, bool bias)
     snprintf(name, sizeof name, "stats forward, %s logits", zn);
     report("rows", name, M, tf, 0, mv * zs, 0);
     snprintf(name, sizeof name, "dlogits bf16 from %s logits%s", zn, bias ? ", bias sums" : "");
-    report("rows", name, M, tb, 0, mv * (zs + 2), 0);
+    /* The bias sums read the stored dlogits once more, rows in order. */
+    report("rows", name, M, tb, 0, mv * (zs + 2 + (bias ? 2 : 0)), 0);
     if (bias)
         CUDA_OK(cudaFree(bias_sum));
-    if (scratch)
-        CUDA_OK(cudaFree(scratch));
     row_buffers_free(b);
     CUDA_OK(cudaFree(z));
     CUDA_OK(cudaFree(d));
@@ -371,7 +369,7 @@ static void section_step(const fg_cuda_gemm *g, const void *h, const void *w, in
             loss_grads_kernel<<<(unsigned)((m + 255) / 256), 256, 0, stream>>>(b.st.logp, m, inv_n,
                                                                                b.g, b.e);
             must(fg_cuda_row_backward(z, ztype, V, d, BF16, V, m, V, 1.0f, b.tokens, b.st, b.g,
-                                      b.e, NULL, NULL, stream, msg, sizeof msg));
+                                      b.e, NULL, stream, msg, sizeof msg));
             must(fg_cuda_gemm_grad_hidden(g, BF16, m, V, H, d, V, w, H,
                                           (__nv_bfloat16 *)gh + r0 * H, BF16, H, 0.0f, msg,
                                           sizeof msg));
