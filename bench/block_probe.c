@@ -3,7 +3,7 @@
  * row-major and B's rows ldb floats apart (W's rows, N <= ldb columns of
  * them), through oneDNN's f32 matmul on one thread, best of 3: whether oneDNN
  * runs that block with its packed or its no-copy kernels shows as a 2x rate
- * (docs/BENCHMARKS.md, "Tried and dropped"; src/gemm_onednn.h, fg_gemm_fast_rows).
+ * (docs/BENCHMARKS.md, "Tried and dropped"; src/backends/cpu/gemm_onednn.h, fg_gemm_fast_rows).
  * `bash bench/run_benchmarks.sh blocks` runs the blocks the library's shapes rest on.
  * With a fifth argument `t`, a logits-shaped block instead: B = Wᵀ, B's
  * columns ldb floats apart (N weight rows of K = H floats, ldb >= K).

@@ -28,7 +28,7 @@ Writes the replay format of tools/problem_io.c into --out:
                              leave a zero gradient)
   old_logp [B, T] float32    the model's own log-probs of the tokens (on-policy)
 and prints the tokens and the distribution's entropy, the figure that sets
-how many vocabulary tiles gradient filtering could skip (src/grad_filter.h).
+how many vocabulary tiles gradient filtering could skip (src/core/grad_filter.h).
 """
 from __future__ import annotations
 

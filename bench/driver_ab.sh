@@ -32,7 +32,7 @@ LIMIT=${LIMIT:-1.01}
 AB_TMP=${AB_TMP:-/tmp/fg_ab}
 isa=avx2
 grep -qw avx512_bf16 /proc/cpuinfo && isa=avx512_bf16
-OUT=${OUT:-bench/results/driver_rewrite/$isa}
+OUT=${OUT:-bench/results/one_driver/$isa}
 if [ -z "${FUSEDGRPO_BF16_PRODUCTS+set}" ] && [ "$isa" = avx512_bf16 ]; then
   export FUSEDGRPO_BF16_PRODUCTS=native
 fi

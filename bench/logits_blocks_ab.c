@@ -1,7 +1,7 @@
 /*
  * logits_blocks_ab: what the logits product's fixed blocks cost, in one
  * process. The product C[M, V] = hidden[M, H] · Wᵀ runs through the library's
- * GEMM layer (src/gemm_onednn.c) once per blocking per round, the blockings
+ * GEMM layer (src/backends/cpu/gemm_onednn.c) once per blocking per round, the blockings
  * taking turns, on 2 workers; prints each blocking's median [min, max] over
  * the rounds after a warm-up one, and its time over the first blocking's.
  *

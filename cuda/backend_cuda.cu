@@ -548,7 +548,7 @@ static fg_status cuda_backward(void *be, const fg_backend_call *c, int64_t r0, i
                                 c->gb_sum, s->stream, msg, msg_size);
 }
 
-/* Where fg_shard_put_local (src/shard_stats.c) writes token i's statistics
+/* Where fg_shard_put_local (src/core/shard_stats.c) writes token i's statistics
  * in a layout of `count` tokens: max at buf[i], z_tok at buf[count + i], the
  * shard's own m, S, D at buf[fg_shard_local_offset(count) + k·count + i],
  * k = 0, 1, 2 (shard_stats.h's layout, whose offsets are used here; the

@@ -2,7 +2,7 @@
  *
  * Forward: one block per row. Each thread streams its share of the row in
  * 16-byte packs, keeping the mergeable statistics (max, sum, dot) of
- * src/row_kernels.c; a pack's max is found first so that the running sums
+ * src/core/row_kernels.c; a pack's max is found first so that the running sums
  * are rescaled at most once per pack. The block merges its threads' partial
  * statistics in a fixed order, so a row's result does not depend on timing.
  *
@@ -15,7 +15,7 @@
  * column sums are a second kernel over the stored dx, one thread per column
  * (coalesced over columns), adding the rows one by one in order: the bits of
  * summing every row in order, whatever the chunking (fg_col_sums_add of
- * src/row_kernels.c). It reads dx once more (M·V elements: for bf16 dlogits
+ * src/core/row_kernels.c). It reads dx once more (M·V elements: for bf16 dlogits
  * at H = 4096 about 1.5% of the time of a chunk's three products on an H200,
  * by bandwidth and peak rates), which bits independent of the chunk size are
  * worth.
@@ -46,7 +46,7 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Pack {
 /* Values per 16-byte load of T: the pack width of the fast kernels. */
 template <typename T> constexpr int pack_width() { return (int)(16 / sizeof(T)); }
 
-/* ---- mergeable row statistics (fg_row_stats of src/row_kernels.h) --------- */
+/* ---- mergeable row statistics (fg_row_stats of src/core/row_kernels.h) --------- */
 
 struct Stats {
     float max, sum, dot; /* sum = Σ exp(z − max), dot = Σ exp(z − max)·(z − max) */
@@ -118,7 +118,7 @@ __device__ Stats block_merge(Stats s)
     return s;
 }
 
-/* Row r's outputs from its statistics (fg_row_finalize of src/row_kernels.h);
+/* Row r's outputs from its statistics (fg_row_finalize of src/core/row_kernels.h);
  * a token outside [0, V) gives a NaN logp and goes to check. */
 struct StatsSink {
     fg_cuda_row_stats out;
@@ -339,7 +339,7 @@ __global__ void row_backward_ref_kernel(const Tin *x, int64_t ld_x, Tout *dx, in
 }
 
 /* The plain reference of the bias sums: one thread per column, rows in order
- * (fg_col_sums_add of src/row_kernels.c). */
+ * (fg_col_sums_add of src/core/row_kernels.c). */
 template <typename T>
 __global__ void column_sums_ref_kernel(const T *dx, int64_t ld_dx, int64_t M, int64_t V,
                                        float *bias_sum)

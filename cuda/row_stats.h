@@ -1,6 +1,6 @@
 /*
  * The row work of a chunk on an NVIDIA GPU: the definitions of
- * src/row_kernels.c (see row_kernels.h there), computed on device memory.
+ * src/core/row_kernels.c (see row_kernels.h there), computed on device memory.
  *
  * A chunk is M rows of logits x [M, V], float32 or bfloat16, row stride ld
  * (elements); z = x · inv_temp. Row r's target is tokens[r], an index into
@@ -69,10 +69,10 @@ fg_status fg_cuda_row_stats_forward(const void *x, fg_dtype xtype, int64_t M, in
                                     cudaStream_t stream, char *msg, size_t msg_size);
 
 /* Each row's own mergeable statistics, the forward's very values (max, sum,
- * dot of fg_row_stats, src/row_kernels.h), and its target's scaled logit
+ * dot of fg_row_stats, src/core/row_kernels.h), and its target's scaled logit
  * z_tok = x[r, tokens[r]] · inv_temp (−inf when tokens[r] is outside [0, V):
  * another vocab shard's token), for the exact merge of vocab shards
- * (src/shard_stats.h). Row r goes to slot index[r] (index NULL: slot r) of
+ * (src/core/shard_stats.h). Row r goes to slot index[r] (index NULL: slot r) of
  * five device arrays of `count` floats; a slot outside [0, count) is
  * skipped (never a fault). */
 typedef struct fg_cuda_shard_slots {
@@ -93,7 +93,7 @@ fg_status fg_cuda_row_stats_shard(const void *x, fg_dtype xtype, int64_t M, int6
  * stored (rounded) dx for r = 0, 1, ..., M − 1: one float32 add per row, in
  * row order, so that sums carried over chunks have the bits of one sum over
  * every row in order, whatever the chunking (fg_col_sums_add of
- * src/row_kernels.c, the CPU backend's and the reference's order). dx may be
+ * src/core/row_kernels.c, the CPU backend's and the reference's order). dx may be
  * x itself (in place) when the dtypes and row strides are equal. */
 fg_status fg_cuda_row_backward(const void *x, fg_dtype xtype, int64_t ld_x, void *dx,
                                fg_dtype dxtype, int64_t ld_dx, int64_t M, int64_t V,

@@ -149,8 +149,8 @@ static comm_state g_comm;
 static fg_context *g_ctx[2]; /* [0]: no communicator, [1]: g_comm */
 static fg_context *g_ref;    /* the seam's reference backend */
 
-/* The context of the seam's driver over its reference backend: the path a
- * CUDA context takes (src/linear_device.c), on host memory. */
+/* A context on the seam's reference backend: the driver's device path (the
+ * one a CUDA context takes: staging, per-chunk copies), on host memory. */
 static fg_context *get_ref_ctx(void)
 {
     if (!g_ref) {

@@ -303,10 +303,12 @@ typedef struct fg_logits_outputs {
  * copies the O(B*T) token arrays to the host and waits for the backend
  * once to check them (and the inputs' NaN/Inf scan), once per chunk to run
  * the loss math on the chunk's log-probs, and once at the end; the
- * [tokens, vocab] and [vocab, hidden] work stays in the backend. Not yet
- * there: a communicator (a vocab-sharded weight runs through the phase
- * API), gradient filtering and the logits-level entry points
- * (FG_ERR_UNSUPPORTED).
+ * [tokens, vocab] and [vocab, hidden] work stays in the backend. One
+ * driver runs every backend; what a backend lacks is refused by name
+ * (FG_ERR_UNSUPPORTED): gradient filtering on the CUDA and reference
+ * backends (filter_eps), and the CPU-only entry points (fg_logits_grpo,
+ * fg_grpo_loss_from_logp). A communicator's reductions run on host copies of the statistics
+ * and of grad_hidden's shares (fg_communicator takes host memory).
  *   FG_BACKEND_CUDA: device memory of the current CUDA device, on
  *     fg_context_options.stream (a cudaStream_t; NULL: the default stream);
  *     fg_exec.workspace, when given, is device memory. fg_context_create
@@ -516,10 +518,11 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
  * min_budget_bytes (fused): the smallest budget this call runs with (one
  * token row a chunk); 0 for the materialized path, which has no budget.
  * On a backend behind the seam (FG_BACKEND_CUDA) the bytes are the backend's
- * memory: working_bytes = fixed_bytes + chunk_bytes is the call's workspace
- * (what an fg_exec.workspace must hold, and what the budget bounds), and
- * gemm_scratch_bytes the GEMM library's workspace the backend keeps for the
- * context (cuBLASLt), outside both.
+ * memory: working_bytes = fixed_bytes + chunk_bytes + gemm_scratch_bytes
+ * (not page-rounded) is the call's workspace (what an fg_exec.workspace must
+ * hold, and what the budget bounds); the host's copies of the token arrays
+ * and the GEMM library's own workspace (cuBLASLt's, kept by the context) are
+ * outside it.
  * With a budget below it the query returns FG_ERR_BUDGET_TOO_SMALL, with the
  * message the call would give, and still writes info (chunk_rows = 0).
  */
@@ -528,9 +531,11 @@ typedef struct fg_linear_plan_info {
                                   others may hold fewer)                             */
     int64_t chunks;            /* chunks the call walks (per sweep)                     */
     size_t working_bytes;      /* the arena the call holds, whole pages                 */
-    size_t fixed_bytes;        /* per-call [B, T] arrays and loss scratch               */
+    size_t fixed_bytes;        /* per-call arrays: targets, sums; on the CPU also the
+                                  [B, T] arrays and loss scratch                      */
     size_t chunk_bytes;        /* one chunk's logits, dlogits, hidden and grad rows     */
-    size_t gemm_scratch_bytes; /* oneDNN scratchpads (and converted bf16 weight tiles)  */
+    size_t gemm_scratch_bytes; /* the backend's chunk scratch: oneDNN scratchpads (and
+                                  converted weight tiles) on the CPU, 0 on CUDA      */
     size_t min_budget_bytes;   /* fused: smallest budget that runs; materialized: 0     */
     fg_dtype gemm_dtype;       /* what the GEMMs multiply for bf16 inputs: FG_DTYPE_BF16
                                   where this CPU has bf16 kernels (dlogits are then

@@ -4,7 +4,7 @@
 #   asan      clang, ASan + UBSan (-fno-sanitize-recover=all, leaks checked):
 #             the C tests (ctest -R '^test_') and the fuzz corpus replays
 #             (fuzz_replay_*); with the library's fault hook compiled in when
-#             src/internal.h has it (test_alloc_failure is skipped otherwise)
+#             src/api/internal.h has it (test_alloc_failure is skipped otherwise)
 #   pyasan    the NumPy front end's tests (tests/python/test_numpy.py) on the
 #             ASan library, CPython allocating through malloc (catches the
 #             library writing past a ctypes or NumPy buffer); of the 48 cases
@@ -74,7 +74,7 @@ ARCHER=$(find_archer)
 
 # The fault hook exists once src/ has it (tests/test_alloc_failure.c).
 FAULT_FLAGS=""
-if grep -q "FG_FAULT_INJECTION" src/internal.h 2>/dev/null; then
+if grep -q "FG_FAULT_INJECTION" src/api/internal.h 2>/dev/null; then
   FAULT_FLAGS="-DFG_FAULT_INJECTION=1"
 fi
 

@@ -3,7 +3,7 @@
  * time, and each failure is clean.
  *
  * Needs the library's test-only fault hook (-DFG_FAULT_INJECTION, see
- * src/internal.h): each fault point (context and GEMM-cache calloc, the mmap
+ * src/api/internal.h): each fault point (context and GEMM-cache calloc, the mmap
  * of the workspace arena, tracked blocks, every oneDNN engine / stream /
  * primitive descriptor / primitive / memory object the library creates)
  * counts itself, and the armed one fails as if out of memory. Built without

@@ -1,7 +1,8 @@
 /*
- * test_backend: the per-chunk seam's driver (src/linear_device.c) over the
- * seam's plain reference backend (FG_BACKEND_REFERENCE), the path a CUDA
- * context takes, on any machine.
+ * test_backend: the one driver (src/driver/linear_grpo.c) over the seam's
+ * plain reference backend (FG_BACKEND_REFERENCE), through its device path
+ * (staging, per-chunk copies: the path a CUDA context takes), on any
+ * machine.
  *
  *  1. Every loss type and level, f32 and bf16 inputs, odd sizes (B = 3,
  *     T = 7, H = 24, V = 67, a ragged mask, padded row strides, a bias in
@@ -627,8 +628,9 @@ static void shard_phases_failure(int P, int bad)
     tu_problem_free(&prob);
 }
 
-/* The seam's choice for a bf16 grad_weight walked in chunks (linear_device.c,
- * plan_device): float32 sums whenever they fit beside chunks that are small
+/* The planner's choice for a bf16 grad_weight walked in chunks on a backend
+ * whose products write bf16, with fast_chunk_rows 1024 (the reference
+ * carries CUDA's; linear_plan.c, plan_grad_weight_sums): float32 sums whenever they fit beside chunks that are small
  * anyway (under 1024 rows without them); rounding per chunk where the sums
  * would push chunks of 1024 rows or more below 1024 and to under half. Plan
  * queries only, at V = H = 2048, where the sums take the bytes of ~680 rows:

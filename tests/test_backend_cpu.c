@@ -1,8 +1,8 @@
 /*
- * test_backend_cpu: the CPU backend's ops (src/backend_cpu.c: oneDNN, OpenMP)
- * against the seam's plain reference (src/backend_reference.c: loops in
+ * test_backend_cpu: the CPU backend's ops (src/backends/cpu/backend_cpu.c: oneDNN, OpenMP)
+ * against the seam's plain reference (src/backends/reference/backend_reference.c: loops in
  * double, the specification of each op), op by op, on one call in host
- * memory; then the one driver (src/linear_grpo.c) over the CPU backend, in
+ * memory; then the one driver (src/driver/linear_grpo.c) over the CPU backend, in
  * place and staged as a device backend's memory is.
  *
  *  1. Ops against the reference: f32 and bf16 inputs, H = 37, V = 1031 (a

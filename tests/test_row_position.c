@@ -8,7 +8,7 @@
  * TRL's is: a KL of 1e-13 is a gradient that Adam turns into a full step.
  * oneDNN picks kernels and K blocking from a product's shape, so the library
  * runs every primitive call of the logits product as one whole block of
- * FG_BLOCK_LOGITS_M rows (src/gemm_onednn.h). Checked here, all bitwise:
+ * FG_BLOCK_LOGITS_M rows (src/backends/cpu/gemm_onednn.h). Checked here, all bitwise:
  *   - the rows permuted (reversed, and a random permutation): each row's
  *     logp and entropy equal those of the unpermuted call;
  *   - fused with the default budget (one chunk), with the smallest budget

@@ -17,7 +17,7 @@
  *     in fixed pieces, summed in order, when a chunk is one block: V here is
  *     large enough for two), and the planner
  *     picks chunk sizes without looking at the thread count
- *     (src/gemm_onednn.h, docs/ROBUSTNESS.md).
+ *     (src/backends/cpu/gemm_onednn.h, docs/ROBUSTNESS.md).
  * Every run is also repeated on the same context: same thread count, same
  * bits (the header's promise). And one more context, created with the
  * default thread count, runs every case with the thread count given per call

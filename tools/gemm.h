@@ -1,6 +1,6 @@
 /*
  * The tool's own GEMMs, outside the library under test but through the
- * library's GEMM layer (src/gemm_onednn.h: the same oneDNN blocks and bf16
+ * library's GEMM layer (src/backends/cpu/gemm_onednn.h: the same oneDNN blocks and bf16
  * tile path): the logits the `logits` impl feeds to fg_logits_grpo and that
  * impl's two backward products, the synthetic batch's true log-probs, and
  * bench's bare-GEMM roofline.

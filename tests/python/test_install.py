@@ -32,7 +32,7 @@ def test_version_and_names():
 
 
 def _cuda_backend_path():
-    """The CUDA backend the core would open (src/context.c): FUSEDGRPO_CUDA_LIBRARY, else
+    """The CUDA backend the core would open (src/api/context.c): FUSEDGRPO_CUDA_LIBRARY, else
     the one beside libfusedgrpo, else the loader's (by name)."""
     env = os.environ.get("FUSEDGRPO_CUDA_LIBRARY")
     if env:

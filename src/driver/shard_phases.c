@@ -2,8 +2,7 @@
  * The phase API's steps between the caller's reductions (fusedgrpo.h,
  * "phases of a vocab-sharded call"): (b) a shard's sums rescaled to the
  * merged maxima as exact limbs, and the merged log-probs and entropies.
- * The GEMM phases (a) and (d) are requests of linear_grpo.c (linear_device.c
- * on a backend behind the seam).
+ * The GEMM phases (a) and (d) are requests of the one driver, linear_grpo.c.
  *
  * Both steps are O(N) host work. On a backend behind the seam every array is
  * the backend's memory: the tokens and the stats array are staged to the
