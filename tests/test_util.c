@@ -575,7 +575,7 @@ int tu_bf16_gemms_native(void)
     fg_loss_config_init(&cfg);
     fg_linear_plan_info plan;
     fg_context *ctx = NULL;
-    if (fg_context_create(NULL, &ctx) != FG_OK ||
+    if (tu_context_create(NULL, &ctx) != FG_OK || /* the backend the test runs on */
         fg_linear_grpo_plan(ctx, NULL, &cfg, &in, &b, &out, NULL, &plan) != FG_OK) {
         fprintf(stderr, "tu_bf16_gemms_native: %s\n", ctx ? fg_last_error(ctx) : "no context");
         abort();

@@ -237,6 +237,57 @@ static fg_status ref_put_grad_hidden(void *be, const fg_backend_call *c, int64_t
     return FG_OK;
 }
 
+/* Gradient filtering (docs/LOSS_SPEC.md): a row keeps the entries with
+ * |d| > (float)(eps · max |d|) and its target; where every row keeps at
+ * most kept_cap, the dropped entries are zeroed in dlogits (the products
+ * then compute over the kept ones: the sparse products' sums, in double),
+ * else the chunk stays dense. The kept ids go to kept_idx, as the CPU's. */
+static int64_t ref_select_row(const fg_backend_call *c, int64_t r0, int64_t i, int32_t *idx)
+{
+    float top = 0.0f;
+    for (int64_t v = 0; v < c->V; v++) {
+        const float a = fabsf(load(c->dlogits, c->dlogit_t, at(i, c->V, v)));
+        top = a > top ? a : top;
+    }
+    const float thr = (float)(c->filter_eps * (double)top);
+    const int64_t t = c->targets[r0 + i];
+    int64_t kept = 0;
+    for (int64_t v = 0; v < c->V; v++)
+        if (fabsf(load(c->dlogits, c->dlogit_t, at(i, c->V, v))) > thr || v == t) {
+            if (kept < c->kept_cap)
+                idx[kept] = (int32_t)v;
+            kept++;
+        }
+    return kept;
+}
+
+static fg_status ref_filter(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                            int64_t *kept, char *msg, size_t n)
+{
+    (void)be, (void)msg, (void)n;
+    int64_t total = 0, over = 0;
+    for (int64_t i = 0; i < m; i++) {
+        int32_t *idx = c->kept_idx + (size_t)i * (size_t)c->kept_cap;
+        const int64_t k = ref_select_row(c, r0, i, idx);
+        c->kept_nnz[i] = (int32_t)(k < c->kept_cap ? k : c->kept_cap);
+        total += k;
+        over += k > c->kept_cap;
+    }
+    *kept = over ? m * c->V : total;
+    if (over)
+        return FG_OK;
+    for (int64_t i = 0; i < m; i++) { /* zero what a row drops: its kept ids ascend */
+        const int32_t *idx = c->kept_idx + (size_t)i * (size_t)c->kept_cap;
+        for (int64_t v = 0, j = 0; v < c->V; v++) {
+            if (j < c->kept_nnz[i] && idx[j] == v)
+                j++;
+            else
+                store(c->dlogits, c->dlogit_t, at(i, c->V, v), 0.0f);
+        }
+    }
+    return FG_OK;
+}
+
 /* GEMM 2 as dhidden then put_grad_hidden (one definition of grad_hidden),
  * GEMM 3 overwriting its destination on the first chunk, adding after. */
 static fg_status ref_grads(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
@@ -294,8 +345,7 @@ static fg_status ref_finish(void *be, const fg_backend_call *c, char *msg, size_
     return FG_OK;
 }
 
-/* Not FG_BACKEND_HOST_MEMORY on purpose (the header); no fusion, no
- * filtering (a call needing them is refused by name, which a test checks). */
+/* Not FG_BACKEND_HOST_MEMORY on purpose (the header); no fusion. */
 static const fg_backend_ops reference_ops = {
     .abi = FG_BACKEND_ABI,
     .name = "reference",
@@ -325,7 +375,7 @@ static const fg_backend_ops reference_ops = {
     .shard_stats = ref_shard_stats,
     .dhidden = ref_dhidden,
     .put_grad_hidden = ref_put_grad_hidden,
-    .filter = NULL,
+    .filter = ref_filter,
 };
 
 fg_status fg_backend_reference_create(void *stream, fg_device *out, char *msg, size_t msg_size)
