@@ -32,9 +32,9 @@
  *     stats_backward = stats, then g, e, then backward, and dhidden +
  *     put_grad_hidden = grads' GEMM 2; shard_stats of one shard, merged
  *     alone, = stats, and its by-token layout = its by-row one; filter where
- *     a row keeps more than kept_cap: *kept = m * V, dlogits untouched, then
+ *     a row keeps more than kept_cap: *kept_count += m * V, dlogits untouched, then
  *     grads bitwise the unfiltered ones; filter where every row keeps few:
- *     *kept = the entries the rule keeps, then grads (sparse) = the
+ *     *kept_count += the entries the rule keeps, then grads (sparse) = the
  *     reference's grads of dlogits with the dropped entries zeroed.
  *  3. One driver, two memories: fg_linear_run and fg_linear_plan_request
  *     with the backend given (B = 3, T = 23, H = 24, V = 67, a ragged mask,
@@ -435,7 +435,7 @@ static void compare_ops(fg_context *ctx, fg_dtype in_t)
     free(gh_rsplit);
 
     /* filter where some row keeps more than kept_cap: the chunk runs dense,
-     * *kept = m * V, dlogits untouched, grads bitwise the unfiltered ones. */
+     * *kept_count += m * V, dlogits untouched, grads bitwise the unfiltered ones. */
     cc.kept_cap = fg_kept_cap(V);
     cc.kept_idx = tu_xmalloc((size_t)M * (size_t)cc.kept_cap * sizeof(int32_t));
     cc.kept_nnz = tu_xmalloc((size_t)M * sizeof(int32_t));
@@ -444,8 +444,9 @@ static void compare_ops(fg_context *ctx, fg_dtype in_t)
     memcpy(dl_keep, cc.dlogits, dbytes);
     memcpy(gh_keep, gh_c, ghbytes);
     cc.filter_eps = 1e-12;
-    int64_t kept = -2;
-    OK(co->filter(cs, &cc, R0, M, &kept, msg, sizeof msg));
+    int64_t kept = 0; /* filter adds to it */
+    cc.kept_count = &kept;
+    OK(co->filter(cs, &cc, R0, M, msg, sizeof msg));
     CHECK(kept == (int64_t)M * V && cpu.kept_total == -1 &&
               memcmp(dl_keep, cc.dlogits, dbytes) == 0,
           "%s: a dense filter reported %lld entries (kept_total %lld), want %lld", dn,
@@ -502,8 +503,8 @@ static void compare_ops(fg_context *ctx, fg_dtype in_t)
                 ((float *)rc.dlogits)[i * V + v] = 0.0f;
         }
     }
-    kept = -2;
-    OK(co->filter(cs, &cc, R0, M, &kept, msg, sizeof msg));
+    kept = 0;
+    OK(co->filter(cs, &cc, R0, M, msg, sizeof msg));
     CHECK(kept == kept_ref && cpu.kept_total == kept_ref,
           "%s: filter kept %lld entries (kept_total %lld), the rule %lld", dn, (long long)kept,
           (long long)cpu.kept_total, (long long)kept_ref);

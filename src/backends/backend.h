@@ -135,9 +135,13 @@ typedef struct fg_backend_call {
                                    when none; reset by the driver before each
                                    chunk's stats and read after them          */
     /* Gradient filtering's workspace (filter_eps > 0): [chunk_rows, kept_cap]
-     * kept column ids, [chunk_rows] counts and targets (grad_filter.h). */
+     * kept column ids, [chunk_rows] counts and targets (grad_filter.h), and
+     * kept_count [1]: the entries the backward products used, which filter
+     * adds to chunk by chunk (m * V for a chunk that runs dense); the driver
+     * zeroes it before the chunks and reads it once, at the end, so that
+     * choosing dense or sparse never waits for the host. */
     int32_t *kept_idx, *kept_nnz;
-    int64_t *kept_tgt;
+    int64_t *kept_tgt, *kept_count;
 } fg_backend_call;
 
 /* The loss's derivatives of one token, for stats_backward: g = d loss/d logp
@@ -263,10 +267,10 @@ typedef struct fg_backend_ops {
     /* Gradient filtering (docs/LOSS_SPEC.md), after backward, with
      * c->filter_eps > 0: each row's kept entries of dlogits into the kept_*
      * workspace; where every row keeps few enough, the chunk's dhidden and
-     * grads run as sparse products over them. *kept: the entries the
-     * products use (m * V when the chunk runs dense). Needed by filter_eps. */
-    fg_status (*filter)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
-                        int64_t *kept, char *msg, size_t msg_size);
+     * grads run as sparse products over them; the entries they use added to
+     * *c->kept_count. Needed by filter_eps. */
+    fg_status (*filter)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                        size_t msg_size);
 } fg_backend_ops;
 
 /* A backend instance: its ops and its state. */

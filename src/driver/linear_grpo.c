@@ -384,11 +384,11 @@ static fg_status run_chunk(linear_call *L, int64_t k, enum sweep_mode mode, int 
     /* Gradient filtering: the products below then run sparse where every
      * row keeps few; the entries they use are counted either way. */
     if ((p->want_gh || p->want_gw) && !L->failed) {
-        int64_t kept = m * p->V;
-        if (bc->filter_eps > 0 && (st = fail(L, OP(L, filter, r0, m, &kept))) != FG_OK)
+        if (bc->filter_eps > 0 && (st = fail(L, OP(L, filter, r0, m))) != FG_OK)
             return st;
         call->dlogits_entries += m * p->V;
-        call->dlogits_kept += kept;
+        if (bc->filter_eps <= 0)
+            call->dlogits_kept += m * p->V;
     }
     /* GEMM 3 overwrites in the first backward chunk, unless it sums straight
      * into the grad_weight of an accumulating call; a bf16 one's float32
@@ -724,6 +724,7 @@ static void carve(linear_call *L, void *device_mem)
     bc->targets = take(&k, (size_t)p->n_active * sizeof(int64_t));
     bc->row_check = take(&k, sizeof(int));
     bc->gw_sum = p->gw_sum ? take(&k, (size_t)p->V * (size_t)p->H * f) : NULL;
+    bc->kept_count = bc->filter_eps > 0 ? take(&k, sizeof(int64_t)) : NULL;
     if (p->n_active == 0)
         return;
     bc->logits = take(&k, Nc * (size_t)p->V * fg_dtype_size(p->logit_t));
@@ -905,6 +906,8 @@ static fg_status run_call(linear_call *L, int collective, void *device_mem)
     fg_status st = put_rows(L);
     if (st == FG_OK)
         st = start_bias_sums(L, bias_seed);
+    if (st == FG_OK && p->bc.kept_count)
+        st = MEM(L, fill_zero, p->bc.kept_count, sizeof(int64_t));
     if (st != FG_OK)
         return fail(L, st);
     if (req->kind == KIND_SHARD_BACKWARD)
@@ -932,8 +935,14 @@ static fg_status run_call(linear_call *L, int collective, void *device_mem)
                                                          sizeof L->msg),
                                        L->msg)) != FG_OK)
         return st;
+    int64_t kept = 0; /* the filtered products' entries, read once */
+    if (p->bc.kept_count && !p->host &&
+        (st = MEM(L, to_host, &kept, p->bc.kept_count, sizeof kept)) != FG_OK)
+        return st;
     if ((st = commit_tokens(L)) != FG_OK || (st = wait_backend(L)) != FG_OK)
         return st;
+    if (p->bc.kept_count)
+        call->dlogits_kept += p->host ? *p->bc.kept_count : kept;
     if (loss) {
         L->out->loss = L->loss;
         L->out->metrics = L->metrics;

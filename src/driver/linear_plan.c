@@ -370,12 +370,12 @@ static void plan_filter(const fg_linear_options *o, linear_plan *p)
     const double eps =
         o->filter_eps == FG_FILTER_EPS_AUTO ? fg_filter_eps_auto(p->in_t) : o->filter_eps;
     const int gw_f32 = !p->want_gw || p->gw_sum || p->gw_t == FG_DTYPE_F32;
-    p->bc.filter_eps = 0;
-    p->bc.kept_cap = 0;
-    if (p->fused && eps > 0 && (p->want_gh || p->want_gw) && gw_f32) {
-        p->bc.filter_eps = eps;
-        p->bc.kept_cap = fg_kept_cap(p->V);
-    }
+    const int on = p->fused && eps > 0 && (p->want_gh || p->want_gw) && gw_f32;
+    const size_t count = fg_linear_piece(p, sizeof(int64_t)); /* kept_count */
+    if ((p->bc.filter_eps > 0) != on)
+        p->fixed_bytes = on ? p->fixed_bytes + count : p->fixed_bytes - count;
+    p->bc.filter_eps = on ? eps : 0;
+    p->bc.kept_cap = on ? fg_kept_cap(p->V) : 0;
 }
 
 /* The rows of each of the equal chunks of at most `rows` rows over n. */
@@ -547,8 +547,8 @@ fg_status fg_linear_min_budget(fg_call *call, const linear_plan *p, size_t *byte
     if (q.gw_sum && q.cmp_t == FG_DTYPE_BF16) {
         set_gw_sum(&q, 0);
         q.fixed_bytes -= q.gw_sum_bytes;
-        q.bc.filter_eps = 0; /* a bf16 grad_weight summed per chunk runs dense */
-        q.bc.kept_cap = 0;
+        const fg_linear_options off = {FG_IMPL_FUSED, 0, 0.0};
+        plan_filter(&off, &q); /* a bf16 grad_weight summed per chunk runs dense */
     }
     return need_bytes(call, &q, 1, 1, 1, bytes);
 }

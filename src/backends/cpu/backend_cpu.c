@@ -361,8 +361,8 @@ static fg_status cpu_shard_stats(void *be, const fg_backend_call *c, int64_t r0,
 /* Gradient filtering of the chunk's dlogits: the kept entries, compacted in
  * place, or kept_total -1 when some row keeps too many (the chunk runs
  * dense). Counts the entries the backward products use either way. */
-static fg_status cpu_filter(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
-                            int64_t *kept, char *msg, size_t n)
+static fg_status cpu_filter(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                            size_t n)
 {
     (void)msg, (void)n;
     fg_cpu_backend *s = state(be);
@@ -380,7 +380,7 @@ static fg_status cpu_filter(void *be, const fg_backend_call *c, int64_t r0, int6
     if (s->kept_total >= 0)
         fg_filter_compact(call->threads, &s->kept);
     call->gemm_stats.seconds += omp_get_wtime() - t0;
-    *kept = s->kept_total >= 0 ? s->kept_total : m * c->V;
+    *c->kept_count += s->kept_total >= 0 ? s->kept_total : m * c->V;
     return FG_OK;
 }
 

@@ -261,8 +261,8 @@ static int64_t ref_select_row(const fg_backend_call *c, int64_t r0, int64_t i, i
     return kept;
 }
 
-static fg_status ref_filter(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
-                            int64_t *kept, char *msg, size_t n)
+static fg_status ref_filter(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
+                            size_t n)
 {
     (void)be, (void)msg, (void)n;
     int64_t total = 0, over = 0;
@@ -273,7 +273,7 @@ static fg_status ref_filter(void *be, const fg_backend_call *c, int64_t r0, int6
         total += k;
         over += k > c->kept_cap;
     }
-    *kept = over ? m * c->V : total;
+    *c->kept_count += over ? m * c->V : total;
     if (over)
         return FG_OK;
     for (int64_t i = 0; i < m; i++) { /* zero what a row drops: its kept ids ascend */
