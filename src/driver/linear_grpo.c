@@ -196,11 +196,13 @@ static fg_status dhidden_shares(linear_call *L, int64_t r0, int64_t m)
 {
     const fg_backend_call *bc = &L->p.bc;
     const int64_t count = m * L->p.H;
+    if (!L->failed) { /* a local failure is carried by the SUM's flag */
+        fg_status st = OP(L, dhidden, r0, m);
+        if (st == FG_OK && (st = pull(L, L->gh_host, bc->ghbuf, count)) == FG_OK)
+            st = wait_backend(L);
+        (void)fail(L, st);
+    }
     fg_status st;
-    if (!L->failed && (st = fail(L, OP(L, dhidden, r0, m))) != FG_OK)
-        return st;
-    if (!L->failed && (st = fail(L, pull(L, L->gh_host, bc->ghbuf, count))) == FG_OK && !L->failed)
-        (void)fail(L, wait_backend(L));
     if ((st = exchange(L, L->gh_host, count, FG_REDUCE_SUM)) != FG_OK)
         return st;
     if (!L->failed && (st = fail(L, push(L, bc->ghbuf, L->gh_host, count))) != FG_OK)
@@ -908,12 +910,14 @@ static fg_status run_call(linear_call *L, int collective, void *device_mem)
         st = start_bias_sums(L, bias_seed);
     if (st == FG_OK && p->bc.kept_count)
         st = MEM(L, fill_zero, p->bc.kept_count, sizeof(int64_t));
-    if (st != FG_OK)
-        return fail(L, st);
-    if (req->kind == KIND_SHARD_BACKWARD)
-        fg_shard_stats_load(req->stats_in, batch, &L->c);
-    if (p->n_active > 0)
-        st = run_sweeps(L);
+    /* A failure here: with the hook the shard still joins every reduction
+     * (fail); a collective call always reaches the outcome's agreement. */
+    if ((st = fail(L, st)) == FG_OK) {
+        if (req->kind == KIND_SHARD_BACKWARD)
+            fg_shard_stats_load(req->stats_in, batch, &L->c);
+        if (p->n_active > 0)
+            st = run_sweeps(L);
+    }
     if (collective) {
         /* Every shard leaves with the same status: its own failure, or one a
          * reduction's flag stopped it for. */

@@ -185,15 +185,12 @@ static int64_t block_rows(const linear_plan *p, int64_t n, int64_t nc,
 
 /* The largest chunk size (chunk_rows) whose need with `workers` GEMM
  * scratchpads fits the budget, or 0. */
-/* Whether chunks of chunk_rows(raw) rows fit the budget with `workers`
- * scratch. */
-static fg_status fits(fg_call *call, const linear_plan *p, int workers, int64_t raw, int *ok)
+/* What chunks of chunk_rows(raw) rows need with `workers` scratch. */
+static fg_status need_of(fg_call *call, const linear_plan *p, int workers, int64_t raw,
+                         size_t *need)
 {
     const int64_t n = p->n_active, nc = chunk_rows(p, n, raw), chunks = (n + nc - 1) / nc;
-    size_t need;
-    const fg_status st = need_bytes(call, p, nc, n - (chunks - 1) * nc, workers, &need);
-    *ok = st == FG_OK && need <= call->budget;
-    return st;
+    return need_bytes(call, p, nc, n - (chunks - 1) * nc, workers, need);
 }
 
 static fg_status fit_chunks(fg_call *call, const linear_plan *p, int workers, int64_t *out)
@@ -205,17 +202,15 @@ static fg_status fit_chunks(fg_call *call, const linear_plan *p, int workers, in
     int64_t nc = (int64_t)(avail / row) < n ? (int64_t)(avail / row) : n, over = 0;
     *out = 0;
     while (nc >= 1) {
-        int ok;
-        fg_status st = fits(call, p, workers, nc, &ok);
+        size_t need;
+        const fg_status st = need_of(call, p, workers, nc, &need);
         if (st != FG_OK)
             return st;
-        if (ok)
+        if (need <= budget)
             break;
         /* Over by need - budget: drop that many rows' worth (at least one),
          * trying one row before giving up (the scratch is not linear in m). */
-        const int64_t m = chunk_rows(p, n, nc), chunks = (n + m - 1) / m;
-        size_t need;
-        (void)need_bytes(call, p, m, n - (chunks - 1) * m, workers, &need);
+        const int64_t m = chunk_rows(p, n, nc);
         const int64_t cut = (int64_t)((need - budget + row - 1) / row);
         over = nc;
         nc = m == 1 ? 0 : (m - cut > 1 ? m - cut : 1);
@@ -228,11 +223,11 @@ static fg_status fit_chunks(fg_call *call, const linear_plan *p, int workers, in
     int64_t lo = nc, hi = over > 0 ? over - 1 : nc;
     while (lo < hi) {
         const int64_t mid = lo + (hi - lo + 1) / 2;
-        int ok;
-        const fg_status st = fits(call, p, workers, mid, &ok);
+        size_t need;
+        const fg_status st = need_of(call, p, workers, mid, &need);
         if (st != FG_OK)
             return st;
-        if (ok)
+        if (need <= budget)
             lo = mid;
         else
             hi = mid - 1;
