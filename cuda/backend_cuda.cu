@@ -11,8 +11,8 @@
  * between calls still runs on the context's), a cuBLASLt handle and the
  * cuBLASLt workspace.
  *
- * The ops table (ABI 4): caps FG_BACKEND_ASYNC | FG_BACKEND_THREAD_INVARIANT
- * (the work runs on the stream whatever c->workers says; FG_BACKEND_FIXED_ROW_BITS
+ * The ops table (ABI 5): caps FG_BACKEND_ASYNC | FG_BACKEND_THREAD_INVARIANT
+ * | FG_BACKEND_FILTER_IN_PLACE (the work runs on the stream whatever c->workers says; FG_BACKEND_FIXED_ROW_BITS
  * is not claimed: cuBLASLt picks its algorithm, and so a logit's summation
  * order, from the chunk's row count), align 256, logits_block_rows 0 (GEMM 1
  * takes any row count), fast_chunk_rows 1024 (on an H200 at V = 151936,
@@ -20,8 +20,17 @@
  * and 25% below at 512), compute_dtype = the inputs' dtype (the products
  * multiply bf16 on tensor cores, float32 in true float32). Optional ops:
  * shard_stats, dhidden and put_grad_hidden (the communicator hook and the
- * phase API); no stats_backward (a host backend's fusion), no filter, no
- * chunk_slow.
+ * phase API); derivs (the loss's g and e on the device from the driver's
+ * plan: loss_derivs.h, src/core/loss_token.h's formulas, so that a call
+ * needs no host wait per chunk); filter (gradient filtering: the dropped
+ * entries of dlogits zeroed in place, the products then dense over them;
+ * chunk_ops.h); no stats_backward (a host backend's fusion), no chunk_slow.
+ *
+ * Every op reads and writes the per-row arrays (zmax, lsum, entropy, logp,
+ * g, e) at c->X[i] for the chunk's rows i = 0..m-1 and row_check at
+ * *c->row_check, through the pointers it is given: the driver hands each
+ * chunk a copy of the call whose pointers are that chunk's slice of
+ * [n_active] arrays (ABI 5), and the ops never assume where they point.
  *
  * Decisions:
  *  - The cuBLASLt workspace (fg_cuda_gemm_workspace_hint(), 32 MiB) is the
@@ -45,6 +54,16 @@
  *    kernel (a fault would end the CUDA context).
  *  - grads obeys `first` exactly, gw_sum or not (backend.h): the driver says
  *    when the sums start.
+ *  - filter leaves kept_idx, kept_nnz and kept_tgt alone: its per-row
+ *    scratch (threshold, kept count) is the backend's own chunk_scratch, 8
+ *    bytes a row, so that it needs none of the CPU's kept-id workspace. Its
+ *    products stay dense (the zeroed dlogits through the same GEMMs; sparse
+ *    products are future work), and it adds to *kept_count on the device:
+ *    the chunk's kept entries, or m * V when some row keeps more than
+ *    kept_cap and the chunk is left as it is.
+ *  - derivs takes the plan by value into its kernel (its arrays are the
+ *    driver's device copies) and is compiled without FMA contraction, as
+ *    the host's loss math is (loss_derivs.h).
  *  - grad_bias: backward adds each chunk's stored dlogits into gb_sum one row
  *    at a time, in row order (row_stats.h), so its bits do not depend on the
  *    chunking; finish stores gb_sum (the driver seeded it with the caller's
@@ -72,6 +91,7 @@
 #include "chunk_ops.h"
 #include "fail.h"
 #include "gemm_cublaslt.h"
+#include "loss_derivs.h"
 #include "row_stats.h"
 #include "shard_stats.h"
 
@@ -342,7 +362,9 @@ static fg_dtype cuda_compute_dtype(void *be, fg_dtype in_t)
 
 /* Chunks of m rows and a last one of `last`: the row kernels' launch limit
  * (checked here, before any output is written). The row work needs no
- * scratch: the bias column sums add the rows in order (row_stats.h). */
+ * scratch: the bias column sums add the rows in order (row_stats.h). With
+ * filtering (filter_eps > 0), the filter's per-row threshold and count for
+ * the larger of the two chunks (chunk_ops.h's fg_cuda_filter_row). */
 static fg_status cuda_chunk_scratch(void *be, const fg_backend_call *c, int64_t m, int64_t last,
                                     size_t *bytes, char *msg, size_t msg_size)
 {
@@ -358,6 +380,8 @@ static fg_status cuda_chunk_scratch(void *be, const fg_backend_call *c, int64_t 
         return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
                     "the CUDA backend: chunks of %lld rows (at most %lld)", (long long)rows,
                     (long long)FG_CUDA_ROW_LIMIT);
+    if (c->filter_eps > 0)
+        *bytes = (size_t)rows * sizeof(fg_cuda_filter_row);
     return FG_OK;
 }
 
@@ -548,6 +572,48 @@ static fg_status cuda_backward(void *be, const fg_backend_call *c, int64_t r0, i
                                 c->gb_sum, s->stream, msg, msg_size);
 }
 
+/* The loss's g and e of the chunk's rows from their logp and entropy, on the
+ * device (loss_derivs.h): g[i], e[i] of token rows[r0 + i]. */
+static fg_status cuda_derivs(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                             const struct fg_loss_plan *plan, char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    fg_status st = check_chunk(s, c, r0, m, "derivs", msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    if (!plan)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "derivs: the loss plan is required");
+    device_scope scope(s->device);
+    return fg_cuda_loss_derivs(plan, c->rows + r0, m, c->logp, c->entropy, c->g, c->e,
+                               s->stream, msg, msg_size);
+}
+
+/* Gradient filtering of the chunk's dlogits (rows 0..m-1, targets
+ * targets[r0 + i]): the dropped entries zeroed in place, or the chunk left
+ * dense; *kept_count += the entries the products use (chunk_ops.h). The
+ * per-row scratch is chunk_scratch's. */
+static fg_status cuda_filter(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                             char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    fg_status st = check_chunk(s, c, r0, m, "filter", msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    if (!(c->filter_eps > 0))
+        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
+                    "filter: filter_eps = %g (the op runs with filter_eps > 0)", c->filter_eps);
+    if (!c->dlogits || !c->kept_count || !c->scratch)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
+                    "filter: dlogits, kept_count and the scratch chunk_scratch asked for "
+                    "(%zu bytes a row) are required",
+                    sizeof(fg_cuda_filter_row));
+    device_scope scope(s->device);
+    return fg_cuda_filter_rows(c->dlogits, c->dlogit_t, m, c->V, c->V, c->targets + r0,
+                               c->filter_eps, c->kept_cap,
+                               static_cast<fg_cuda_filter_row *>(c->scratch), c->kept_count,
+                               s->stream, msg, msg_size);
+}
+
 /* Where fg_shard_put_local (src/core/shard_stats.c) writes token i's statistics
  * in a layout of `count` tokens: max at buf[i], z_tok at buf[count + i], the
  * shard's own m, S, D at buf[fg_shard_local_offset(count) + k·count + i],
@@ -698,7 +764,7 @@ static fg_backend_ops make_ops(void)
     fg_backend_ops o = {};
     o.abi = FG_BACKEND_ABI;
     o.name = "cuda";
-    o.caps = FG_BACKEND_ASYNC | FG_BACKEND_THREAD_INVARIANT;
+    o.caps = FG_BACKEND_ASYNC | FG_BACKEND_THREAD_INVARIANT | FG_BACKEND_FILTER_IN_PLACE;
     o.align = 256;
     o.logits_block_rows = 0;
     o.fast_chunk_rows = 1024;
@@ -724,7 +790,8 @@ static fg_backend_ops make_ops(void)
     o.shard_stats = cuda_shard_stats;
     o.dhidden = cuda_dhidden;
     o.put_grad_hidden = cuda_put_grad_hidden;
-    o.filter = NULL;
+    o.filter = cuda_filter;
+    o.derivs = cuda_derivs;
     return o;
 }
 

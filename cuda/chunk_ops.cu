@@ -2,10 +2,11 @@
  *
  * Each kernel is one block per matrix row, its threads striding along the
  * row (coalesced, no division, int64 offsets r·ld + c); the rows are few
- * (a chunk's tokens, N, or V) and long. The scan is the only reduction: a
+ * (a chunk's tokens, N, or V) and long. The scan is a reduction: a
  * block's max |x| in a fixed shuffle order, then one 64-bit atomicMax per
  * row whose key orders (magnitude, lower row), so the result is the same
- * whatever order the blocks run in. */
+ * whatever order the blocks run in. The filter's reductions are a max and
+ * integer sums, exact in any order; no float is ever summed by atomics. */
 #include <cuda_bf16.h>
 #include <limits.h>
 #include <math.h>
@@ -193,6 +194,136 @@ __global__ void __launch_bounds__(THREADS)
     T *row = x + r * ld;
     for (int64_t c = threadIdx.x; c < cols; c += THREADS)
         row[c] = zero_bits<T>();
+}
+
+/* ---- gradient filtering ------------------------------------------------------ */
+
+/* The spec's rule (chunk_ops.h; ref_filter of the reference backend) in
+ * three launches, since whether any row of the chunk keeps more than `cap`
+ * entries is known only after every row is counted:
+ *
+ *   count   grid m, one block per row i of d [m, V]:
+ *             top = max_v |d[i, v]|      (fmaxf: NaN ignored, as ref_filter's
+ *                                         a > top ? a : top; 0 for a zero row)
+ *             thr = (float)(eps · (double)top)
+ *             kept = #{v : |d[i, v]| > thr or v == target_i}
+ *           into rows[i] = {thr, kept}
+ *   decide  one block: total = Σ kept (int64), over = any kept > cap;
+ *           *kept_count += over ? m·V : total; over: every rows[i].kept = -1
+ *   zero    grid m, one block per row: unless rows[i].kept < 0, the entries
+ *           that fail the test above set to +0 (d is read again, not the
+ *           kept ids: the same comparisons in float, in place)
+ *
+ * The max of magnitudes and integer sums do not depend on the order the
+ * threads or blocks run in, so the kept set and the count are those of
+ * ref_filter exactly, bit for bit, and run to run. The count pass reads
+ * the row twice (its max first); a row of V = 151936 bf16 (300 KB) does
+ * not stay in L2 across 100+ resident blocks, so that is two reads, and
+ * zero a third and the writes: ~4 passes of the chunk's dlogits, next to
+ * the products' two reads of it. */
+
+/* The block's max of v (fmaxf: a NaN loses to any number), returned to
+ * every thread; blockDim.x == THREADS. */
+__device__ float block_max_all(float v)
+{
+    __shared__ float per_warp[THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x % 32 == 0)
+        per_warp[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = per_warp[0];
+    for (int w = 1; w < THREADS / 32; w++)
+        v = fmaxf(v, per_warp[w]);
+    __syncthreads(); /* per_warp read by all before any later reuse */
+    return v;
+}
+
+/* The block's sum of v (integers: exact in any order), returned to every
+ * thread; blockDim.x == THREADS. */
+__device__ long long block_sum_all(long long v)
+{
+    __shared__ long long per_warp[THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0)
+        per_warp[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = 0;
+    for (int w = 0; w < THREADS / 32; w++)
+        v += per_warp[w];
+    __syncthreads();
+    return v;
+}
+
+/* Whether entry (v, x) of a row with threshold thr and target tok is kept. */
+__device__ __forceinline__ bool filter_keeps(float x, int64_t v, float thr, int64_t tok)
+{
+    return fabsf(x) > thr || v == tok;
+}
+
+/* d [m, V] stride ld; grid: one block per row. */
+template <typename T>
+__global__ void __launch_bounds__(THREADS)
+    filter_count_kernel(const T *d, int64_t V, int64_t ld, const int64_t *targets, double eps,
+                        fg_cuda_filter_row *rows)
+{
+    const int64_t i = blockIdx.x;
+    const T *row = d + i * ld;
+    float top = 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += THREADS)
+        top = fmaxf(top, fabsf(to_float(row[v])));
+    top = block_max_all(top);
+    /* In double, rounded once to float: ref_filter's threshold, bit for bit. */
+    const float thr = (float)(eps * (double)top);
+    const int64_t tok = targets[i];
+    long long kept = 0;
+    for (int64_t v = threadIdx.x; v < V; v += THREADS)
+        kept += filter_keeps(to_float(row[v]), v, thr, tok);
+    kept = block_sum_all(kept);
+    if (threadIdx.x == 0) {
+        rows[i].threshold = thr;
+        rows[i].kept = (int32_t)kept; /* <= V <= INT_MAX */
+    }
+}
+
+/* rows [m]; one block. Every read of rows[].kept happens before the
+ * barriers in block_sum_all and __syncthreads_or, every write after. */
+__global__ void __launch_bounds__(THREADS)
+    filter_decide_kernel(fg_cuda_filter_row *rows, int64_t m, int64_t V, int64_t cap,
+                         int64_t *kept_count)
+{
+    long long total = 0;
+    int over = 0;
+    for (int64_t i = threadIdx.x; i < m; i += THREADS) {
+        total += rows[i].kept;
+        over |= rows[i].kept > cap;
+    }
+    total = block_sum_all(total);
+    over = __syncthreads_or(over);
+    if (threadIdx.x == 0)
+        *kept_count += over ? m * V : (int64_t)total;
+    if (over) /* the chunk runs dense: no row is zeroed */
+        for (int64_t i = threadIdx.x; i < m; i += THREADS)
+            rows[i].kept = -1;
+}
+
+/* d [m, V] stride ld, in place; grid: one block per row. A dense chunk's
+ * blocks return at once (the whole block takes the same branch). */
+template <typename T>
+__global__ void __launch_bounds__(THREADS)
+    filter_zero_kernel(T *d, int64_t V, int64_t ld, const int64_t *targets,
+                       const fg_cuda_filter_row *rows)
+{
+    const int64_t i = blockIdx.x;
+    if (rows[i].kept < 0)
+        return;
+    const float thr = rows[i].threshold;
+    const int64_t tok = targets[i];
+    T *row = d + i * ld;
+    for (int64_t v = threadIdx.x; v < V; v += THREADS)
+        if (!filter_keeps(to_float(row[v]), v, thr, tok))
+            row[v] = from_float<T>(0.0f);
 }
 
 /* ---- host side -------------------------------------------------------------- */
@@ -391,5 +522,41 @@ fg_status fg_cuda_zero_rows(void *x, fg_dtype type, int64_t rows, int64_t cols, 
     else
         zero_rows_kernel<<<(unsigned)rows, THREADS, 0, stream>>>(static_cast<float *>(x), cols, ld,
                                                                  keep);
+    return launched(what, msg, msg_size);
+}
+
+template <typename T>
+static void launch_filter(void *d, int64_t m, int64_t V, int64_t ld, const int64_t *targets,
+                          double eps, int64_t cap, fg_cuda_filter_row *rows, int64_t *kept_count,
+                          cudaStream_t stream)
+{
+    T *dt = static_cast<T *>(d);
+    filter_count_kernel<<<(unsigned)m, THREADS, 0, stream>>>(dt, V, ld, targets, eps, rows);
+    filter_decide_kernel<<<1, THREADS, 0, stream>>>(rows, m, V, cap, kept_count);
+    filter_zero_kernel<<<(unsigned)m, THREADS, 0, stream>>>(dt, V, ld, targets, rows);
+}
+
+fg_status fg_cuda_filter_rows(void *d, fg_dtype type, int64_t m, int64_t V, int64_t ld,
+                              const int64_t *targets, double eps, int64_t cap,
+                              fg_cuda_filter_row *rows, int64_t *kept_count, cudaStream_t stream,
+                              char *msg, size_t msg_size)
+{
+    const char *what = "filter";
+    if (!d || !targets || !rows || !kept_count)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
+                    "%s: dlogits, targets, the row scratch and kept_count are required", what);
+    fg_status st = check_dtype(what, type, msg, msg_size);
+    if (st == FG_OK)
+        st = check_matrix(what, "dlogits", m, V, ld, 0, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    if (!(eps > 0) || !isfinite(eps) || cap < 0)
+        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
+                    "%s: eps = %g (need > 0 and finite), cap = %lld (need >= 0)", what, eps,
+                    (long long)cap);
+    if (type == FG_DTYPE_BF16)
+        launch_filter<__nv_bfloat16>(d, m, V, ld, targets, eps, cap, rows, kept_count, stream);
+    else
+        launch_filter<float>(d, m, V, ld, targets, eps, cap, rows, kept_count, stream);
     return launched(what, msg, msg_size);
 }

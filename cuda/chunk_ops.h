@@ -13,6 +13,8 @@
  * launched), FG_ERR_BACKEND when a launch fails, with a message in msg. A
  * row index read from device memory that is out of range never faults: the
  * kernels skip it (or fill NaN where a value must be produced; see below).
+ * Gradient filtering (fg_cuda_filter_rows) zeroes the entries of a chunk's
+ * dlogits that the spec's rule drops, in place.
  */
 #ifndef FG_CUDA_CHUNK_OPS_H
 #define FG_CUDA_CHUNK_OPS_H
@@ -78,6 +80,35 @@ fg_status fg_cuda_store_sums(const float *src, int64_t ld_src, void *dst, fg_dty
  * NULL or keep[r] == 0: grad_hidden at masked tokens, or a whole grad_weight. */
 fg_status fg_cuda_zero_rows(void *x, fg_dtype type, int64_t rows, int64_t cols, int64_t ld,
                             const uint8_t *keep, cudaStream_t stream, char *msg, size_t msg_size);
+
+/* One row's scratch of the filter: its threshold and its kept entries
+ * (-1 once the chunk is found to run dense). */
+typedef struct fg_cuda_filter_row {
+    float threshold;
+    int32_t kept;
+} fg_cuda_filter_row;
+
+/* Gradient filtering (docs/LOSS_SPEC.md "Gradient filtering"; the reference
+ * backend's ref_filter is the specification) of d [m, V] (stride ld,
+ * float32 or bf16, in place), row i's target targets[i] (outside [0, V):
+ * none):
+ *
+ *   thr_i   = (float)(eps · (double) max_v |d[i, v]|)   (NaN entries ignored)
+ *   kept    (i, v)  iff  |d[i, v]| > thr_i  or  v == targets[i]
+ *   count_i = #kept in row i
+ *
+ * When every count_i <= cap, the dropped entries are set to +0 and
+ * *kept_count += Σ count_i; else d is left as it is and *kept_count += m·V
+ * (the chunk runs dense). kept_count (one int64) and rows ([m], the
+ * scratch) are device memory. Integer sums and a max only: the same result
+ * for any launch order, no host wait. eps > 0 and finite, cap >= 0, at most
+ * INT_MAX rows. Three kernels: count (one block per row: a max pass, then a
+ * count pass), decide (one block: the sum and the dense / sparse choice),
+ * zero (one block per row). */
+fg_status fg_cuda_filter_rows(void *d, fg_dtype type, int64_t m, int64_t V, int64_t ld,
+                              const int64_t *targets, double eps, int64_t cap,
+                              fg_cuda_filter_row *rows, int64_t *kept_count, cudaStream_t stream,
+                              char *msg, size_t msg_size);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* Tests of the CUDA row kernels and the cuBLASLt products.
  *
- * The argument checks run everywhere (they touch no device). Without a CUDA
+ * The argument checks run everywhere (they touch no device), the filter's
+ * (chunk_ops.h) among them. Without a CUDA
  * device the program then prints "skipped: <reason>" and exits 77. With one:
  * odd sizes, float32 and bfloat16, random data:
  *   - the fast row kernels against the plain reference kernels and both
@@ -40,6 +41,7 @@
 
 #include <vector>
 
+#include "chunk_ops.h"
 #include "gemm_cublaslt.h"
 #include "row_stats.h"
 
@@ -247,6 +249,30 @@ static void test_argument_checks(void)
                  fg_cuda_gemm_grad_weight(&g, FG_DTYPE_BF16, 2, 3, 4, &f, 3, &f, 4, &f,
                                           FG_DTYPE_F32, 4, 1.0f, msg, sizeof msg),
                  FG_ERR_NULL_ARGUMENT, msg);
+    /* The filter (chunk_ops.h): refused before any launch. Its kernels are
+     * checked against the reference backend by test_cuda_api. */
+    fg_cuda_filter_row fr;
+    int64_t kept = 0;
+    check_status("filter: no row scratch",
+                 fg_cuda_filter_rows(&f, FG_DTYPE_F32, 1, 1, 1, &tok, 1e-5, 1, NULL, &kept, 0,
+                                     msg, sizeof msg),
+                 FG_ERR_NULL_ARGUMENT, msg);
+    check_status("filter: eps = 0", fg_cuda_filter_rows(&f, FG_DTYPE_F32, 1, 1, 1, &tok, 0.0, 1,
+                                                       &fr, &kept, 0, msg, sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
+    check_status("filter: eps = NaN", fg_cuda_filter_rows(&f, FG_DTYPE_F32, 1, 1, 1, &tok, NAN, 1,
+                                                         &fr, &kept, 0, msg, sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
+    check_status("filter: ld < V", fg_cuda_filter_rows(&f, FG_DTYPE_BF16, 1, 4, 3, &tok, 1e-5, 1,
+                                                      &fr, &kept, 0, msg, sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
+    check_status("filter: no row", fg_cuda_filter_rows(&f, FG_DTYPE_F32, 0, 1, 1, &tok, 1e-5, 1,
+                                                      &fr, &kept, 0, msg, sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
+    check_status("filter: unknown dtype",
+                 fg_cuda_filter_rows(&f, (fg_dtype)7, 1, 1, 1, &tok, 1e-5, 1, &fr, &kept, 0, msg,
+                                     sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
 }
 
 /* ---- row kernels ---------------------------------------------------------------- */

@@ -28,11 +28,13 @@
  *     summed over the shards, each shard's grad_weight and grad_bias rows
  *     (float32 gradients, the tolerances below), the GEMM phases at the
  *     fused tests' budget.
- *   - The backend's ops one by one (backend.h, ABI 4) against the reference
+ *   - The backend's ops one by one (backend.h, ABI 5) against the reference
  *     backend (see "the backend's ops" below): the ops table, supports and
  *     chunk_scratch, logits, stats and row_check, shard_stats, dhidden,
  *     put_grad_hidden, grads' `first` on gw_sum, the bias sums' bits in
- *     chunks of 7 rows and of all rows, finish's grad_bias = gb_sum.
+ *     chunks of 7 rows and of all rows, finish's grad_bias = gb_sum; filter
+ *     (the same dlogits bits and kept count as the reference's, kept and
+ *     dense chunks); derivs against the host's loss math (within 2 ulp).
  *   - Refusals: an unmasked token id = V (FG_ERR_TOKEN_OUT_OF_RANGE) and a
  *     NaN in an unmasked hidden row (FG_ERR_NONFINITE_INPUT), fused and
  *     materialized, accumulating or not: the same status as the CPU and every
@@ -72,8 +74,12 @@
 #include <vector>
 
 #include "backend.h"
+#include "chunk_ops.h"
 #include "fusedgrpo.h"
 #include "shard_stats.h"
+extern "C" {
+#include "loss_math.h" /* a C header without its own extern "C" */
+}
 
 /* The CUDA backend's entry point (libfusedgrpo_cuda.so, linked for the ops
  * tests below; the core opens the same library at run time). */
@@ -1037,7 +1043,7 @@ static void test_refusals(const Contexts &cx, Problem &p, DeviceProblem &d, size
 /* The CUDA backend (libfusedgrpo_cuda.so, linked) and the reference
  * (backend_reference.c, in the static core) run the same ops on the same
  * inputs, each in its own memory, every byte through the ops' own alloc /
- * to_device / to_host. Checked: the ops table of ABI 4; supports and
+ * to_device / to_host. Checked: the ops table of ABI 5; supports and
  * chunk_scratch on the call the one driver sends (and their refusals: no
  * mask with grad_hidden or one in host memory, chunks of no row or over the
  * row kernels' launch, dlogits of another dtype); logits, stats and row_check; shard_stats (by
@@ -1045,7 +1051,8 @@ static void test_refusals(const Contexts &cx, Problem &p, DeviceProblem &d, size
  * grads obeying `first` on gw_sum at r0 == 0 (both ways), later, and in
  * place; the bias sums' bits the same in chunks of 7 rows as in one chunk
  * (and those of a host sum of every row in order); finish storing
- * grad_bias = gb_sum without adding the caller's values. */
+ * grad_bias = gb_sum without adding the caller's values; filter and derivs
+ * (see their tests). */
 
 struct Side {
     const char *name;
@@ -1220,7 +1227,7 @@ static std::vector<double> as_doubles(const std::vector<float> &v)
     return std::vector<double>(v.begin(), v.end());
 }
 
-/* The ops table of ABI 4, supports and chunk_scratch. */
+/* The ops table of ABI 5, supports and chunk_scratch. */
 static void test_ops_table(Side &cu, const fg_backend_call &c, const uint8_t *host_mask)
 {
     const fg_backend_ops *o = cu.dev.ops;
@@ -1232,10 +1239,10 @@ static void test_ops_table(Side &cu, const fg_backend_call &c, const uint8_t *ho
     check_true("cuda ops: compute_dtype is the inputs' dtype",
                o->compute_dtype && o->compute_dtype(cu.dev.state, FG_DTYPE_F32) == FG_DTYPE_F32 &&
                    o->compute_dtype(cu.dev.state, FG_DTYPE_BF16) == FG_DTYPE_BF16);
-    check_true("cuda ops: shard_stats, dhidden, put_grad_hidden; no stats_backward, filter, "
-               "chunk_slow",
-               o->shard_stats && o->dhidden && o->put_grad_hidden && !o->stats_backward &&
-                   !o->filter && !o->chunk_slow && o->chunk_scratch);
+    check_true("cuda ops: shard_stats, dhidden, put_grad_hidden, derivs, filter; no "
+               "stats_backward, chunk_slow",
+               o->shard_stats && o->dhidden && o->put_grad_hidden && o->derivs && o->filter &&
+                   !o->stats_backward && !o->chunk_slow && o->chunk_scratch);
     char msg[512] = "", what[300];
     fg_status st = o->supports(cu.dev.state, &c, msg, sizeof msg);
     snprintf(what, sizeof what, "supports: the call as planned (%s): %s", dname(c.in_t), msg);
@@ -1247,6 +1254,20 @@ static void test_ops_table(Side &cu, const fg_backend_call &c, const uint8_t *ho
     st = o->chunk_scratch(cu.dev.state, &c, (int64_t)INT_MAX + 1, 1, &bytes, msg, sizeof msg);
     check_true("chunk_scratch: refuses chunks over the row kernels' launch",
                st == FG_ERR_UNSUPPORTED);
+    {
+        fg_backend_call f = c;
+        f.filter_eps = 1e-5;
+        f.kept_cap = V / 8;
+        bytes = 0;
+        st = o->chunk_scratch(cu.dev.state, &f, 5, c.chunk_rows, &bytes, msg, sizeof msg);
+        snprintf(what, sizeof what, "chunk_scratch with filtering: the filter's row scratch "
+                 "for the larger chunk (%zu bytes for %lld rows)", bytes, (long long)c.chunk_rows);
+        check_true(what, st == FG_OK &&
+                             bytes == (size_t)c.chunk_rows * sizeof(fg_cuda_filter_row));
+        st = o->supports(cu.dev.state, &f, msg, sizeof msg);
+        snprintf(what, sizeof what, "supports takes filter_eps > 0: %s", msg);
+        check_true(what, st == FG_OK);
+    }
     struct Bad {
         const char *what;
         fg_backend_call c;
@@ -1355,6 +1376,318 @@ static void test_shard_stats(Side &cu, Side &ref, const fg_backend_call &C,
     check_true(what, exact);
     check_true("shard_stats: some slots written", !got.empty());
     close_all("shard_stats: own sum and dot vs the reference", got, want, tol);
+}
+
+/* ---- filter ------------------------------------------------------------------------- */
+
+/* Gradient filtering (docs/LOSS_SPEC.md) on the host, as ref_filter states
+ * it: row i keeps v where |d| > (float)(eps · (double)max |d|) (NaN never
+ * kept nor the max) or v is its target; the kept count of each row of
+ * d [m, V]. */
+static std::vector<int64_t> host_kept(const std::vector<unsigned char> &d, fg_dtype t, int64_t m,
+                                      const int64_t *tg, double eps,
+                                      std::vector<unsigned char> *keep)
+{
+    std::vector<int64_t> count((size_t)m, 0);
+    keep->assign((size_t)m * V, 0);
+    for (int64_t i = 0; i < m; i++) {
+        float top = 0.0f;
+        for (int64_t v = 0; v < V; v++) {
+            const float a = fabsf((float)load(d, t, (size_t)(i * V + v)));
+            top = a > top ? a : top;
+        }
+        const float thr = (float)(eps * (double)top);
+        for (int64_t v = 0; v < V; v++) {
+            const bool k = fabsf((float)load(d, t, (size_t)(i * V + v))) > thr || v == tg[i];
+            (*keep)[(size_t)(i * V + v)] = k;
+            count[(size_t)i] += k;
+        }
+    }
+    return count;
+}
+
+/* filter on both backends from the same dlogits [m, V] of chunk rows
+ * [r0, r0 + m): magnitudes log-uniform over 8 decades with random signs, and
+ * rows of one kind each: a huge entry (the row keeps it and its target), all
+ * zeros (its target alone), a NaN (never kept, never the max), entries at
+ * the threshold and one bf16 step above it, a tiny target entry, another
+ * shard's target (tg 4 and 30 lie outside [0, V)). eps = 2^-10, so that a
+ * row whose max is 1 has a threshold both dtypes hold exactly. At
+ * kept_cap = the largest row count (every row within it: dropped entries
+ * zeroed) and one less (the chunk runs dense: dlogits untouched, m · V
+ * counted): the CUDA dlogits bits, the reference's and the host's rule the
+ * same, kept_count the same (and added to, from 1000). The CUDA call gets
+ * no kept_idx / kept_nnz / kept_tgt: its scratch is chunk_scratch's. */
+static void test_filter(Side &cu, Side &ref, const fg_backend_call &C, const fg_backend_call &R,
+                        const std::vector<int64_t> &tg, fg_dtype dtype)
+{
+    const int64_t n = C.n_active;
+    const size_t es = dsize(dtype);
+    const double eps = 0x1p-10;
+    char msg[512] = "", what[300];
+    /* The CUDA side's scratch, as chunk_scratch asks; the reference's kept ids. */
+    fg_backend_call fc = C, fr = R;
+    fc.filter_eps = fr.filter_eps = eps;
+    size_t scratch = 0;
+    fg_status st = cu.dev.ops->chunk_scratch(cu.dev.state, &fc, n, n, &scratch, msg, sizeof msg);
+    if (st != FG_OK)
+        side_die(cu, "chunk_scratch with filtering", st, msg);
+    fc.scratch = side_alloc(cu, scratch);
+    fc.kept_count = static_cast<int64_t *>(side_alloc(cu, sizeof(int64_t)));
+    fr.kept_idx = static_cast<int32_t *>(side_alloc(ref, (size_t)n * V * sizeof(int32_t)));
+    fr.kept_nnz = static_cast<int32_t *>(side_alloc(ref, (size_t)n * sizeof(int32_t)));
+    fr.kept_tgt = static_cast<int64_t *>(side_alloc(ref, (size_t)n * sizeof(int64_t)));
+    fr.kept_count = static_cast<int64_t *>(side_alloc(ref, sizeof(int64_t)));
+
+    const int64_t m = 37, starts[2] = {0, 30};
+    for (int64_t r0 : starts) {
+        rng_state = 555 + (uint64_t)r0;
+        std::vector<unsigned char> D((size_t)m * V * es);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t v = 0; v < V; v++) {
+                const double mag = pow(10.0, -8.0 * uniform());
+                store(D, dtype, (size_t)(i * V + v), uniform() < 0.5 ? -mag : mag);
+            }
+        const int64_t *t = &tg[(size_t)r0];
+        for (int64_t i = 3; i < m; i += 7) /* a huge entry: a few kept */
+            store(D, dtype, (size_t)(i * V + (i * 131) % V), -1e4);
+        for (int64_t v = 0; v < V; v++) /* row 5: zeros, its target alone */
+            store(D, dtype, (size_t)(5 * V + v), 0.0);
+        store(D, dtype, (size_t)(8 * V + 17), NAN);
+        store(D, dtype, (size_t)(9 * V + 0), 1.0); /* row 9: max 1, threshold 2^-10 */
+        store(D, dtype, (size_t)(9 * V + 1), 0x1p-10);
+        store(D, dtype, (size_t)(9 * V + 2), -0x1p-10 * (1 + 0x1p-7));
+        if (t[11] >= 0 && t[11] < V)
+            store(D, dtype, (size_t)(11 * V + t[11]), 1e-30);
+        std::vector<unsigned char> keep;
+        const std::vector<int64_t> count = host_kept(D, dtype, m, t, eps, &keep);
+        const int64_t most = *std::max_element(count.begin(), count.end());
+        int64_t total = 0, fewest = V;
+        for (int64_t k : count) {
+            total += k;
+            fewest = std::min(fewest, k);
+        }
+        for (int over = 0; over < 2; over++) {
+            const int64_t cap = over ? most - 1 : most;
+            fc.kept_cap = fr.kept_cap = cap;
+            const int64_t seed = 1000;
+            side_put(cu, fc.kept_count, &seed, sizeof seed);
+            side_put(ref, fr.kept_count, &seed, sizeof seed);
+            side_put(cu, fc.dlogits, D.data(), D.size());
+            side_put(ref, fr.dlogits, D.data(), D.size());
+            OP(cu, filter, "filter", &fc, r0, m);
+            OP(ref, filter, "filter", &fr, r0, m);
+            typedef std::vector<unsigned char> Bytes;
+            const Bytes dc = side_read<unsigned char>(cu, fc.dlogits, D.size()),
+                        dr = side_read<unsigned char>(ref, fr.dlogits, D.size());
+            const int64_t kc = side_read<int64_t>(cu, fc.kept_count, 1)[0],
+                          kr = side_read<int64_t>(ref, fr.kept_count, 1)[0];
+            std::vector<unsigned char> want = D; /* dense: untouched */
+            if (!over)
+                for (size_t k = 0; k < keep.size(); k++)
+                    if (!keep[k])
+                        store(want, dtype, k, 0.0);
+            size_t differ = 0;
+            for (size_t k = 0; k < keep.size(); k++)
+                differ += memcmp(&dc[k * es], &want[k * es], es) != 0;
+            const int64_t kw = seed + (over ? m * V : total);
+            snprintf(what, sizeof what,
+                     "filter %s, rows %lld+%lld, kept_cap %lld (%s): %lld of %lld entries kept "
+                     "(rows keep %lld to %lld); dlogits the reference's bits and the rule's "
+                     "(%zu differ); kept_count cuda %lld, reference %lld, want %lld",
+                     dname(dtype), (long long)r0, (long long)m, (long long)cap,
+                     over ? "a row over it: dense" : "every row within it", (long long)total,
+                     (long long)(m * V), (long long)fewest, (long long)most, differ,
+                     (long long)kc, (long long)kr, (long long)kw);
+            check_true(what, dc == dr && dc == want && kc == kw && kr == kw);
+        }
+    }
+    /* No scratch: refused by a status, never a fault. */
+    fg_backend_call bad = fc;
+    bad.scratch = NULL;
+    st = cu.dev.ops->filter(cu.dev.state, &bad, 0, m, msg, sizeof msg);
+    snprintf(what, sizeof what, "filter refuses a call without its scratch: %s: %s",
+             fg_status_name(st), msg);
+    check_true(what, st == FG_ERR_NULL_ARGUMENT);
+}
+
+/* ---- derivs --------------------------------------------------------------------------- */
+
+/* A float's place on the number line (+0 and -0 both 0): ulps apart is the
+ * difference of two places. */
+static int64_t float_place(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (u & 0x80000000u) ? -(int64_t)(u & 0x7fffffffu) : (int64_t)u;
+}
+
+static int64_t ulps_apart(float a, float b)
+{
+    if (isnan(a) || isnan(b))
+        return isnan(a) && isnan(b) ? 0 : INT64_MAX;
+    const int64_t d = float_place(a) - float_place(b);
+    return d < 0 ? -d : d;
+}
+
+/* A host array's copy in the backend's memory, NULL for NULL. */
+template <typename T> static const T *side_copy_of(Side &s, const T *host, size_t n)
+{
+    if (!host)
+        return NULL;
+    return side_copy(s, std::vector<T>(host, host + n));
+}
+
+/* derivs against the host's loss math: a plan built on the host
+ * (fg_loss_plan_init, fg_loss_prepare where the loss needs every token
+ * first) from random log-probs and entropies, its arrays copied to the
+ * device, g and e of every unmasked token in two chunks whose logp /
+ * entropy / g / e pointers are slices of [n_active] arrays (the driver's
+ * layout), against fg_loss_dlogp / fg_loss_dentropy: within 2 ulp (the
+ * device's double exp may differ from glibc's in its last bit; the file is
+ * compiled without FMA contraction, loss_derivs.h). Every loss with
+ * beta = 0.04 (config()), the sequence level, the bias-corrected KL with
+ * delta and a per-sequence is_ratio, the entropy quantile and the
+ * off-policy mask (prepared), and a caller's own derivatives. */
+static void test_derivs(Side &cu, const fg_backend_call &C, const Problem &p,
+                        const std::vector<int64_t> &rows)
+{
+    const int64_t n = (int64_t)rows.size();
+    rng_state = 8080;
+    std::vector<float> logp(N, 0.0f), entropy(N, 0.0f), old(N, -1e30f), refl(N, -1e30f),
+        isr(N, 1e30f), isr_seq(B), ext_g(N), ext_e(N);
+    for (int64_t k = 0; k < N; k++) {
+        ext_g[k] = (float)normal();
+        ext_e[k] = (float)(0.1 * normal());
+        if (!p.mask[k])
+            continue;
+        logp[k] = (float)(-0.05 - 6.0 * uniform());
+        entropy[k] = (float)(3.0 * uniform());
+        old[k] = logp[k] + (float)(0.25 * normal());
+        refl[k] = logp[k] + (float)(0.3 * normal());
+        isr[k] = (float)(0.5 + uniform());
+    }
+    for (float &x : isr_seq)
+        x = (float)(0.5 + uniform());
+    struct Case {
+        const char *what;
+        int loss, level;
+        bool bias_corr_delta_seq_isr, quantile_offpolicy, external;
+    };
+    const Case cases[] = {
+        {"grpo", FG_LOSS_GRPO, FG_LEVEL_TOKEN, false, false, false},
+        {"dapo", FG_LOSS_DAPO, FG_LEVEL_TOKEN, false, false, false},
+        {"cispo", FG_LOSS_CISPO, FG_LEVEL_TOKEN, false, false, false},
+        {"sapo", FG_LOSS_SAPO, FG_LEVEL_TOKEN, false, false, false},
+        {"vespo (prepared)", FG_LOSS_VESPO, FG_LEVEL_TOKEN, false, false, false},
+        {"grpo, sequence level (prepared)", FG_LOSS_GRPO, FG_LEVEL_SEQUENCE, false, false, false},
+        {"dapo, bias-corrected KL, delta 1.3, per-sequence is_ratio", FG_LOSS_DAPO,
+         FG_LEVEL_TOKEN, true, false, false},
+        {"grpo, entropy quantile 0.8, off-policy mask 0.5 (prepared)", FG_LOSS_GRPO,
+         FG_LEVEL_TOKEN, false, true, false},
+        {"a caller's own derivatives (external plan)", FG_LOSS_GRPO, FG_LEVEL_TOKEN, false,
+         false, true},
+    };
+    /* The chunk's arrays: slices of [n] arrays, as the driver hands them. */
+    std::vector<float> lp_act(n), ent_act(n);
+    for (int64_t k = 0; k < n; k++) {
+        lp_act[k] = logp[rows[k]];
+        ent_act[k] = entropy[rows[k]];
+    }
+    float *dlp = side_copy(cu, lp_act), *dent = side_copy(cu, ent_act);
+    float *dg = static_cast<float *>(side_alloc(cu, (size_t)n * 4)),
+          *de = static_cast<float *>(side_alloc(cu, (size_t)n * 4));
+    for (const Case &k : cases) {
+        fg_loss_config cfg = config(k.loss, k.level);
+        fg_batch b;
+        memset(&b, 0, sizeof b);
+        b.batch = B;
+        b.seq_len = T;
+        b.token_ids = p.tokens.data();
+        b.mask = p.mask.data();
+        b.advantages = p.adv.data();
+        b.old_logp = old.data();
+        b.ref_logp = refl.data();
+        b.is_ratio = isr.data();
+        if (k.bias_corr_delta_seq_isr) {
+            cfg.use_bias_correction_kl = 1;
+            cfg.delta = 1.3;
+            b.is_ratio = isr_seq.data();
+            b.is_ratio_per_sequence = 1;
+        }
+        if (k.quantile_offpolicy) {
+            cfg.top_entropy_quantile = 0.8;
+            cfg.off_policy_mask_threshold = 0.5;
+        }
+        std::vector<double> scr((size_t)fg_loss_plan_scratch_doubles(B));
+        std::vector<float> sort_scratch(N);
+        fg_loss_plan plan;
+        if (k.external) {
+            fg_loss_plan_init_external(&plan, &b, ext_g.data(), ext_e.data());
+        } else {
+            fg_loss_plan_init(&plan, &cfg, &b, scr.data());
+            if (fg_loss_needs_all_tokens(&plan))
+                fg_loss_prepare(&plan, logp.data(), entropy.data(), sort_scratch.data());
+        }
+        /* The plan's arrays in device memory; its scalars as they are. */
+        fg_loss_plan dp = plan;
+        dp.token_ids = side_copy_of(cu, plan.token_ids, N);
+        dp.mask = side_copy_of(cu, plan.mask, N);
+        dp.adv = side_copy_of(cu, plan.adv, plan.external ? 0 : B);
+        dp.old = side_copy_of(cu, plan.old, N);
+        dp.ref = side_copy_of(cu, plan.ref, N);
+        dp.is_ratio = side_copy_of(cu, plan.is_ratio, plan.is_per_seq ? B : N);
+        dp.sampling = side_copy_of(cu, plan.sampling, N);
+        dp.ext_dlogp = side_copy_of(cu, plan.ext_dlogp, N);
+        dp.ext_dentropy = side_copy_of(cu, plan.ext_dentropy, N);
+        if (!plan.external) {
+            double *ds = const_cast<double *>(side_copy_of(cu, scr.data(), scr.size()));
+            double **fields[6] = {&dp.seq_weight, &dp.seq_count, &dp.seq_log_ratio,
+                                  &dp.seq_dratio, &dp.seq_keep, &dp.seq_phi};
+            for (double **f : fields)
+                *f = ds + (*f - scr.data());
+        }
+        const std::vector<float> sentinel((size_t)n, 1234.5f);
+        side_put(cu, dg, sentinel.data(), (size_t)n * 4);
+        side_put(cu, de, sentinel.data(), (size_t)n * 4);
+        const int64_t cut = 30, chunks[2][2] = {{0, cut}, {cut, n - cut}};
+        bool slice_only = true;
+        for (const auto &ch : chunks) {
+            fg_backend_call c = C;
+            c.logp = dlp + ch[0];
+            c.entropy = dent + ch[0];
+            c.g = dg + ch[0];
+            c.e = de + ch[0];
+            OP(cu, derivs, "derivs", &c, ch[0], ch[1], &dp);
+            if (ch[0] == 0) { /* the second chunk's slots untouched */
+                const std::vector<float> g1 = side_read<float>(cu, dg, (size_t)n);
+                slice_only = std::equal(g1.begin() + cut, g1.end(), sentinel.begin() + cut);
+            }
+        }
+        const std::vector<float> g = side_read<float>(cu, dg, (size_t)n),
+                                 e = side_read<float>(cu, de, (size_t)n);
+        int64_t worst_g = 0, worst_e = 0, differ = 0, at = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t t = rows[(size_t)i];
+            const float wg = fg_loss_dlogp(&plan, t, logp[t], entropy[t]),
+                        we = fg_loss_dentropy(&plan, t, entropy[t]);
+            const int64_t ug = ulps_apart(g[i], wg), ue = ulps_apart(e[i], we);
+            differ += ug != 0 || ue != 0;
+            if (ug > worst_g)
+                at = i;
+            worst_g = std::max(worst_g, ug);
+            worst_e = std::max(worst_e, ue);
+        }
+        char what[400];
+        snprintf(what, sizeof what,
+                 "derivs, %s: g within %lld ulp (worst at row %lld: %.9g), e within %lld ulp "
+                 "of the host's (%lld of %lld tokens differ at all); two chunks, each "
+                 "writing its own slice%s",
+                 k.what, (long long)worst_g, (long long)at,
+                 (double)g[(size_t)at], (long long)worst_e, (long long)differ,
+                 (long long)n, slice_only ? "" : " (FAILED: wrote outside its slice)");
+        check_true(what, worst_g <= 2 && worst_e <= 2 && slice_only);
+    }
 }
 
 static void test_backend_ops(fg_dtype dtype)
@@ -1573,6 +1906,9 @@ static void test_backend_ops(fg_dtype dtype)
         check_true("finish: grad_bias = gb_sum, rounded once, the caller's values not added",
                    gb == want);
     }
+    test_filter(cu, ref, C, R, tg, dtype);
+    if (dtype == FG_DTYPE_F32) /* derivs reads no dtype: once */
+        test_derivs(cu, C, p, rows);
     side_close(cu);
     side_close(ref);
 }

@@ -58,7 +58,15 @@
  *     token could still be refused: see fg_linear_outputs.accumulate), with
  *     one exception: on FG_ERR_OVERFLOW found in a later chunk of an
  *     fg_linear_grpo call that walks several chunks, grad_hidden, and
- *     grad_weight unless the call accumulates, may hold partial results. With
+ *     grad_weight unless the call accumulates, may hold partial results. On
+ *     a device backend (FG_BACKEND_CUDA) a call no later check can refuse
+ *     runs its chunks with no host wait between them: a loss that reads
+ *     every token's log-prob first checks them all between its two sweeps;
+ *     on scanned inputs, a token-level loss without the KL whose
+ *     derivatives the inputs bound, and the head's calls, check every token
+ *     once, after the chunks: there only a backend fault (a statistic the
+ *     backend got wrong) can be refused, with the same status and message,
+ *     after gradients were written. With
  *     the finite check off (fg_context_set_check_finite) the pass over the
  *     inputs, bounds included, is skipped: non-finite statistics found during
  *     the call are then FG_ERR_NONFINITE_INPUT ("the finite check was off").
@@ -535,7 +543,8 @@ typedef struct fg_linear_plan_info {
                                   [B, T] arrays and loss scratch                      */
     size_t chunk_bytes;        /* one chunk's logits, dlogits, hidden and grad rows     */
     size_t gemm_scratch_bytes; /* the backend's chunk scratch: oneDNN scratchpads (and
-                                  converted weight tiles) on the CPU, 0 on CUDA      */
+                                  converted weight tiles) on the CPU; on CUDA 0, or
+                                  8 bytes a row with filter_eps (the filter's)      */
     size_t min_budget_bytes;   /* fused: smallest budget that runs; materialized: 0     */
     fg_dtype gemm_dtype;       /* what the GEMMs multiply for bf16 inputs: FG_DTYPE_BF16
                                   where this CPU has bf16 kernels (dlogits are then

@@ -13,9 +13,10 @@
 #    and the standalone steps still run.
 # 3. Correctness first, so that its results survive a cut-off: test_cuda
 #    (then again under compute-sanitizer's memcheck when it is installed),
-#    test_cuda_api, the C API's CUDA path against its CPU path
-#    (FUSEDGRPO_CUDA_LIBRARY = the built libfusedgrpo_cuda.so; under memcheck
-#    too), then the Python GPU tests: tests/python/test_device_backends.py
+#    test_cuda_api, the C API's CUDA path against its CPU path and the
+#    backend's ops against the reference backend, the filter and derivs ops
+#    included (FUSEDGRPO_CUDA_LIBRARY = the built libfusedgrpo_cuda.so; under
+#    memcheck too), then the Python GPU tests: tests/python/test_device_backends.py
 #    (the torch op on CUDA tensors against the CPU op), then
 #    tests/python/test_trl_gpu.py (fusedgrpo.trl.FusedGRPOTrainer against
 #    trl.GRPOTrainer with the model on the GPU), then
@@ -27,8 +28,9 @@
 #    .gpu-carry/wheels, placed after the machine's own (prepare_python).
 # 4. The benchmarks (sources in bench/cuda/; FG_GPU_SKIP_BENCH=1 leaves them
 #    out): bench_cuda_api (the C API's fused step at budgets 512 MiB to
-#    3 GiB against the bare products and the materialized path, T = 8192 and
-#    32768), the peers'
+#    3 GiB, dense and with gradient filtering at its auto threshold, against
+#    the bare products and the materialized path, T = 8192 and 32768), the
+#    peers'
 #    benchmark when bench/peers/gpu_peers.sh exists (FG_GPU_PEERS_LIMIT
 #    seconds, default 240; FG_PEERS_TOKENS, say 32768, runs only those T,
 #    comma-separated; FG_PEERS_TIMEOUT seconds a peer, default 60), then

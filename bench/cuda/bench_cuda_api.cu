@@ -23,6 +23,18 @@
  *                     whether a bf16 grad_weight is summed in float32); a
  *                     budget the plan refuses is a row with its message; once
  *                     more at the largest budget with float32 gradients;
+ *   (b') filtered     the same fused step at each budget with gradient
+ *                     filtering at its "auto" threshold (filter_eps =
+ *                     FG_FILTER_EPS_AUTO: 1e-5 for bf16 inputs): the dropped
+ *                     entries of each chunk's dlogits zeroed on the device,
+ *                     the products dense over them; each row also reports the
+ *                     fraction of dlogits entries kept (fg_memory_stats:
+ *                     dlogits_kept / dlogits_entries of the last call; 1 for
+ *                     a chunk some row of which keeps over V/8). The loss is
+ *                     the dense rows' (filtering changes the two gradient
+ *                     products only). A backend or driver that refuses
+ *                     filtering gives rows with its message. --no-filter
+ *                     skips them;
  *   (c) materialized  FG_IMPL_MATERIALIZED on the same context (whole [N, V]
  *                     logits and dlogits), unless cudaMemGetInfo says its
  *                     working memory cannot fit;
@@ -61,7 +73,7 @@
  *           after its last (the workspace the context keeps for reuse).
  *
  * usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]]
- *                       [--reps R] [--quick] [--no-f32]
+ *                       [--reps R] [--quick] [--no-f32] [--no-filter]
  * Budgets: a number of MiB, or with a K/M/G suffix (binary). Writes
  * DIR/bench_api.json and DIR/bench_api.txt (a markdown table with the
  * command line and the GPU on top). Exit 77 ("skipped: <reason>") without a
@@ -103,6 +115,7 @@ struct Options {
     int reps = 7;
     bool quick = false;
     bool f32 = true; /* the f32-input section at the first token count */
+    bool filter = true; /* the filtered fused rows (b') */
 };
 
 static void usage(const char *why)
@@ -110,10 +123,11 @@ static void usage(const char *why)
     fprintf(stderr,
             "bench_cuda_api: %s\n"
             "usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]] "
-            "[--reps R] [--quick] [--no-f32]\n"
+            "[--reps R] [--quick] [--no-f32] [--no-filter]\n"
             "  budgets: MiB, or with a K/M/G suffix (512M,1G); defaults: tokens 8192,32768, "
             "budgets 512M,1G,2G,3G, reps 7\n"
-            "  --no-f32: skip the f32-input rows (otherwise run at the first token count only)\n",
+            "  --no-f32: skip the f32-input rows (otherwise run at the first token count only)\n"
+            "  --no-filter: skip the filtered fused rows (filter_eps auto at each budget)\n",
             why);
     exit(2);
 }
@@ -167,6 +181,8 @@ static Options parse_args(int argc, char **argv)
             o.quick = true;
         } else if (a == "--no-f32") {
             o.f32 = false;
+        } else if (a == "--no-filter") {
+            o.filter = false;
         } else if (a == "--out" && has_value) {
             o.out = argv[++i];
         } else if (a == "--tokens" && has_value) {
@@ -402,6 +418,7 @@ struct Row {
     double working = 0, gemm_scratch = 0, gw_sum = 0; /* the plan's bytes */
     double peak = 0, pool_peak = 0, held = 0;         /* measured bytes */
     double loss = NAN;
+    double kept = NAN; /* library rows: dlogits_kept / dlogits_entries (1: dense) */
 };
 
 struct ShapeResult {
@@ -429,6 +446,16 @@ static std::string budget_name(size_t b)
     return s;
 }
 
+/* A kept fraction as a percentage ("" when unknown). */
+static std::string kept_str(double kept)
+{
+    if (!isfinite(kept))
+        return "";
+    char s[32];
+    snprintf(s, sizeof s, "%.3g%%", 100.0 * kept);
+    return s;
+}
+
 static void print_row(const Row &r)
 {
     if (!r.ran) {
@@ -443,6 +470,8 @@ static void print_row(const Row &r)
         printf("  %lld chunks, peak %s MiB, pool %s MiB, held %s MiB, loss %.6g",
                (long long)r.chunks, mib(r.peak).c_str(), mib(r.pool_peak).c_str(),
                mib(r.held).c_str(), r.loss);
+    if (r.kind == "filtered")
+        printf(", kept %s", kept_str(r.kept).c_str());
     printf("\n");
 }
 
@@ -673,18 +702,29 @@ static void run_floor(const Problem &p, const Reps &rp, ShapeResult &res)
     cublasLtDestroy(lt);
 }
 
-/* (b), (c): one library row; plan first, then the timed calls. */
+/* (b), (b'), (c): one library row; plan first, then the timed calls.
+ * filter_eps: fg_linear_options.filter_eps (0: off; FG_FILTER_EPS_AUTO). */
 static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, size_t budget,
-                            fg_dtype gdt, const Reps &rp, ShapeResult &res)
+                            fg_dtype gdt, const Reps &rp, ShapeResult &res,
+                            double filter_eps = 0.0)
 {
     Row r;
-    r.kind = impl == FG_IMPL_FUSED ? "fused" : "materialized";
+    const bool filtered = filter_eps != 0.0;
+    r.kind = impl != FG_IMPL_FUSED ? "materialized" : filtered ? "filtered" : "fused";
     r.inputs = dtype_str(p.in_t);
     r.budget = impl == FG_IMPL_FUSED ? budget : 0;
     r.grads = dtype_str(gdt);
     r.name = impl == FG_IMPL_FUSED ? "fg_linear_grpo, budget " + budget_name(budget)
                                    : std::string("fg_linear_grpo, materialized");
     r.name += ", " + r.grads + " grads";
+    if (filtered) {
+        char e[64];
+        const double eps =
+            filter_eps == FG_FILTER_EPS_AUTO ? fg_filter_eps_auto(p.in_t) : filter_eps;
+        snprintf(e, sizeof e, ", filtered (eps %s%.3g)",
+                 filter_eps == FG_FILTER_EPS_AUTO ? "auto = " : "", eps);
+        r.name += e;
+    }
 
     const size_t gh_bytes = (size_t)p.N * p.H * dtype_bytes(gdt);
     const size_t gw_bytes = (size_t)p.V * p.H * dtype_bytes(gdt);
@@ -695,7 +735,7 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
         gh = dev_alloc(gh_bytes);
         gw = dev_alloc(gw_bytes);
     }
-    const fg_linear_options opts = {impl, 0, 0.0};
+    const fg_linear_options opts = {impl, 0, filter_eps};
     const fg_loss_config cfg = dapo_config();
     const fg_linear_inputs in = inputs_of(p);
     const fg_batch batch = batch_of(p);
@@ -708,7 +748,7 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
     fg_linear_plan_info plan;
     memset(&plan, 0, sizeof plan);
     const fg_status pst = fg_linear_grpo_plan(ctx, &opts, &cfg, &in, &batch, &out, &exec, &plan);
-    if (pst == FG_ERR_BUDGET_TOO_SMALL) {
+    if (pst == FG_ERR_BUDGET_TOO_SMALL || (filtered && pst == FG_ERR_UNSUPPORTED)) {
         r.note = fg_last_error(ctx);
         printf("plan %s: refused: %s\n", r.name.c_str(), r.note.c_str());
     } else {
@@ -753,6 +793,9 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
             r.chunks = ms.chunks;
             r.chunk_rows = ms.chunk_rows;
             r.loss = loss;
+            r.kept = ms.dlogits_entries > 0
+                         ? (double)ms.dlogits_kept / (double)ms.dlogits_entries
+                         : NAN;
             const double floor_ms =
                 p.in_t == FG_DTYPE_F32 ? res.f32_floor_ms : res.floor_ms;
             r.ratio = floor_ms > 0 ? r.t.median / floor_ms : 0;
@@ -837,6 +880,10 @@ static ShapeResult run_shape(fg_context *ctx, const Options &o, int64_t T, bool 
     run_floor(p, rp, res);
     for (size_t b : o.budgets)
         run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, rp, res);
+    if (o.filter) /* (b'): the same steps with filtering at the auto threshold */
+        for (size_t b : o.budgets)
+            run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, rp, res,
+                            FG_FILTER_EPS_AUTO);
     /* float32 gradients once, at the largest budget that runs. */
     size_t largest = 0;
     for (const Row &r : res.rows)
@@ -926,7 +973,8 @@ static void write_json(const std::string &path, const Options &o, const std::str
                     "\"min_ms\": %s, \"max_ms\": %s, \"ratio_to_floor\": %s, \"chunks\": %lld, "
                     "\"chunk_rows\": %lld, \"working_bytes\": %s, \"gemm_scratch_bytes\": %s, "
                     "\"grad_weight_sum_bytes\": %s, \"peak_bytes\": %s, "
-                    "\"pool_peak_bytes\": %s, \"held_bytes\": %s, \"loss\": %s}%s\n",
+                    "\"pool_peak_bytes\": %s, \"held_bytes\": %s, \"loss\": %s, "
+                    "\"kept_fraction\": %s}%s\n",
                     json_str(r.kind).c_str(), json_str(r.name).c_str(),
                     json_str(r.inputs).c_str(), r.ran ? "true" : "false",
                     json_str(r.note).c_str(), r.budget,
@@ -938,7 +986,7 @@ static void write_json(const std::string &path, const Options &o, const std::str
                     json_num(r.gemm_scratch).c_str(), json_num(r.gw_sum).c_str(),
                     json_num(r.peak).c_str(), json_num(r.pool_peak).c_str(),
                     json_num(r.held).c_str(), json_num(r.loss).c_str(),
-                    i + 1 < sh.rows.size() ? "," : "");
+                    json_num(r.ran ? r.kept : NAN).c_str(), i + 1 < sh.rows.size() ? "," : "");
         }
         fprintf(f, "    ]}%s\n", s + 1 < shapes.size() ? "," : "");
     }
@@ -950,15 +998,15 @@ static void write_json(const std::string &path, const Options &o, const std::str
 static void table_rows(FILE *f, const ShapeResult &sh, const std::string &inputs)
 {
     fprintf(f, "| row | grads | median ms | min | max | x %s floor | chunks x rows | "
-               "working MiB (plan) | peak MiB | pool MiB | held MiB | loss |\n",
+               "working MiB (plan) | peak MiB | pool MiB | held MiB | loss | kept |\n",
             inputs.c_str());
     fprintf(f, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-               "| ---: |\n");
+               "| ---: | ---: |\n");
     for (const Row &r : sh.rows) {
         if (r.inputs != inputs)
             continue;
         if (!r.ran) {
-            fprintf(f, "| %s | %s | skipped: %s | | | | | | | | | |\n", r.name.c_str(),
+            fprintf(f, "| %s | %s | skipped: %s | | | | | | | | | | |\n", r.name.c_str(),
                     r.grads.c_str(), r.note.c_str());
             continue;
         }
@@ -966,12 +1014,12 @@ static void table_rows(FILE *f, const ShapeResult &sh, const std::string &inputs
                 r.t.median, r.t.min, r.t.max,
                 r.ratio > 0 ? (json_num(r.ratio) + "x").c_str() : "");
         if (r.kind == "floor")
-            fprintf(f, " | | | | | |\n");
+            fprintf(f, " | | | | | | |\n");
         else
-            fprintf(f, " %lld x %lld | %s | %s | %s | %s | %.6g |\n", (long long)r.chunks,
+            fprintf(f, " %lld x %lld | %s | %s | %s | %s | %.6g | %s |\n", (long long)r.chunks,
                     (long long)r.chunk_rows, mib(r.working + r.gemm_scratch).c_str(),
                     mib(r.peak).c_str(), mib(r.pool_peak).c_str(), mib(r.held).c_str(),
-                    r.loss);
+                    r.loss, kept_str(r.kept).c_str());
     }
 }
 
@@ -986,8 +1034,17 @@ static void write_table(const std::string &path, const Options &o, const std::st
                "in host wall time per call. The floor is the three bare cuBLASLt products at "
                "full shape with bf16 outputs (all N rows; the library multiplies the unmasked "
                "rows only). peak: fg_memory_stats.peak_bytes; pool: the device memory pool's "
-               "high-water mark; held: cudaMemGetInfo's drop over the row.\n",
+               "high-water mark; held: cudaMemGetInfo's drop over the row; kept: the "
+               "fraction of dlogits entries the backward products used (fg_memory_stats).\n",
             o.reps, WARMUPS);
+    if (o.filter)
+        fprintf(f, "\nfiltered rows: the fused step at each budget with gradient filtering at "
+                   "its auto threshold (filter_eps = FG_FILTER_EPS_AUTO: 1e-5 for bf16): each "
+                   "chunk's dropped dlogits entries zeroed on the device, the products dense "
+                   "over them (docs/LOSS_SPEC.md \"Gradient filtering\"); a chunk some row of "
+                   "which keeps over V/8 entries counts as all kept.\n");
+    else
+        fprintf(f, "\nfiltered rows: skipped (--no-filter).\n");
     if (o.f32)
         fprintf(f, "\nf32 inputs: at the first token count only (T = %lld; larger ones skip "
                    "them to save GPU time), the same hidden and weight draws unrounded in "

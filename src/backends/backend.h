@@ -3,13 +3,15 @@
  * and the chunk work a backend runs there. One driver (linear_grpo.c) walks
  * the chunks over it for every backend and owns everything O(tokens)
  * (validation, the plan, the loss math, the checks, the loss and metrics) on
- * the host; a backend owns everything O(chunk x vocab) and O(vocab x hidden)
- * in its own memory:
+ * the host, but for the per-token derivatives a backend's derivs op may
+ * compute in its memory from the same source (loss_token.h); a backend owns
+ * everything O(chunk x vocab) and O(vocab x hidden) in its own memory:
  *
  *   per chunk of m unmasked tokens (rows [r0, r0 + m) of the active list):
  *     logits    hbuf = hidden[rows]; logits = hbuf · Wᵀ + b          GEMM 1
  *     stats     zmax, lsum, entropy, logp of each row    (reads the logits once)
- *     ── the host reads logp/entropy, runs the loss math, hands back g, e ──
+ *     ── the host reads logp/entropy, runs the loss math, hands back g, e;
+ *        or, where no token can be refused, derivs runs it in place ──
  *     backward  dlogits = d loss/d logits from g, e; bias sums  (reads them once)
  *     grads     grad_hidden[rows] = dlogits · W; grad_weight (+)= dlogitsᵀ · hbuf
  *   once, at the end: finish (grad_weight's float32 sums rounded, grad_bias,
@@ -48,6 +50,8 @@
 extern "C" {
 #endif
 
+struct fg_loss_plan; /* loss_math.h */
+
 /* The version of this interface; a backend library built against another is
  * refused when the context loads it. 2: a target outside [0, V) is another
  * vocab shard's token; the backward adds no one-hot term for it (the phase
@@ -55,8 +59,11 @@ extern "C" {
  * hbuf in dlogit_t. 4: one driver for every backend: caps, compute_dtype,
  * chunk_scratch, the chunk-shaping facts, workers / hook / filtering in the
  * call, gb_sum always seeded by the driver, one row_check int, filter's
- * kept count. */
-#define FG_BACKEND_ABI 4
+ * kept count. 5: derivs (the loss's g and e in the backend's memory); on a
+ * backend that is not FG_BACKEND_HOST_MEMORY the row statistics and
+ * row_check are the chunk's slice of per-token arrays;
+ * FG_BACKEND_FILTER_IN_PLACE. */
+#define FG_BACKEND_ABI 5
 
 /* Capabilities (fg_backend_ops.caps). */
 enum {
@@ -70,7 +77,11 @@ enum {
      * chunk's size and the row's place in it. */
     FG_BACKEND_FIXED_ROW_BITS = 1u << 2,
     /* Every result has the same bits for any thread count. */
-    FG_BACKEND_THREAD_INVARIANT = 1u << 3
+    FG_BACKEND_THREAD_INVARIANT = 1u << 3,
+    /* filter keeps its entries in dlogits itself (the dropped ones zeroed,
+     * its scratch from chunk_scratch): the driver carves no kept_*
+     * workspace but kept_count (CUDA). */
+    FG_BACKEND_FILTER_IN_PLACE = 1u << 4
 };
 
 /* row_check's "no bad row": 0x7f in every byte, what a byte fill can give. */
@@ -120,7 +131,11 @@ typedef struct fg_backend_call {
     void *dlogits;              /* [chunk_rows, V] of dlogit_t (may be logits)    */
     void *hbuf;                 /* [chunk_rows, H] of dlogit_t: the gathered rows */
     float *ghbuf;               /* [chunk_rows, H]: a chunk's grad_hidden rows    */
-    float *zmax, *lsum, *entropy, *logp; /* [chunk_rows] row statistics           */
+    float *zmax, *lsum, *entropy, *logp; /* [chunk_rows] row statistics (on a backend
+                                   that is not HOST_MEMORY: the chunk's slice of
+                                   [n_active] arrays, which the driver reads once
+                                   after the chunks when it needs no host wait
+                                   per chunk)                                   */
     float *g, *e;               /* [chunk_rows] d loss/d logp, d loss/d entropy   */
     float *gw_sum;              /* [V, H] float32 sums of a bf16 grad_weight over
                                    the chunks, or NULL (summed in place)        */
@@ -132,10 +147,13 @@ typedef struct fg_backend_call {
     void *scratch;              /* chunk_scratch's bytes                          */
     int *row_check;             /* 1 int: the stats op's lowest chunk row whose
                                    target is outside [0, V), FG_BACKEND_ROW_NONE
-                                   when none; reset by the driver before each
-                                   chunk's stats and read after them          */
+                                   when none; set to it by the driver before the
+                                   chunk's stats (a slot of its own per chunk
+                                   on a backend that is not HOST_MEMORY) and
+                                   read after them                            */
     /* Gradient filtering's workspace (filter_eps > 0): [chunk_rows, kept_cap]
-     * kept column ids, [chunk_rows] counts and targets (grad_filter.h), and
+     * kept column ids, [chunk_rows] counts and targets (grad_filter.h; NULL
+     * on a FG_BACKEND_FILTER_IN_PLACE backend), and
      * kept_count [1]: the entries the backward products used, which filter
      * adds to chunk by chunk (m * V for a chunk that runs dense); the driver
      * zeroes it before the chunks and reads it once, at the end, so that
@@ -265,12 +283,24 @@ typedef struct fg_backend_ops {
     fg_status (*put_grad_hidden)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
                                  char *msg, size_t msg_size);
     /* Gradient filtering (docs/LOSS_SPEC.md), after backward, with
-     * c->filter_eps > 0: each row's kept entries of dlogits into the kept_*
-     * workspace; where every row keeps few enough, the chunk's dhidden and
-     * grads run as sparse products over them; the entries they use added to
-     * *c->kept_count. Needed by filter_eps. */
+     * c->filter_eps > 0: each row's kept entries of dlogits (the CPU: into
+     * the kept_* workspace; a backend whose products stay dense: the dropped
+     * entries zeroed in dlogits); where every row keeps few enough, the
+     * chunk's dhidden and grads run over the kept entries only; the entries
+     * they use added to *c->kept_count (m * V for a chunk left dense), on
+     * the backend, with no host wait. Needed by filter_eps. */
     fg_status (*filter)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                         size_t msg_size);
+    /* The loss's derivatives in the backend's memory, after stats: c->g[i]
+     * and c->e[i] of the chunk's rows (token n = c->rows[r0 + i]) from
+     * c->logp[i] and c->entropy[i], through loss_token.h's
+     * fg_token_dlogp / fg_token_dentropy on `plan`, whose arrays (the
+     * batch's advantages, log-probs and ratios, the caller's derivatives,
+     * the per-sequence constants) are in the backend's memory. With it the
+     * driver runs a call whose tokens cannot be refused with no host wait
+     * between its chunks. */
+    fg_status (*derivs)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                        const struct fg_loss_plan *plan, char *msg, size_t msg_size);
 } fg_backend_ops;
 
 /* A backend instance: its ops and its state. */
@@ -286,8 +316,10 @@ typedef fg_status (*fg_backend_create_fn)(void *stream, fg_device *out, char *ms
                                           size_t msg_size);
 #define FG_BACKEND_ENTRY "fg_backend_cuda_create"
 
-/* The reference backend (backend_reference.c). */
+/* The reference backend (backend_reference.c), and the host synchronisations
+ * (waits and copies) the driver has asked of it in this process, for tests. */
 fg_status fg_backend_reference_create(void *stream, fg_device *out, char *msg, size_t msg_size);
+long fg_backend_reference_syncs(void);
 
 #ifdef __cplusplus
 }

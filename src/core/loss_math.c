@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "loss_math.h"
+#include "loss_token.h"
 
 /* log(1e-8): vespo's lower clamp of log-weights (TRL's get_gamma_weights). */
 #define VESPO_LOG_MIN (-18.420680743952367)
@@ -16,6 +17,17 @@ static int clipped_type(fg_loss_type t)
 }
 
 static double clampd(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+void fg_loss_plan_place(fg_loss_plan *p, double *scratch)
+{
+    const int64_t B = p->B;
+    p->seq_weight = scratch;
+    p->seq_count = scratch + B;
+    p->seq_log_ratio = scratch + 2 * B;
+    p->seq_dratio = scratch + 3 * B;
+    p->seq_keep = scratch + 4 * B;
+    p->seq_phi = scratch + 5 * B;
+}
 
 void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batch *batch,
                        double *scratch)
@@ -49,12 +61,7 @@ void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batc
     p->sampling = batch->sampling_logp;
 
     const int64_t B = p->B, T = p->T;
-    p->seq_weight = scratch;
-    p->seq_count = scratch + B;
-    p->seq_log_ratio = scratch + 2 * B;
-    p->seq_dratio = scratch + 3 * B;
-    p->seq_keep = scratch + 4 * B;
-    p->seq_phi = scratch + 5 * B;
+    fg_loss_plan_place(p, scratch);
 
     double total = 0;
     for (int64_t b = 0; b < B; b++) {
@@ -121,112 +128,11 @@ int fg_loss_needs_all_tokens(const fg_loss_plan *p)
            (off_policy && (p->sampling || p->old)) || p->top_entropy_quantile < 1.0;
 }
 
-/* One token's unweighted loss L and its partial derivatives: through the
- * policy ratio (dL_dr) and directly through logp (dL_dlogp: CISPO's and
- * VESPO's logp factor and the KL term). The spec's per-token formula, in one
- * place. `ratio` is the level's ratio; `in_eff` whether the token is in the
- * entropy mask. */
-typedef struct token_terms {
-    double L, dL_dr, dL_dlogp, kl;
-} token_terms;
-
-static token_terms token_terms_eval(const fg_loss_plan *p, int64_t b, int64_t n, double logp,
-                                    double ratio, int in_eff)
-{
-    const double A = p->adv[b];
-    token_terms r = {0, 0, 0, 0};
-    double pol, dpol_dr = 0, dpol_dlogp = 0;
-    switch (p->type) {
-    case FG_LOSS_CISPO: {
-        double coef = ratio < p->eps_high ? ratio : p->eps_high; /* stop-gradient */
-        pol = -coef * A * logp;
-        dpol_dlogp = -coef * A;
-        break;
-    }
-    case FG_LOSS_VESPO: { /* φ is detached: a per-sequence weight on A·logp */
-        pol = -p->seq_phi[b] * A * logp;
-        dpol_dlogp = -p->seq_phi[b] * A;
-        break;
-    }
-    case FG_LOSS_SAPO: {
-        double tau = A > 0 ? p->tau_pos : p->tau_neg;
-        double s = 1.0 / (1.0 + exp(-tau * (ratio - 1.0)));
-        pol = -(4.0 / tau) * s * A;
-        dpol_dr = -4.0 * s * (1.0 - s) * A;
-        break;
-    }
-    default: { /* grpo, bnpo, dr_grpo, dapo, luspo: PPO clipping */
-        /* torch.clamp passes the gradient on the closed interval; torch.min
-         * splits it in half on a tie. Clipping uses the unclamped ratio. */
-        double rt = ratio, drt = 1;
-        if (p->delta > 0 && ratio > p->delta) {
-            rt = p->delta;
-            drt = 0;
-        }
-        const double lo = 1.0 - p->eps_low, hi = 1.0 + p->eps_high;
-        double c = ratio < lo ? lo : (ratio > hi ? hi : ratio);
-        double dc = (ratio >= lo && ratio <= hi) ? 1 : 0;
-        double a1 = rt * A, a2 = c * A;
-        if (a1 < a2) {
-            pol = -a1;
-            dpol_dr = -A * drt;
-        } else if (a2 < a1) {
-            pol = -a2;
-            dpol_dr = -A * dc;
-        } else {
-            pol = -a1;
-            dpol_dr = -0.5 * A * (drt + dc);
-        }
-        break;
-    }
-    }
-    /* The masks and the sampler's ratio scale the policy term only (not the
-     * KL); vespo folds the sampler's ratio into φ instead. */
-    double f = p->seq_keep[b] * (in_eff ? 1.0 : 0.0);
-    if (p->is_ratio && p->type != FG_LOSS_VESPO)
-        f *= p->is_per_seq ? p->is_ratio[b] : p->is_ratio[n];
-    r.L = pol * f;
-    r.dL_dr = dpol_dr * f;
-    r.dL_dlogp = dpol_dlogp * f;
-    if (p->beta != 0) {
-        double d = (double)p->ref[n] - logp;
-        double ed = exp(d);
-        double kl = ed - d - 1.0, dkl = 1.0 - ed;
-        r.kl = kl;
-        if (p->bias_corr) {
-            /* KL times the level's ratio (TRL multiplies by coef_1): its
-             * gradient flows through the ratio too. */
-            r.L += p->beta * kl * ratio;
-            r.dL_dr += p->beta * kl;
-            r.dL_dlogp += p->beta * dkl * ratio;
-            r.kl = kl * ratio; /* the metric reports the corrected KL, as TRL does */
-        } else {
-            r.L += p->beta * kl;
-            r.dL_dlogp += p->beta * dkl;
-        }
-    }
-    return r;
-}
-
-/* The policy ratio of token n: token level exp(logp − old), sequence level
- * the sequence's exp(mean log ratio). */
-static double policy_ratio(const fg_loss_plan *p, int64_t b, int64_t n, double logp)
-{
-    if (p->level == FG_LEVEL_SEQUENCE)
-        return exp(p->seq_log_ratio[b]);
-    return p->old ? exp(logp - (double)p->old[n]) : 1.0;
-}
-
 /* The ratio the clip metrics test: TRL's coef_1 after the two-sided clip
  * (min(ratio, delta) for the clipped types when delta is set). */
 static double metric_ratio(const fg_loss_plan *p, double ratio)
 {
     return clipped_type(p->type) && p->delta > 0 && ratio > p->delta ? p->delta : ratio;
-}
-
-static int in_entropy_mask(const fg_loss_plan *p, float entropy)
-{
-    return entropy >= p->entropy_threshold;
 }
 
 /* torch.quantile(x, q) of n sorted floats, in float arithmetic as torch does
@@ -311,7 +217,7 @@ void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
         }
         double eff = 0;
         for (int64_t n = 0; n < B * T; n++)
-            eff += p->mask[n] && in_entropy_mask(p, entropy[n]);
+            eff += p->mask[n] && fg_token_in_entropy_mask(p, entropy[n]);
         p->entropy_weight = p->entropy_coef / (eff > 1 ? eff : 1);
     }
     if (p->level == FG_LEVEL_SEQUENCE)
@@ -321,8 +227,8 @@ void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
             for (int64_t t = 0; t < T; t++) {
                 const int64_t n = b * T + t;
                 if (p->mask[n])
-                    d += token_terms_eval(p, b, n, logp[n], ratio,
-                                          entropy ? in_entropy_mask(p, entropy[n]) : 1)
+                    d += fg_token_terms_eval(p, b, n, logp[n], ratio,
+                                          entropy ? fg_token_in_entropy_mask(p, entropy[n]) : 1)
                              .dL_dr;
             }
             p->seq_dratio[b] = d;
@@ -331,15 +237,12 @@ void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
 
 float fg_loss_dlogp(const fg_loss_plan *p, int64_t n, float logp, float entropy)
 {
-    if (p->external)
-        return p->ext_dlogp ? p->ext_dlogp[n] : 0.0f;
-    const int64_t b = n / p->T;
-    const double w = p->seq_weight[b];
-    const double ratio = policy_ratio(p, b, n, logp);
-    token_terms tt = token_terms_eval(p, b, n, logp, ratio, in_entropy_mask(p, entropy));
-    if (p->level == FG_LEVEL_SEQUENCE) /* d ratio_b / d logp_t = ratio_b · m_t / count_b */
-        return (float)(w * (tt.dL_dlogp + p->seq_dratio[b] * ratio / p->seq_count[b]));
-    return (float)(w * (tt.dL_dlogp + tt.dL_dr * ratio)); /* d ratio / d logp = ratio */
+    return fg_token_dlogp(p, n, logp, entropy);
+}
+
+float fg_loss_dentropy(const fg_loss_plan *p, int64_t n, float entropy)
+{
+    return fg_token_dentropy(p, n, entropy);
 }
 
 const char *fg_loss_token_overflow(const fg_loss_plan *p, int64_t n, float logp, float entropy,
@@ -357,8 +260,8 @@ const char *fg_loss_token_overflow(const fg_loss_plan *p, int64_t n, float logp,
      * double sums of fg_loss_evaluate stay finite. */
     const int64_t b = n / p->T;
     const double cap = DBL_MAX / (p->total_tokens > 1 ? p->total_tokens : 1);
-    const token_terms tt = token_terms_eval(p, b, n, logp, policy_ratio(p, b, n, logp),
-                                            in_entropy_mask(p, entropy));
+    const fg_token_terms tt = fg_token_terms_eval(p, b, n, logp, fg_token_ratio(p, b, n, logp),
+                                            fg_token_in_entropy_mask(p, entropy));
     if (!(fabs(p->seq_weight[b] * tt.L) <= cap))
         return "the loss term";
     if (!(fabs(tt.kl) <= cap))
@@ -432,9 +335,9 @@ void fg_loss_evaluate(const fg_loss_plan *p, const float *logp, const float *ent
             const int64_t n = b * T + t;
             if (!p->mask[n])
                 continue;
-            const double ratio = policy_ratio(p, b, n, logp[n]);
-            const int eff = in_entropy_mask(p, entropy[n]);
-            token_terms tt = token_terms_eval(p, b, n, logp[n], ratio, eff);
+            const double ratio = fg_token_ratio(p, b, n, logp[n]);
+            const int eff = fg_token_in_entropy_mask(p, entropy[n]);
+            fg_token_terms tt = fg_token_terms_eval(p, b, n, logp[n], ratio, eff);
             seq += tt.L;
             ent += entropy[n];
             ent_eff += eff ? entropy[n] : 0.0;

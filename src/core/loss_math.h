@@ -50,8 +50,14 @@ typedef struct fg_loss_plan {
     const float *ext_dlogp, *ext_dentropy;
 } fg_loss_plan;
 
-/* Doubles of scratch the plan needs (caller-provided, from the workspace). */
+/* Doubles of scratch the plan needs (caller-provided, from the workspace):
+ * seq_weight, seq_count, seq_log_ratio, seq_dratio, seq_keep, seq_phi, in
+ * this order, [B] each (a device's copy is one copy of the six). */
 static inline int64_t fg_loss_plan_scratch_doubles(int64_t B) { return 6 * B; }
+
+/* Points the plan's per-sequence arrays at `scratch` (the layout above;
+ * p->B set): a device's copy of them is the same layout. */
+void fg_loss_plan_place(fg_loss_plan *p, double *scratch);
 
 /* cfg and batch are assumed validated. Configurations that need no token's
  * values up front are prepared here already. */
@@ -79,14 +85,8 @@ void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
  * entropy; after fg_loss_prepare. */
 float fg_loss_dlogp(const fg_loss_plan *p, int64_t n, float logp, float entropy);
 
-/* d loss / d entropy for unmasked token n: the entropy bonus's over the
- * effective mask, or the caller's. */
-static inline float fg_loss_dentropy(const fg_loss_plan *p, int64_t n, float entropy)
-{
-    if (p->external)
-        return p->ext_dentropy ? p->ext_dentropy[n] : 0.0f;
-    return entropy >= p->entropy_threshold ? (float)-p->entropy_weight : 0.0f;
-}
+/* d loss / d entropy for unmasked token n (loss_token.h's, for the host). */
+float fg_loss_dentropy(const fg_loss_plan *p, int64_t n, float entropy);
 
 /* Token n's d loss/d logp and d loss/d entropy (*dlogp, *dentropy, as the
  * gradient sweep computes them), and whether they, its loss term and its KL

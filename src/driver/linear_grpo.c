@@ -35,11 +35,15 @@
  * x vocab) and O(vocab x hidden). On a host backend (the CPU) the driver
  * reads and writes the backend's buffers in place; on another (CUDA, the
  * reference) it stages the token arrays to the host first (staging.h) and
- * copies each chunk's statistics out and g, e in, with one wait per chunk
- * where the loss math needs the chunk's log-probs. Nothing reaches an output
- * before the checks of the arguments and the scan have passed; each chunk's
- * tokens are checked before its gradient products (fusedgrpo.h
- * "Conventions").
+ * keeps every token's statistics in the backend's memory. Where a chunk's
+ * tokens could be refused, it copies the chunk's statistics out, checks
+ * them and hands g, e back: one wait per chunk. Where none can be (a
+ * deferred call, runs_deferred), the backend's derivs op computes g, e from
+ * the one loss-math source (loss_token.h) and the chunks run with no host
+ * wait between them; every token is read and checked once, after them.
+ * Nothing reaches an output before the checks of the arguments and the scan
+ * have passed; each chunk's tokens are checked before its gradient products
+ * (fusedgrpo.h "Conventions").
  */
 #include <math.h>
 #include <string.h>
@@ -66,6 +70,17 @@ typedef struct linear_call {
     fg_cpu_backend cpu; /* the backend's state when the call runs on the CPU */
     fg_staged staged;   /* a device backend's token arrays on the host         */
     const linear_request *req; /* the request as the host reads it (staged)  */
+    const linear_request *dev_req; /* the caller's: its arrays in the backend's memory */
+    fg_backend_call cv; /* the chunk's view of p.bc (chunk_view)                   */
+    /* A device backend: every token's statistics and a row check slot a
+     * chunk (the chunk's first row), in the backend's memory ([n_active]). */
+    float *tok_zmax, *tok_lsum, *tok_entropy, *tok_logp;
+    int *tok_check;
+    double *seq_dev;        /* the loss plan's per-sequence constants there        */
+    fg_loss_plan plan_dev;  /* the loss plan over the backend's memory (derivs)    */
+    int deferred; /* no host wait between chunks: each chunk's g, e from derivs on
+                     the backend, every token read and checked after the chunks
+                     (runs_deferred)                                             */
     fg_common c;
     const fg_linear_inputs *in;
     fg_linear_outputs *out;
@@ -91,10 +106,11 @@ typedef struct linear_call {
 
 enum sweep_mode { SWEEP_FORWARD, SWEEP_BACKWARD, SWEEP_BOTH };
 
-/* A chunk op of the call's backend, its failure recorded as the call's. */
+/* A chunk op of the call's backend on the chunk's view, its failure
+ * recorded as the call's. */
 #define OP(L, op, ...)                                                                            \
     fg_linear_backend_failed((L)->call, &(L)->p.be,                                               \
-                             (L)->p.be.ops->op((L)->p.be.state, &(L)->p.bc, __VA_ARGS__,          \
+                             (L)->p.be.ops->op((L)->p.be.state, &(L)->cv, __VA_ARGS__,            \
                                                (L)->msg, sizeof (L)->msg),                        \
                              (L)->msg)
 /* A memory op of the call's backend. */
@@ -121,6 +137,12 @@ static fg_status fail(linear_call *L, fg_status st)
 }
 
 /* ---------------------------------------------------------- host copies */
+
+/* n floats of the call's host arena. */
+static float *host_floats(linear_call *L, size_t n)
+{
+    return fg_call_take(L->call, n * sizeof(float));
+}
 
 /* n floats of the backend's memory into host memory and back; nothing to do
  * where the host array is the backend's (a host backend). */
@@ -194,7 +216,7 @@ static fg_status merge_chunk(linear_call *L, int64_t r0, int64_t m)
  * between the product and the rows it writes. */
 static fg_status dhidden_shares(linear_call *L, int64_t r0, int64_t m)
 {
-    const fg_backend_call *bc = &L->p.bc;
+    const fg_backend_call *bc = &L->cv;
     const int64_t count = m * L->p.H;
     if (!L->failed) { /* a local failure is carried by the SUM's flag */
         fg_status st = OP(L, dhidden, r0, m);
@@ -236,12 +258,24 @@ static fg_status check_tokens(linear_call *L, const int64_t *tok, int64_t m, int
     return st;
 }
 
-/* The stats op's row check, reset before each chunk's stats. */
-static fg_status reset_row_check(linear_call *L)
+/* The stats op's row check, reset before each chunk's stats on a host
+ * backend (a device backend's slots are reset once, put_rows). */
+static void reset_row_check(linear_call *L)
 {
-    static const int none = FG_BACKEND_ROW_NONE;
-    return L->p.host ? (*L->p.bc.row_check = none, FG_OK)
-                     : MEM(L, to_device, L->p.bc.row_check, &none, sizeof none);
+    if (L->p.host)
+        *L->cv.row_check = FG_BACKEND_ROW_NONE;
+}
+
+/* A target the stats op found outside [0, V) at row `check` of the chunk
+ * at r0: validation read every id, so the backend is at fault. */
+static fg_status bad_target(linear_call *L, int64_t r0, int check)
+{
+    const int64_t n = L->c.active[r0 + check], T = L->req->batch->seq_len;
+    return fg_fail(L->call->err, FG_ERR_TOKEN_OUT_OF_RANGE,
+                   "token [%lld, %lld]: id %lld outside [0, %lld) in the %s backend",
+                   (long long)(n / T), (long long)(n % T),
+                   (long long)L->req->batch->token_ids[n], (long long)L->p.V,
+                   L->p.be.ops->name);
 }
 
 /* After the chunk's stats: its rows' statistics (and the row check) on the
@@ -250,7 +284,7 @@ static fg_status reset_row_check(linear_call *L)
  * [0, V) is a backend fault. */
 static fg_status stats_to_tokens(linear_call *L, int64_t r0, int64_t m)
 {
-    const fg_backend_call *bc = &L->p.bc;
+    const fg_backend_call *bc = &L->cv;
     const host_rows *h = &L->h;
     int check = FG_BACKEND_ROW_NONE;
     fg_status st;
@@ -264,14 +298,8 @@ static fg_status stats_to_tokens(linear_call *L, int64_t r0, int64_t m)
              (st = wait_backend(L)) != FG_OK)
         return st;
     const int64_t *tok = L->c.active + r0;
-    if (check != FG_BACKEND_ROW_NONE) {
-        const int64_t n = tok[check], T = L->req->batch->seq_len;
-        return fg_fail(L->call->err, FG_ERR_TOKEN_OUT_OF_RANGE,
-                       "token [%lld, %lld]: id %lld outside [0, %lld) in the %s backend",
-                       (long long)(n / T), (long long)(n % T),
-                       (long long)L->req->batch->token_ids[n], (long long)L->p.V,
-                       L->p.be.ops->name);
-    }
+    if (check != FG_BACKEND_ROW_NONE)
+        return bad_target(L, r0, check);
     const fg_token_arrays *ta = &L->c.ta;
     for (int64_t i = 0; i < m; i++) {
         const int64_t n = tok[i];
@@ -298,7 +326,7 @@ static void token_derivs(const void *user, int64_t k, float logp, float entropy,
  * ran first, or shards merged them), into the backend. */
 static fg_status tokens_to_backward(linear_call *L, int64_t r0, int64_t m, int restore)
 {
-    const fg_backend_call *bc = &L->p.bc;
+    const fg_backend_call *bc = &L->cv;
     const fg_token_arrays *ta = &L->c.ta;
     const host_rows *h = &L->h;
     for (int64_t i = 0; i < m; i++) {
@@ -322,6 +350,111 @@ static fg_status tokens_to_backward(linear_call *L, int64_t r0, int64_t m, int r
 
 /* ------------------------------------------------------------- chunks */
 
+/* The call as the backend sees chunk r0: the plan's, with a device
+ * backend's statistics and row check at the chunk's slice of the per-token
+ * arrays. */
+static void chunk_view(linear_call *L, int64_t r0)
+{
+    L->cv = L->p.bc;
+    if (L->p.host)
+        return;
+    L->cv.zmax = L->tok_zmax + r0;
+    L->cv.lsum = L->tok_lsum + r0;
+    L->cv.entropy = L->tok_entropy + r0;
+    L->cv.logp = L->tok_logp + r0;
+    L->cv.row_check = L->tok_check + r0;
+}
+
+static int forward_first(const linear_call *L);
+
+/* Whether the call runs with no host wait between its chunks: on a device
+ * backend, when nothing a chunk writes can be refused later. A call without
+ * gradients writes only at the end. One with gradients needs the backend's
+ * derivs, and either tokens no check can refuse (scanned inputs, whose
+ * statistics are then finite; for the loss, derivatives bounded from the
+ * inputs alone: certified), or a loss that reads every token's log-prob in
+ * a forward sweep first (fg_loss_needs_all_tokens): every token is then
+ * checked between the sweeps, before any gradient. The KL's derivatives are
+ * checked chunk by chunk; the hook's reductions and the phase API stay per
+ * chunk too. */
+static int runs_deferred(const linear_call *L)
+{
+    const linear_plan *p = &L->p;
+    const enum call_kind kind = L->req->kind;
+    if (p->host || p->hook || kind == KIND_SHARD_STATS || kind == KIND_SHARD_BACKWARD)
+        return 0;
+    if (!p->any_grad)
+        return 1;
+    if (!p->be.ops->derivs)
+        return 0;
+    if (kind == KIND_LOSS && forward_first(L))
+        return 1;
+    if (!p->bounds.scanned)
+        return 0;
+    return kind == KIND_LOSS ? L->certified : kind == KIND_LOGPROBS_BACKWARD;
+}
+
+/* The loss plan over the backend's memory, for derivs: the caller's batch
+ * arrays (or derivatives) as they are, the per-sequence constants copied
+ * there; the mask and ids, which the per-token math never reads, NULL. */
+static fg_status put_plan(linear_call *L)
+{
+    const fg_batch *b = L->dev_req->batch;
+    fg_loss_plan *d = &L->plan_dev;
+    *d = L->c.plan;
+    d->token_ids = NULL;
+    d->mask = NULL;
+    if (d->external) {
+        d->ext_dlogp = L->dev_req->dlogp;
+        d->ext_dentropy = L->dev_req->dentropy;
+        return FG_OK;
+    }
+    d->adv = b->advantages;
+    d->old = b->old_logp;
+    d->ref = b->ref_logp;
+    d->is_ratio = b->is_ratio;
+    d->sampling = b->sampling_logp;
+    /* The six [B] arrays of fg_loss_plan_init's scratch, in one copy. */
+    fg_loss_plan_place(d, L->seq_dev);
+    return MEM(L, to_device, L->seq_dev, L->c.plan.seq_weight,
+               (size_t)fg_loss_plan_scratch_doubles(d->B) * sizeof(double));
+}
+
+/* A deferred call's tokens after its chunks, with one wait: every token's
+ * statistics and every chunk's row check to the host, into c.ta, then the
+ * checks the chunked walk makes chunk by chunk, in the same order, so that
+ * a refusal has the same status and message (with gradients, after they
+ * were written: only a backend fault can fail here). */
+static fg_status collect_tokens(linear_call *L, int grads)
+{
+    const linear_plan *p = &L->p;
+    const int64_t n = p->n_active;
+    float *h = host_floats(L, 4 * (size_t)n);
+    int *checks = fg_call_take(L->call, (size_t)n * sizeof(int));
+    fg_status st;
+    if ((st = pull(L, h, L->tok_zmax, n)) != FG_OK ||
+        (st = pull(L, h + n, L->tok_lsum, n)) != FG_OK ||
+        (st = pull(L, h + 2 * n, L->tok_entropy, n)) != FG_OK ||
+        (st = pull(L, h + 3 * n, L->tok_logp, n)) != FG_OK ||
+        (st = MEM(L, to_host, checks, L->tok_check, (size_t)n * sizeof(int))) != FG_OK ||
+        (st = wait_backend(L)) != FG_OK)
+        return st;
+    for (int64_t k = 0; k < p->chunks; k++) {
+        const int64_t r0 = fg_linear_chunk_start(p, k);
+        if (checks[r0] != FG_BACKEND_ROW_NONE)
+            return bad_target(L, r0, checks[r0]);
+    }
+    const fg_token_arrays *ta = &L->c.ta;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t t = L->c.active[i];
+        ta->zmax[t] = h[i];
+        ta->lsum[t] = h[n + i];
+        ta->entropy[t] = h[2 * n + i];
+        ta->logp[t] = h[3 * n + i];
+    }
+    return check_tokens(L, L->c.active, n, grads);
+}
+
 /* One chunk k: GEMM 1 (unless the logits are still there), the row sweep of
  * `mode`, then the bias column sums and GEMMs 2 and 3 when gradients are
  * due. */
@@ -330,10 +463,11 @@ static fg_status run_chunk(linear_call *L, int64_t k, enum sweep_mode mode, int 
 {
     fg_call *call = L->call;
     const linear_plan *p = &L->p;
-    const fg_backend_call *bc = &p->bc;
     const int64_t r0 = fg_linear_chunk_start(p, k), m = fg_linear_chunk_len(p, k);
     const int64_t *tok = L->c.active + r0;
     fg_status st;
+    chunk_view(L, r0);
+    const fg_backend_call *bc = &L->cv;
     if (!logits_ready && !L->failed && (st = fail(L, OP(L, logits, r0, m))) != FG_OK)
         return st;
     if (L->req->kind == KIND_SHARD_STATS) /* the phase API's (a): this shard's own */
@@ -354,20 +488,31 @@ static fg_status run_chunk(linear_call *L, int64_t k, enum sweep_mode mode, int 
     if (!L->failed) {
         switch (mode) {
         case SWEEP_FORWARD: /* never with the hook */
-            if ((st = reset_row_check(L)) != FG_OK || (st = OP(L, stats, r0, m)) != FG_OK ||
-                (st = stats_to_tokens(L, r0, m)) != FG_OK)
+            reset_row_check(L);
+            if ((st = OP(L, stats, r0, m)) != FG_OK || L->deferred)
+                return st;
+            if ((st = stats_to_tokens(L, r0, m)) != FG_OK)
                 return st;
             return check_tokens(L, tok, m, 0);
         case SWEEP_BACKWARD:
-            if ((st = fail(L, tokens_to_backward(L, r0, m, 1))) != FG_OK ||
-                (st = fail(L, OP(L, backward, r0, m))) != FG_OK)
+            if (L->deferred) { /* the statistics are still the backend's */
+                if ((st = OP(L, derivs, r0, m, &L->plan_dev)) != FG_OK ||
+                    (st = OP(L, backward, r0, m)) != FG_OK)
+                    return st;
+            } else if ((st = fail(L, tokens_to_backward(L, r0, m, 1))) != FG_OK ||
+                       (st = fail(L, OP(L, backward, r0, m))) != FG_OK) {
                 return st;
+            }
             break;
         case SWEEP_BOTH: /* never with the hook; dlogits are the workspace's: checked
                             before the outputs */
-            if ((st = reset_row_check(L)) != FG_OK)
-                return st;
-            if (p->host && p->be.ops->stats_backward) { /* one read of each row */
+            reset_row_check(L);
+            if (L->deferred) { /* g, e on the backend: no host wait */
+                if ((st = OP(L, stats, r0, m)) != FG_OK ||
+                    (st = OP(L, derivs, r0, m, &L->plan_dev)) != FG_OK ||
+                    (st = OP(L, backward, r0, m)) != FG_OK)
+                    return st;
+            } else if (p->host && p->be.ops->stats_backward) { /* one read of each row */
                 const fg_backend_derivs d = {token_derivs, &L->c};
                 if ((st = OP(L, stats_backward, r0, m, &d)) != FG_OK ||
                     (st = stats_to_tokens(L, r0, m)) != FG_OK ||
@@ -403,7 +548,7 @@ static fg_status run_chunk(linear_call *L, int64_t k, enum sweep_mode mode, int 
     if (p->want_gh && (st = dhidden_shares(L, r0, m)) != FG_OK)
         return st;
     if (p->want_gw && !L->failed) {
-        fg_backend_call gw_only = *bc;
+        fg_backend_call gw_only = L->cv;
         gw_only.grad_hidden.data = NULL;
         st = p->be.ops->grads(p->be.state, &gw_only, r0, m, !sum_in, L->msg, sizeof L->msg);
         if ((st = fail(L, fg_linear_backend_failed(call, &p->be, st, L->msg))) != FG_OK)
@@ -487,7 +632,7 @@ static fg_status run_sweeps(linear_call *L)
     if (!p->any_grad) {
         for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
             st = run_chunk(L, k, SWEEP_FORWARD, 0, 0);
-        return st;
+        return st == FG_OK && L->deferred ? collect_tokens(L, 0) : st;
     }
     if (L->req->kind == KIND_SHARD_BACKWARD) { /* the merged statistics are given */
         for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
@@ -495,9 +640,11 @@ static fg_status run_sweeps(linear_call *L)
         return st;
     }
     if (!forward_first(L)) {
+        if (L->deferred && (st = put_plan(L)) != FG_OK)
+            return st;
         for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
             st = run_chunk(L, k, SWEEP_BOTH, 0, k == 0);
-        return st;
+        return st == FG_OK && L->deferred ? collect_tokens(L, 1) : st;
     }
     /* Every log-prob and entropy first (sequence-level ratios, vespo, the
      * off-policy mask, the entropy quantile; every token checked), then the
@@ -505,12 +652,17 @@ static fg_status run_sweeps(linear_call *L)
      * need no recomputation. */
     for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
         st = run_chunk(L, k, SWEEP_FORWARD, 0, 0);
+    if (st == FG_OK && L->deferred)
+        st = collect_tokens(L, 0);
     if (st != FG_OK || L->failed)
         return st;
     fg_common_prepare(&L->c);
     /* With the hook a shard whose own gradient bound fails joins the
      * backward's reductions, whose flag stops every shard (fail). */
     if ((st = fail(L, check_tokens(L, L->c.active, L->c.n_active, 1))) != FG_OK)
+        return st;
+    /* Deferred: the plan's constants, now prepared, to the backend. */
+    if (L->deferred && (st = put_plan(L)) != FG_OK)
         return st;
     for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
         st = run_chunk(L, k, SWEEP_BACKWARD, p->chunks == 1, k == 0);
@@ -580,6 +732,7 @@ static fg_status check_and_plan(linear_call *L, const fg_device *be, const fg_li
     L->p.be = dev;
     L->req = req;
     fg_status st;
+    L->dev_req = req;
     if (!(dev.ops->caps & FG_BACKEND_HOST_MEMORY)) {
         if ((st = fg_stage_request(call, &dev, req, &L->staged)) != FG_OK)
             return st;
@@ -654,7 +807,10 @@ static fg_status reserve(linear_call *L, void **device_mem)
                   fg_ws_round((size_t)p->n_active * sizeof(int64_t)) +
                   fg_ws_round((size_t)p->V * f) +
                   fg_ws_round((size_t)FG_SHARD_STATS_FLOATS((int64_t)N) * f) +
-                  2 * fg_ws_round(N * f);
+                  2 * fg_ws_round(N * f) +
+                  /* the row checks' reset, and a deferred call's token reads */
+                  2 * fg_ws_round((size_t)p->n_active * sizeof(int)) +
+                  fg_ws_round(4 * (size_t)p->n_active * f);
     if (p->hook)
         host += fg_ws_round((size_t)fg_shard_floats(p->Nc) * f) +
                 fg_ws_round((Nc * (size_t)p->H + 1) * f);
@@ -710,11 +866,6 @@ static void *take(carver *k, size_t bytes)
     return at;
 }
 
-static float *host_floats(linear_call *L, size_t n)
-{
-    return fg_call_take(L->call, n * sizeof(float));
-}
-
 static void carve(linear_call *L, void *device_mem)
 {
     linear_plan *p = &L->p;
@@ -724,7 +875,18 @@ static void carve(linear_call *L, void *device_mem)
     bc->rows = p->host ? L->c.active : take(&k, (size_t)p->n_active * sizeof(int64_t));
     bc->gb_sum = p->want_gb ? take(&k, (size_t)p->V * f) : NULL;
     bc->targets = take(&k, (size_t)p->n_active * sizeof(int64_t));
-    bc->row_check = take(&k, sizeof(int));
+    if (p->host) {
+        bc->row_check = take(&k, sizeof(int));
+    } else { /* every token's statistics, a row check a chunk, the plan's constants */
+        const size_t n = (size_t)p->n_active;
+        L->tok_zmax = take(&k, 4 * n * f);
+        L->tok_lsum = L->tok_zmax + n;
+        L->tok_entropy = L->tok_zmax + 2 * n;
+        L->tok_logp = L->tok_zmax + 3 * n;
+        L->tok_check = take(&k, n * sizeof(int));
+        L->seq_dev = take(&k, (size_t)fg_loss_plan_scratch_doubles(L->req->batch->batch) *
+                                  sizeof(double));
+    }
     bc->gw_sum = p->gw_sum ? take(&k, (size_t)p->V * (size_t)p->H * f) : NULL;
     bc->kept_count = bc->filter_eps > 0 ? take(&k, sizeof(int64_t)) : NULL;
     if (p->n_active == 0)
@@ -734,18 +896,23 @@ static void carve(linear_call *L, void *device_mem)
                       ? take(&k, Nc * (size_t)p->V * fg_dtype_size(p->dlogit_t))
                       : bc->logits;
     bc->hbuf = take(&k, Nc * (size_t)p->H * fg_dtype_size(p->cmp_t));
-    float *row_arrays = take(&k, 6 * Nc * f);
-    bc->zmax = row_arrays;
-    bc->lsum = row_arrays + Nc;
-    bc->entropy = row_arrays + 2 * Nc;
-    bc->logp = row_arrays + 3 * Nc;
-    bc->g = row_arrays + 4 * Nc;
-    bc->e = row_arrays + 5 * Nc;
+    if (p->host) {
+        float *row_arrays = take(&k, 6 * Nc * f);
+        bc->zmax = row_arrays;
+        bc->lsum = row_arrays + Nc;
+        bc->entropy = row_arrays + 2 * Nc;
+        bc->logp = row_arrays + 3 * Nc;
+        bc->g = row_arrays + 4 * Nc;
+        bc->e = row_arrays + 5 * Nc;
+    } else { /* the statistics: chunk_view's slices of the per-token arrays */
+        bc->g = take(&k, 2 * Nc * f);
+        bc->e = bc->g + Nc;
+    }
     if (p->want_gh) /* and the hook's flag slot */
         bc->ghbuf = take(&k, (Nc * (size_t)p->H + (size_t)p->hook) * f);
     if (p->hook)
         L->stats_dev = take(&k, (size_t)fg_shard_floats(p->Nc) * f);
-    if (bc->filter_eps > 0) {
+    if (bc->filter_eps > 0 && !(p->be.ops->caps & FG_BACKEND_FILTER_IN_PLACE)) {
         bc->kept_idx = take(&k, Nc * (size_t)bc->kept_cap * sizeof(int32_t));
         bc->kept_nnz = take(&k, Nc * sizeof(int32_t));
         bc->kept_tgt = take(&k, Nc * sizeof(int64_t));
@@ -780,9 +947,16 @@ static fg_status put_rows(linear_call *L)
     if (p->host || p->n_active == 0)
         return FG_OK;
     const size_t bytes = (size_t)p->n_active * sizeof(int64_t);
-    fg_status st = MEM(L, to_device, (void *)bc->rows, L->c.active, bytes);
-    return st != FG_OK ? st : MEM(L, to_device, (void *)bc->targets, targets, bytes);
+    int *none = fg_call_take(L->call, (size_t)p->n_active * sizeof(int));
+    for (int64_t i = 0; i < p->n_active; i++)
+        none[i] = FG_BACKEND_ROW_NONE;
+    fg_status st;
+    if ((st = MEM(L, to_device, (void *)bc->rows, L->c.active, bytes)) != FG_OK ||
+        (st = MEM(L, to_device, (void *)bc->targets, targets, bytes)) != FG_OK)
+        return st;
+    return MEM(L, to_device, L->tok_check, none, (size_t)p->n_active * sizeof(int));
 }
+
 
 /* The per-token outputs (0 at masked tokens) and, for the phase API's (a),
  * the stats array's masked tokens and status slot, into the caller's
@@ -905,6 +1079,7 @@ static fg_status run_call(linear_call *L, int collective, void *device_mem)
     L->certified = cannot_overflow(L);
     carve(L, device_mem);
     float *bias_seed = p->host ? NULL : host_floats(L, (size_t)p->V);
+    L->deferred = p->n_active > 0 && runs_deferred(L);
     fg_status st = put_rows(L);
     if (st == FG_OK)
         st = start_bias_sums(L, bias_seed);

@@ -50,12 +50,15 @@ size_t fg_linear_chunk_bytes(const linear_plan *p, int64_t m)
     if (p->any_grad && !p->dl_alias)
         b += fg_linear_piece(p, (size_t)m * (size_t)p->V * fg_dtype_size(p->dlogit_t));
     b += fg_linear_piece(p, (size_t)m * (size_t)p->H * fg_dtype_size(p->cmp_t));
-    b += fg_linear_piece(p, 6 * (size_t)m * sizeof(float)); /* the rows' statistics, g, e */
+    /* The rows' statistics, g, e; on a device backend g, e alone (the
+     * statistics are slices of per-token arrays: fixed_bytes). */
+    b += fg_linear_piece(p, (p->host ? 6 : 2) * (size_t)m * sizeof(float));
     if (p->want_gh) /* and the failure flag of its reduction */
         b += fg_linear_piece(p, ((size_t)m * (size_t)p->H + (size_t)p->hook) * sizeof(float));
     if (p->hook)
         b += fg_linear_piece(p, (size_t)fg_shard_floats(m) * sizeof(float));
-    if (c->filter_eps > 0) /* kept ids, their count and each row's token */
+    if (c->filter_eps > 0 && !(p->be.ops->caps & FG_BACKEND_FILTER_IN_PLACE))
+        /* kept ids, their count and each row's token */
         b += fg_linear_piece(p, (size_t)m * (size_t)c->kept_cap * sizeof(int32_t)) +
              fg_linear_piece(p, (size_t)m * sizeof(int32_t)) +
              fg_linear_piece(p, (size_t)m * sizeof(int64_t));
@@ -489,9 +492,18 @@ fg_status fg_linear_plan_call(fg_call *call, const fg_device *be, const fg_linea
                              : fg_linear_piece(p, (size_t)n_active * sizeof(int64_t));
     if (p->want_gb) /* grad_bias's f32 sums, committed at the end */
         p->fixed_bytes += fg_linear_piece(p, (size_t)p->V * sizeof(float));
-    /* The unmasked tokens' targets (local ids) and the stats op's row check. */
-    p->fixed_bytes += fg_linear_piece(p, (size_t)n_active * sizeof(int64_t)) +
-                      fg_linear_piece(p, sizeof(int));
+    /* The unmasked tokens' targets (local ids) and the stats op's row check:
+     * one int on a host backend. A device backend keeps every token's
+     * statistics and a row check a chunk ([n_active] slots), read once after
+     * the chunks, and the loss plan's per-sequence constants for derivs. */
+    p->fixed_bytes += fg_linear_piece(p, (size_t)n_active * sizeof(int64_t));
+    if (p->host)
+        p->fixed_bytes += fg_linear_piece(p, sizeof(int));
+    else
+        p->fixed_bytes += fg_linear_piece(p, 4 * (size_t)n_active * sizeof(float)) +
+                          fg_linear_piece(p, (size_t)n_active * sizeof(int)) +
+                          fg_linear_piece(p, (size_t)fg_loss_plan_scratch_doubles(batch->batch) *
+                                                 sizeof(double));
     p->bc = (fg_backend_call){.N = N, .H = p->H, .V = p->V, .n_active = n_active,
                               .in_t = p->in_t, .logit_t = p->logit_t, .dlogit_t = p->dlogit_t,
                               .inv_temp = (float)(1.0 / req->cfg->temperature),

@@ -15,7 +15,29 @@
 #include "backend_host.h"
 #include "bf16.h"
 #include "internal.h"
+#include "loss_token.h"
 #include "shard_stats.h"
+
+/* The driver's host synchronisations, for tests (fg_backend_reference_syncs):
+ * waits, and copies (each a wait on an asynchronous backend whose host side
+ * is pageable). A call that needs no host wait between its chunks makes as
+ * many whatever its chunk count. */
+static _Atomic long ref_syncs;
+
+long fg_backend_reference_syncs(void) { return ref_syncs; }
+
+static fg_status ref_copy(void *be, void *dst, const void *src, size_t bytes, char *msg,
+                          size_t n)
+{
+    ref_syncs++;
+    return fg_host_copy(be, dst, src, bytes, msg, n);
+}
+
+static fg_status ref_wait(void *be, char *msg, size_t n)
+{
+    ref_syncs++;
+    return fg_host_wait(be, msg, n);
+}
 
 static float load(const void *base, fg_dtype t, size_t i)
 {
@@ -288,6 +310,20 @@ static fg_status ref_filter(void *be, const fg_backend_call *c, int64_t r0, int6
     return FG_OK;
 }
 
+/* The loss's derivatives of the chunk's rows through loss_token.h, the
+ * math every path shares, on a plan over the backend's memory. */
+static fg_status ref_derivs(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
+                            const struct fg_loss_plan *plan, char *msg, size_t n)
+{
+    (void)be, (void)msg, (void)n;
+    for (int64_t i = 0; i < m; i++) {
+        const int64_t t = c->rows[r0 + i];
+        c->g[i] = fg_token_dlogp(plan, t, c->logp[i], c->entropy[i]);
+        c->e[i] = fg_token_dentropy(plan, t, c->entropy[i]);
+    }
+    return FG_OK;
+}
+
 /* GEMM 2 as dhidden then put_grad_hidden (one definition of grad_hidden),
  * GEMM 3 overwriting its destination on the first chunk, adding after. */
 static fg_status ref_grads(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
@@ -356,10 +392,10 @@ static const fg_backend_ops reference_ops = {
     .destroy = fg_host_destroy,
     .alloc = fg_host_alloc,
     .release = fg_host_release,
-    .to_host = fg_host_copy,
-    .to_device = fg_host_copy,
+    .to_host = ref_copy,
+    .to_device = ref_copy,
     .fill_zero = fg_host_fill_zero,
-    .wait = fg_host_wait,
+    .wait = ref_wait,
     .compute_dtype = ref_compute_dtype,
     .call_scratch_bytes = ref_call_scratch,
     .chunk_scratch = ref_chunk_scratch,
@@ -376,6 +412,7 @@ static const fg_backend_ops reference_ops = {
     .dhidden = ref_dhidden,
     .put_grad_hidden = ref_put_grad_hidden,
     .filter = ref_filter,
+    .derivs = ref_derivs,
 };
 
 fg_status fg_backend_reference_create(void *stream, fg_device *out, char *msg, size_t msg_size)
