@@ -59,14 +59,19 @@
  *     one exception: on FG_ERR_OVERFLOW found in a later chunk of an
  *     fg_linear_grpo call that walks several chunks, grad_hidden, and
  *     grad_weight unless the call accumulates, may hold partial results. On
- *     a device backend (FG_BACKEND_CUDA) a call no later check can refuse
- *     runs its chunks with no host wait between them: a loss that reads
- *     every token's log-prob first checks them all between its two sweeps;
- *     on scanned inputs, a token-level loss without the KL whose
- *     derivatives the inputs bound, and the head's calls, check every token
- *     once, after the chunks: there only a backend fault (a statistic the
- *     backend got wrong) can be refused, with the same status and message,
- *     after gradients were written. With
+ *     a device backend (FG_BACKEND_CUDA) most calls run their chunks with
+ *     no host wait between them: a loss call that computes every token's
+ *     log-prob first (the loss needs them, or it accumulates as above)
+ *     checks them all between its two sweeps; on scanned inputs, the other
+ *     loss calls of several chunks and the head's calls check every token
+ *     once, after the chunks, in the same order, with the same statuses
+ *     and messages. There a token-level loss with the KL can still be
+ *     refused with FG_ERR_OVERFLOW (the exception above, except that
+ *     grad_hidden and grad_weight then hold every chunk's results,
+ *     non-finite ones included); a token-level loss without the KL whose
+ *     derivatives the inputs bound, and the head's calls, only by a backend
+ *     fault (a statistic the backend got wrong), after gradients were
+ *     written. With
  *     the finite check off (fg_context_set_check_finite) the pass over the
  *     inputs, bounds included, is skipped: non-finite statistics found during
  *     the call are then FG_ERR_NONFINITE_INPUT ("the finite check was off").
@@ -309,14 +314,16 @@ typedef struct fg_logits_outputs {
  * grad_entropy, and the outputs (logp, entropy, gradients); loss and
  * metrics are host fields of the outputs struct, as on the CPU. Such a call
  * copies the O(B*T) token arrays to the host and waits for the backend
- * once to check them (and the inputs' NaN/Inf scan), once per chunk to run
- * the loss math on the chunk's log-probs, and once at the end; the
- * [tokens, vocab] and [vocab, hidden] work stays in the backend. One
- * driver runs every backend; what a backend lacks is refused by name
- * (FG_ERR_UNSUPPORTED): gradient filtering on the CUDA and reference
- * backends (filter_eps), and the CPU-only entry points (fg_logits_grpo,
- * fg_grpo_loss_from_logp). A communicator's reductions run on host copies of the statistics
- * and of grad_hidden's shares (fg_communicator takes host memory).
+ * once to check them (and the inputs' NaN/Inf scan) and once at the end;
+ * between its chunks it waits only where a chunk's tokens must be checked
+ * on the host before its gradient products (a token-level loss with the
+ * finite check off: once a chunk; see "Conventions"); the
+ * loss's per-token derivatives and the [tokens, vocab] and [vocab, hidden]
+ * work stay in the backend. One driver runs every backend; what a backend
+ * lacks is refused by name (FG_ERR_UNSUPPORTED): the CPU-only entry points
+ * (fg_logits_grpo, fg_grpo_loss_from_logp). A communicator's reductions
+ * run on host copies of the statistics and of grad_hidden's shares
+ * (fg_communicator takes host memory): one wait a chunk.
  *   FG_BACKEND_CUDA: device memory of the current CUDA device, on
  *     fg_context_options.stream (a cudaStream_t; NULL: the default stream);
  *     fg_exec.workspace, when given, is device memory. fg_context_create
@@ -540,7 +547,9 @@ typedef struct fg_linear_plan_info {
     int64_t chunks;            /* chunks the call walks (per sweep)                     */
     size_t working_bytes;      /* the arena the call holds, whole pages                 */
     size_t fixed_bytes;        /* per-call arrays: targets, sums; on the CPU also the
-                                  [B, T] arrays and loss scratch                      */
+                                  [B, T] arrays and loss scratch; on a device every
+                                  unmasked token's statistics and the loss's
+                                  per-sequence constants                             */
     size_t chunk_bytes;        /* one chunk's logits, dlogits, hidden and grad rows     */
     size_t gemm_scratch_bytes; /* the backend's chunk scratch: oneDNN scratchpads (and
                                   converted weight tiles) on the CPU; on CUDA 0, or

@@ -28,7 +28,9 @@
 #    .gpu-carry/wheels, placed after the machine's own (prepare_python).
 # 4. The benchmarks (sources in bench/cuda/; FG_GPU_SKIP_BENCH=1 leaves them
 #    out): bench_cuda_api (the C API's fused step at budgets 512 MiB to
-#    3 GiB, dense and with gradient filtering at its auto threshold, against
+#    3 GiB, dense (and with the finite check off: a host wait a chunk, the
+#    walk before the derivs op) and with gradient filtering at its auto
+#    threshold, against
 #    the bare products and the materialized path, T = 8192 and 32768), the
 #    peers'
 #    benchmark when bench/peers/gpu_peers.sh exists (FG_GPU_PEERS_LIMIT

@@ -18,17 +18,24 @@
  *  3. Losses that read every token's log-prob first (sequence level, vespo,
  *     the entropy quantile, the off-policy mask; the finite check on or
  *     off): deferred too (every token is checked between the two sweeps),
- *     bitwise the chunked walk's. Calls that stay chunked, with the chunked
- *     walk's results and synchronisations: the KL (its derivatives are
- *     checked before each chunk's products), the finite check off.
+ *     bitwise the chunked walk's; the KL deferred in several chunks (one
+ *     chunk: the chunked walk). A call that stays chunked, with the chunked
+ *     walk's results and synchronisations: the finite check off for a
+ *     token-level loss. The KL overflowing at a token of the last chunk:
+ *     FG_ERR_OVERFLOW, the same message from both walks.
  *  4. fg_linear_logprobs (nothing written before the end: deferred, derivs
  *     or not; bitwise equal to one chunk's) and fg_linear_logprobs_backward
  *     (the caller's derivatives read by derivs in the backend's memory;
  *     bitwise equal to the chunked walk's).
  *  5. Gradient filtering deferred: the kept count and the gradients equal
  *     to the chunked walk's.
- *  6. A backend fault (a stats op flagging a target outside [0, V) in the
- *     second chunk): the same status and message from both walks.
+ *  6. Backend faults: a stats op flagging a target outside [0, V) in the
+ *     second chunk, and also a NaN log-prob in the first (the finite check
+ *     off, a sequence-level loss: deferred): the same status and message
+ *     from both walks, the first chunk's first.
+ *  7. An accumulating loss call with the KL over several chunks (it reads
+ *     every token first: deferred), a loss without gradients, a batch
+ *     with every token masked: bitwise the chunked walk's.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -50,14 +57,18 @@ typedef struct walk {
 } walk;
 
 /* The reference backend's stats op, flagging row 2 of every chunk after
- * the first (part 6). */
+ * the first, and with nan_first a NaN log-prob at row 1 of the first
+ * (part 6). */
 static const fg_backend_ops *ref_ops;
+static int nan_first;
 static fg_status flagging_stats(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
                                 char *msg, size_t n)
 {
     const fg_status st = ref_ops->stats(be, c, r0, m, msg, n);
     if (st == FG_OK && r0 > 0 && m > 2 && *c->row_check > 2)
         *c->row_check = 2;
+    if (st == FG_OK && r0 == 0 && m > 1 && nan_first)
+        c->logp[1] = NAN;
     return st;
 }
 
@@ -145,7 +156,8 @@ static linear_request loss_request(const fg_loss_config *cfg, const fg_batch *ba
 
 /* Parts 1-3 and 5: one configuration, deferred and chunked, at one chunk
  * and at several. `deferred`: whether the several-chunk walk should run
- * without host waits between its chunks. */
+ * without host waits between its chunks (2: and the one-chunk walk with
+ * them). */
 static void loss_case(fg_context *ctx, const char *tag, const fg_loss_config *cfg, fg_dtype dt,
                       int with_bias, int check_finite, double filter_eps, int deferred,
                       uint64_t seed)
@@ -195,7 +207,11 @@ static void loss_case(fg_context *ctx, const char *tag, const fg_loss_config *cf
     /* The chunked walk waits (or copies) at least once more a chunk. */
     CHECK(c.syncs - c1.syncs >= c.chunks - 1, "%s: chunked %ld syncs in %lld chunks, %ld in one",
           tag, c.syncs, (long long)c.chunks, c1.syncs);
-    if (deferred)
+    if (deferred == 2) /* the KL: deferred in several chunks, the chunked walk in one */
+        CHECK(d.syncs <= d1.syncs && d.syncs < c.syncs && d1.syncs == c1.syncs,
+              "%s: deferred %ld syncs in %lld chunks, %ld in one (chunked %ld, %ld)", tag,
+              d.syncs, (long long)d.chunks, d1.syncs, c.syncs, c1.syncs);
+    else if (deferred)
         CHECK(d.syncs == d1.syncs && d.syncs < c.syncs,
               "%s: deferred %ld syncs in %lld chunks, %ld in one (chunked %ld)", tag, d.syncs,
               (long long)d.chunks, d1.syncs, c.syncs);
@@ -296,7 +312,10 @@ static void head_case(fg_context *ctx, fg_dtype dt)
     tu_problem_free(&prob);
 }
 
-/* Part 6: a backend fault in the second chunk, both walks. */
+/* Part 6: a backend fault in the second chunk, both walks; then with a
+ * NaN log-prob in the first chunk too, the finite check off and a loss
+ * that reads every token first (deferred all the same): the first chunk's
+ * refusal, as the chunked walk finds it. */
 static void fault_case(fg_context *ctx)
 {
     tu_problem prob;
@@ -308,21 +327,125 @@ static void fault_case(fg_context *ctx)
     }
     const fg_batch *batch = tu_batch_view(&prob.tb);
     const fg_linear_inputs in = tu_problem_inputs(&prob);
-    const fg_loss_config cfg = config(FG_LOSS_DAPO, FG_LEVEL_TOKEN, 0.0);
-    const linear_request req = loss_request(&cfg, batch);
+    for (int k = 0; k < 2; k++) {
+        const fg_loss_config cfg =
+            config(FG_LOSS_DAPO, k ? FG_LEVEL_SEQUENCE : FG_LEVEL_TOKEN, 0.0);
+        const linear_request req = loss_request(&cfg, batch);
+        tu_linear_outs a, b;
+        tu_linear_outs_make(&a, N, H, V, 0);
+        tu_linear_outs_make(&b, N, H, V, 0);
+        a.out.grad_bias.data = b.out.grad_bias.data = NULL;
+        nan_first = k;
+        fg_context_set_check_finite(ctx, !k);
+        const size_t several = budget_for(ctx, 4, NULL, &req, &in, &a.out);
+        const walk d = run(ctx, FAULTY_DEFERRED, several, NULL, &req, &in, &a.out);
+        const walk c = run(ctx, FAULTY_CHUNKED, several, NULL, &req, &in, &b.out);
+        fg_context_set_check_finite(ctx, 1);
+        nan_first = 0;
+        const fg_status want = k ? FG_ERR_NONFINITE_INPUT : FG_ERR_TOKEN_OUT_OF_RANGE;
+        CHECK(d.chunks >= 2 && d.st == want && c.st == d.st && strcmp(d.msg, c.msg) == 0 &&
+                  strstr(d.msg, k ? "NaN or Inf" : "reference backend"),
+              "fault %d (%lld chunks): %s \"%s\" / %s \"%s\"", k, (long long)d.chunks,
+              fg_status_name(d.st), d.msg, fg_status_name(c.st), c.msg);
+        tu_linear_outs_free(&a);
+        tu_linear_outs_free(&b);
+    }
+    tu_problem_free(&prob);
+}
+
+/* The KL overflowing at one token of the last chunk (its reference
+ * log-prob far above its log-prob): FG_ERR_OVERFLOW with the same message
+ * from both walks; the deferred walk wrote every chunk's gradients, the
+ * chunked walk the chunks before it (fusedgrpo.h "Conventions"). */
+static void kl_overflow_case(fg_context *ctx)
+{
+    tu_problem prob;
+    tu_problem_make(&prob, B, T, H, V, FG_DTYPE_F32, 0, 7170u);
+    if (tu_problem_fill_logp(&prob, 0.8, 0.2, 0.3) != 0) {
+        CHECK(0, "%s", "kl overflow: the oracle refused the batch");
+        tu_problem_free(&prob);
+        return;
+    }
+    fg_batch *batch = (fg_batch *)tu_batch_view(&prob.tb);
+    int64_t last = -1;
+    for (int64_t n = 0; n < N; n++)
+        last = batch->mask[n] ? n : last;
+    ((float *)batch->ref_logp)[last] = 200.0f; /* exp(200 - logp): d loss/d logp overflows */
+    const fg_linear_inputs in = tu_problem_inputs(&prob);
+    const fg_loss_config kl = config(FG_LOSS_GRPO, FG_LEVEL_TOKEN, 0.04);
+    const linear_request req = loss_request(&kl, batch);
     tu_linear_outs a, b;
     tu_linear_outs_make(&a, N, H, V, 0);
     tu_linear_outs_make(&b, N, H, V, 0);
     a.out.grad_bias.data = b.out.grad_bias.data = NULL;
     const size_t several = budget_for(ctx, 4, NULL, &req, &in, &a.out);
-    const walk d = run(ctx, FAULTY_DEFERRED, several, NULL, &req, &in, &a.out);
-    const walk c = run(ctx, FAULTY_CHUNKED, several, NULL, &req, &in, &b.out);
-    CHECK(d.st == FG_ERR_TOKEN_OUT_OF_RANGE && c.st == d.st && strcmp(d.msg, c.msg) == 0 &&
-              strstr(d.msg, "reference backend"),
-          "fault: %s \"%s\" / %s \"%s\"", fg_status_name(d.st), d.msg, fg_status_name(c.st),
-          c.msg);
+    const walk d = run(ctx, DEFERRED, several, NULL, &req, &in, &a.out);
+    const walk c = run(ctx, CHUNKED, several, NULL, &req, &in, &b.out);
+    CHECK(d.chunks >= 2 && d.st == FG_ERR_OVERFLOW && c.st == d.st && strcmp(d.msg, c.msg) == 0,
+          "kl overflow (%lld chunks): %s \"%s\" / %s \"%s\"", (long long)d.chunks,
+          fg_status_name(d.st), d.msg, fg_status_name(c.st), c.msg);
+    CHECK(d.syncs < c.syncs, "kl overflow: deferred %ld syncs, chunked %ld", d.syncs, c.syncs);
     tu_linear_outs_free(&a);
     tu_linear_outs_free(&b);
+    tu_problem_free(&prob);
+}
+
+/* A loss call that accumulates into an f32 grad_weight over several chunks
+ * with the KL (not certified: it computes every token's log-prob first, and
+ * so runs deferred), and one without gradients; and a batch with no
+ * unmasked token. */
+static void other_case(fg_context *ctx)
+{
+    tu_problem prob;
+    tu_problem_make(&prob, B, T, H, V, FG_DTYPE_BF16, 1, 6160u);
+    if (tu_problem_fill_logp(&prob, 0.8, 0.2, 0.3) != 0) {
+        CHECK(0, "%s", "other: the oracle refused the batch");
+        tu_problem_free(&prob);
+        return;
+    }
+    fg_batch *batch = (fg_batch *)tu_batch_view(&prob.tb);
+    const fg_linear_inputs in = tu_problem_inputs(&prob);
+    const fg_loss_config kl = config(FG_LOSS_GRPO, FG_LEVEL_TOKEN, 0.04);
+    const linear_request req = loss_request(&kl, batch);
+    for (int k = 0; k < 3; k++) {
+        const char *what = k == 0 ? "accumulating with the KL" : k == 1 ? "no gradients"
+                                                                        : "every token masked";
+        uint8_t saved[N];
+        memcpy(saved, batch->mask, N);
+        if (k == 2)
+            memset((uint8_t *)batch->mask, 0, N);
+        tu_linear_outs a, b, one;
+        tu_linear_outs_make(&a, N, H, V, 1);
+        tu_linear_outs_make(&b, N, H, V, 1);
+        tu_linear_outs_make(&one, N, H, V, 1);
+        for (tu_linear_outs *x = &a; x; x = x == &a ? &b : x == &b ? &one : NULL) {
+            x->out.accumulate = k == 0;
+            if (k == 1)
+                x->out.grad_hidden.data = x->out.grad_weight.data = x->out.grad_bias.data = NULL;
+            tu_linear_outs_fill(x, 0x3C); /* finite values to accumulate onto */
+        }
+        const size_t several = budget_for(ctx, 4, NULL, &req, &in, &a.out);
+        const size_t whole = budget_for(ctx, 1, NULL, &req, &in, &a.out);
+        const walk d = run(ctx, DEFERRED, several, NULL, &req, &in, &a.out);
+        const walk c = run(ctx, CHUNKED, several, NULL, &req, &in, &b.out);
+        const walk d1 = run(ctx, DEFERRED, whole, NULL, &req, &in, &one.out);
+        CHECK(d.st == FG_OK && c.st == FG_OK && d1.st == FG_OK, "%s: %s / %s / %s: %s%s", what,
+              fg_status_name(d.st), fg_status_name(c.st), fg_status_name(d1.st), d.msg, c.msg);
+        CHECK(k == 2 || d.chunks >= 2, "%s: %lld chunks", what, (long long)d.chunks);
+        CHECK(tu_linear_outs_same(&a, &b), "%s: deferred and chunked results differ", what);
+        if (k == 1) /* the forward only: every row has its bits in any chunk */
+            CHECK(tu_linear_outs_same(&a, &one), "%s: several chunks and one differ", what);
+        /* k == 0 in one chunk has no forward sweep: the KL's chunked walk. */
+        CHECK((k == 0 || d.syncs == d1.syncs) && (k == 0 ? d.syncs < c.syncs : d.syncs == c.syncs),
+              "%s: deferred %ld syncs in %lld chunks, %ld in one (chunked %ld)", what, d.syncs,
+              (long long)d.chunks, d1.syncs, c.syncs);
+        printf("%-40s %lld chunks: %ld host syncs (%ld in one chunk); chunked %ld\n", what,
+               (long long)d.chunks, d.syncs, d1.syncs, c.syncs);
+        memcpy((uint8_t *)batch->mask, saved, N);
+        tu_linear_outs_free(&a);
+        tu_linear_outs_free(&b);
+        tu_linear_outs_free(&one);
+    }
     tu_problem_free(&prob);
 }
 
@@ -346,7 +469,7 @@ int main(void)
                       0.0, 1, 900u + 10u * i + (uint64_t)dt);
         }
     const fg_loss_config kl = config(FG_LOSS_GRPO, FG_LEVEL_TOKEN, 0.04);
-    loss_case(ctx, "[grpo token, the KL: chunked]", &kl, FG_DTYPE_F32, 1, 1, 0.0, 0, 31u);
+    loss_case(ctx, "[grpo token, the KL]", &kl, FG_DTYPE_F32, 1, 1, 0.0, 2, 31u);
     /* Losses that read every token first: checked between the sweeps. */
     const fg_loss_config seq = config(FG_LOSS_GRPO, FG_LEVEL_SEQUENCE, 0.0);
     loss_case(ctx, "[grpo sequence]", &seq, FG_DTYPE_BF16, 0, 1, 0.0, 1, 32u);
@@ -364,7 +487,9 @@ int main(void)
     loss_case(ctx, "[dapo bf16, filtered]", &dapo, FG_DTYPE_BF16, 1, 1, 0.4, 1, 34u);
     head_case(ctx, FG_DTYPE_F32);
     head_case(ctx, FG_DTYPE_BF16);
+    other_case(ctx);
     fault_case(ctx);
+    kl_overflow_case(ctx);
     fg_context_destroy(ctx);
     return tu_finish();
 }

@@ -23,6 +23,16 @@
  *                     whether a bf16 grad_weight is summed in float32); a
  *                     budget the plan refuses is a row with its message; once
  *                     more at the largest budget with float32 gradients;
+ *   (bw) waits        the fused step at each budget with the context's
+ *                     finite check off, the rest as (b): the host then checks
+ *                     each chunk's statistics before its products, one wait a
+ *                     chunk (the walk every call took before the backend's
+ *                     derivs op), where (b) runs the chunks with no host wait
+ *                     between them (g and e on the device, every token
+ *                     checked once after the chunks). The same products, so
+ *                     the pair measures the per-chunk waits in one run, less
+ *                     (b)'s NaN/Inf scan of the inputs, which (bw) skips;
+ *                     --no-waits skips them;
  *   (b') filtered     the same fused step at each budget with gradient
  *                     filtering at its "auto" threshold (filter_eps =
  *                     FG_FILTER_EPS_AUTO: 1e-5 for bf16 inputs): the dropped
@@ -73,7 +83,7 @@
  *           after its last (the workspace the context keeps for reuse).
  *
  * usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]]
- *                       [--reps R] [--quick] [--no-f32] [--no-filter]
+ *                       [--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits]
  * Budgets: a number of MiB, or with a K/M/G suffix (binary). Writes
  * DIR/bench_api.json and DIR/bench_api.txt (a markdown table with the
  * command line and the GPU on top). Exit 77 ("skipped: <reason>") without a
@@ -116,6 +126,7 @@ struct Options {
     bool quick = false;
     bool f32 = true; /* the f32-input section at the first token count */
     bool filter = true; /* the filtered fused rows (b') */
+    bool waits = true;  /* the fused rows with a host wait a chunk (bw) */
 };
 
 static void usage(const char *why)
@@ -123,11 +134,13 @@ static void usage(const char *why)
     fprintf(stderr,
             "bench_cuda_api: %s\n"
             "usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]] "
-            "[--reps R] [--quick] [--no-f32] [--no-filter]\n"
+            "[--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits]\n"
             "  budgets: MiB, or with a K/M/G suffix (512M,1G); defaults: tokens 8192,32768, "
             "budgets 512M,1G,2G,3G, reps 7\n"
             "  --no-f32: skip the f32-input rows (otherwise run at the first token count only)\n"
-            "  --no-filter: skip the filtered fused rows (filter_eps auto at each budget)\n",
+            "  --no-filter: skip the filtered fused rows (filter_eps auto at each budget)\n"
+            "  --no-waits: skip the fused rows with the finite check off (a host wait a "
+            "chunk)\n",
             why);
     exit(2);
 }
@@ -183,6 +196,8 @@ static Options parse_args(int argc, char **argv)
             o.f32 = false;
         } else if (a == "--no-filter") {
             o.filter = false;
+        } else if (a == "--no-waits") {
+            o.waits = false;
         } else if (a == "--out" && has_value) {
             o.out = argv[++i];
         } else if (a == "--tokens" && has_value) {
@@ -702,15 +717,19 @@ static void run_floor(const Problem &p, const Reps &rp, ShapeResult &res)
     cublasLtDestroy(lt);
 }
 
-/* (b), (b'), (c): one library row; plan first, then the timed calls.
- * filter_eps: fg_linear_options.filter_eps (0: off; FG_FILTER_EPS_AUTO). */
+/* (b), (bw), (b'), (c): one library row; plan first, then the timed calls.
+ * filter_eps: fg_linear_options.filter_eps (0: off; FG_FILTER_EPS_AUTO);
+ * waits: the finite check off (bw). */
 static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, size_t budget,
                             fg_dtype gdt, const Reps &rp, ShapeResult &res,
-                            double filter_eps = 0.0)
+                            double filter_eps = 0.0, bool waits = false)
 {
     Row r;
     const bool filtered = filter_eps != 0.0;
-    r.kind = impl != FG_IMPL_FUSED ? "materialized" : filtered ? "filtered" : "fused";
+    r.kind = impl != FG_IMPL_FUSED ? "materialized"
+             : filtered            ? "filtered"
+             : waits               ? "waits"
+                                   : "fused";
     r.inputs = dtype_str(p.in_t);
     r.budget = impl == FG_IMPL_FUSED ? budget : 0;
     r.grads = dtype_str(gdt);
@@ -725,6 +744,8 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
                  filter_eps == FG_FILTER_EPS_AUTO ? "auto = " : "", eps);
         r.name += e;
     }
+    if (waits)
+        r.name += ", no scan: a wait a chunk";
 
     const size_t gh_bytes = (size_t)p.N * p.H * dtype_bytes(gdt);
     const size_t gw_bytes = (size_t)p.V * p.H * dtype_bytes(gdt);
@@ -737,6 +758,7 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
     }
     const fg_linear_options opts = {impl, 0, filter_eps};
     const fg_loss_config cfg = dapo_config();
+    lib_ok(ctx, fg_context_set_check_finite(ctx, waits ? 0 : 1), "fg_context_set_check_finite");
     const fg_linear_inputs in = inputs_of(p);
     const fg_batch batch = batch_of(p);
     fg_exec exec;
@@ -880,6 +902,9 @@ static ShapeResult run_shape(fg_context *ctx, const Options &o, int64_t T, bool 
     run_floor(p, rp, res);
     for (size_t b : o.budgets)
         run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, rp, res);
+    if (o.waits) /* (bw): the finite check off, one host wait a chunk */
+        for (size_t b : o.budgets)
+            run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, rp, res, 0.0, true);
     if (o.filter) /* (b'): the same steps with filtering at the auto threshold */
         for (size_t b : o.budgets)
             run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, rp, res,
@@ -1037,6 +1062,13 @@ static void write_table(const std::string &path, const Options &o, const std::st
                "high-water mark; held: cudaMemGetInfo's drop over the row; kept: the "
                "fraction of dlogits entries the backward products used (fg_memory_stats).\n",
             o.reps, WARMUPS);
+    if (o.waits)
+        fprintf(f, "\n'a wait a chunk' rows: the fused step at each budget with the finite "
+                   "check off: the host checks each chunk's statistics before its products, "
+                   "one wait a chunk, where the fused rows run their chunks with no host wait "
+                   "between them (g and e from the backend's derivs op, every token checked "
+                   "once after the chunks). Same products: the pair measures those waits, "
+                   "less the fused rows' NaN/Inf scan of the inputs.\n");
     if (o.filter)
         fprintf(f, "\nfiltered rows: the fused step at each budget with gradient filtering at "
                    "its auto threshold (filter_eps = FG_FILTER_EPS_AUTO: 1e-5 for bf16): each "

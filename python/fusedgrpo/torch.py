@@ -89,11 +89,12 @@ _LINEAR_GRPO_SCHEMA = (
 
 # CPU and CUDA tensors run the same kernel. On CUDA the library's CUDA backend
 # runs on torch's current stream (fusedgrpo.h, FG_BACKEND_CUDA); the C call
-# reads the token arrays and each chunk's log-probs back to the host, where
-# the loss math runs, so it synchronizes with the stream: twice before any
-# output (the token arrays; the NaN scan), once per chunk, once at the end;
-# loss and metrics come back as host numbers. A float mask is checked on the
-# device (one more read of a flag).
+# reads the token arrays back to the host and every token's log-prob once, so
+# it synchronizes with the stream: twice before any output (the token arrays;
+# the NaN scan), once at the end (once a chunk more for a token-level loss
+# with the finite check off, whose tokens the host then checks before each
+# chunk's products); loss and metrics come back as host numbers.
+# A float mask is checked on the device (one more read of a flag).
 @torch.library.custom_op("fusedgrpo::linear_grpo", mutates_args=(), device_types=("cpu", "cuda"),
                          schema=_LINEAR_GRPO_SCHEMA, **_OP_TAGS)
 def linear_grpo(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None,

@@ -33,9 +33,9 @@ ids, masks, advantages and log-probs go to fusedgrpo.torch's ops as they are,
 which on CUDA tensors run the library's CUDA backend on torch's current
 stream; the loss, gradients, log-probs, entropies and metrics come back on
 that device. The host reads scalars only: num_items_in_batch (an option of the
-C call) and the logged metrics (as TRL's own logging does). On CUDA, gradient
-filtering (``fusedgrpo_filter_eps``) is refused by the library (CPU only for
-now); the default, 0, is off.
+C call) and the logged metrics (as TRL's own logging does). Gradient
+filtering (``fusedgrpo_filter_eps``; default 0, off) runs on both; on CUDA
+its products stay dense for now (the same kept entries, no speed-up).
 """
 from __future__ import annotations
 

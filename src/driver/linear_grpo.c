@@ -368,15 +368,19 @@ static void chunk_view(linear_call *L, int64_t r0)
 static int forward_first(const linear_call *L);
 
 /* Whether the call runs with no host wait between its chunks: on a device
- * backend, when nothing a chunk writes can be refused later. A call without
- * gradients writes only at the end. One with gradients needs the backend's
- * derivs, and either tokens no check can refuse (scanned inputs, whose
- * statistics are then finite; for the loss, derivatives bounded from the
- * inputs alone: certified), or a loss that reads every token's log-prob in
- * a forward sweep first (fg_loss_needs_all_tokens): every token is then
- * checked between the sweeps, before any gradient. The KL's derivatives are
- * checked chunk by chunk; the hook's reductions and the phase API stay per
- * chunk too. */
+ * backend, when a later check cannot make it write what the chunked walk
+ * would not. A call without gradients writes only at the end. One with
+ * gradients needs the backend's derivs, and either a loss call that
+ * computes every token's log-prob in a forward sweep first (forward_first:
+ * the loss needs them, or an accumulating call sums into the caller's
+ * grad_weight), every token then checked between the sweeps, before any
+ * gradient; or scanned inputs (their statistics are then finite), where
+ * the head's calls and a certified loss cannot be refused, and a loss that
+ * is not certified (the KL) can be refused only with FG_ERR_OVERFLOW,
+ * whose refusals may leave partial gradients in any walk (fusedgrpo.h
+ * "Conventions"). With the finite check off a token-level loss checks each
+ * chunk's statistics on the host before its products; the hook's
+ * reductions and the phase API stay per chunk too. */
 static int runs_deferred(const linear_call *L)
 {
     const linear_plan *p = &L->p;
@@ -391,7 +395,11 @@ static int runs_deferred(const linear_call *L)
         return 1;
     if (!p->bounds.scanned)
         return 0;
-    return kind == KIND_LOSS ? L->certified : kind == KIND_LOGPROBS_BACKWARD;
+    /* One chunk: the chunked walk waits once too, and refuses before any
+     * product. */
+    if (kind == KIND_LOSS && !L->certified && p->chunks == 1)
+        return 0;
+    return kind == KIND_LOSS || kind == KIND_LOGPROBS_BACKWARD;
 }
 
 /* The loss plan over the backend's memory, for derivs: the caller's batch
@@ -439,11 +447,6 @@ static fg_status collect_tokens(linear_call *L, int grads)
         (st = MEM(L, to_host, checks, L->tok_check, (size_t)n * sizeof(int))) != FG_OK ||
         (st = wait_backend(L)) != FG_OK)
         return st;
-    for (int64_t k = 0; k < p->chunks; k++) {
-        const int64_t r0 = fg_linear_chunk_start(p, k);
-        if (checks[r0] != FG_BACKEND_ROW_NONE)
-            return bad_target(L, r0, checks[r0]);
-    }
     const fg_token_arrays *ta = &L->c.ta;
     for (int64_t i = 0; i < n; i++) {
         const int64_t t = L->c.active[i];
@@ -452,7 +455,12 @@ static fg_status collect_tokens(linear_call *L, int grads)
         ta->entropy[t] = h[2 * n + i];
         ta->logp[t] = h[3 * n + i];
     }
-    return check_tokens(L, L->c.active, n, grads);
+    for (int64_t k = 0; k < p->chunks && st == FG_OK; k++) { /* the chunked walk's order */
+        const int64_t r0 = fg_linear_chunk_start(p, k), m = fg_linear_chunk_len(p, k);
+        st = checks[r0] != FG_BACKEND_ROW_NONE ? bad_target(L, r0, checks[r0])
+                                               : check_tokens(L, L->c.active + r0, m, grads);
+    }
+    return st;
 }
 
 /* One chunk k: GEMM 1 (unless the logits are still there), the row sweep of

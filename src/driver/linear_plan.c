@@ -3,8 +3,9 @@
  *
  * Everything the call holds must fit the budget: the fixed part (targets,
  * grad_bias's and a bf16 grad_weight's float32 sums; on a host backend the
- * [B, T] arrays too), one chunk's buffers, and the backend's scratch for
- * it. The chunk size is the largest that fits, then shaped by the
+ * [B, T] arrays too; on another every unmasked token's statistics and the
+ * loss's per-sequence constants), one chunk's buffers, and the backend's
+ * scratch for it. The chunk size is the largest that fits, then shaped by the
  * backend's facts: equal chunks, unless that turns grad_hidden's product
  * slow (chunk_slow); in whole logits blocks where the backend pads a
  * chunk's last block (logits_block_rows).
@@ -277,7 +278,7 @@ static fg_status plan_chunks(fg_call *call, linear_plan *p, int64_t forced)
             return fg_fail(call->err, FG_ERR_BUDGET_TOO_SMALL,
                            "a memory budget of %zu bytes is too small: one token row a chunk "
                            "needs %zu bytes (per-call arrays %zu%s + one row's logits, dlogits, "
-                           "hidden rows and statistics %zu + GEMM scratch %zu for one thread%s; "
+                           "hidden rows and row arrays %zu + GEMM scratch %zu for one thread%s; "
                            "V = %lld, H = %lld)",
                            call->budget, need1, p->fixed_bytes,
                            p->gw_sum ? ", with the bf16 grad_weight's float32 sums" : "",
