@@ -1416,8 +1416,9 @@ static std::vector<int64_t> host_kept(const std::vector<unsigned char> &d, fg_dt
  * kept_cap = the largest row count (every row within it: dropped entries
  * zeroed) and one less (the chunk runs dense: dlogits untouched, m · V
  * counted): the CUDA dlogits bits, the reference's and the host's rule the
- * same, kept_count the same (and added to, from 1000). The CUDA call gets
- * no kept_idx / kept_nnz / kept_tgt: its scratch is chunk_scratch's. */
+ * same, kept_count the same (and added to, from 1000). Neither call gets
+ * kept_idx / kept_nnz / kept_tgt (both filter in place,
+ * FG_BACKEND_FILTER_IN_PLACE): their scratch is chunk_scratch's. */
 static void test_filter(Side &cu, Side &ref, const fg_backend_call &C, const fg_backend_call &R,
                         const std::vector<int64_t> &tg, fg_dtype dtype)
 {
@@ -1425,18 +1426,20 @@ static void test_filter(Side &cu, Side &ref, const fg_backend_call &C, const fg_
     const size_t es = dsize(dtype);
     const double eps = 0x1p-10;
     char msg[512] = "", what[300];
-    /* The CUDA side's scratch, as chunk_scratch asks; the reference's kept ids. */
+    /* Each side's scratch, as its chunk_scratch asks (both filter in place:
+     * no kept_* workspace). */
     fg_backend_call fc = C, fr = R;
     fc.filter_eps = fr.filter_eps = eps;
-    size_t scratch = 0;
+    size_t scratch = 0, ref_scratch = 0;
     fg_status st = cu.dev.ops->chunk_scratch(cu.dev.state, &fc, n, n, &scratch, msg, sizeof msg);
     if (st != FG_OK)
         side_die(cu, "chunk_scratch with filtering", st, msg);
+    st = ref.dev.ops->chunk_scratch(ref.dev.state, &fr, n, n, &ref_scratch, msg, sizeof msg);
+    if (st != FG_OK)
+        side_die(ref, "chunk_scratch with filtering", st, msg);
     fc.scratch = side_alloc(cu, scratch);
+    fr.scratch = side_alloc(ref, ref_scratch);
     fc.kept_count = static_cast<int64_t *>(side_alloc(cu, sizeof(int64_t)));
-    fr.kept_idx = static_cast<int32_t *>(side_alloc(ref, (size_t)n * V * sizeof(int32_t)));
-    fr.kept_nnz = static_cast<int32_t *>(side_alloc(ref, (size_t)n * sizeof(int32_t)));
-    fr.kept_tgt = static_cast<int64_t *>(side_alloc(ref, (size_t)n * sizeof(int64_t)));
     fr.kept_count = static_cast<int64_t *>(side_alloc(ref, sizeof(int64_t)));
 
     const int64_t m = 37, starts[2] = {0, 30};

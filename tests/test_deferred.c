@@ -154,6 +154,23 @@ static linear_request loss_request(const fg_loss_config *cfg, const fg_batch *ba
     return r;
 }
 
+/* A problem of the test's shape (opts NULL: tu_problem_make's) with old
+ * and reference log-probs near the oracle's own at the configs'
+ * temperature; 0, after a failed CHECK, when the oracle refuses it. */
+static int make_problem(tu_problem *prob, fg_dtype dt, int with_bias, uint64_t seed,
+                        const tu_problem_opts *opts, const char *tag)
+{
+    if (opts)
+        tu_problem_make_opts(prob, B, T, H, V, dt, with_bias, seed, opts);
+    else
+        tu_problem_make(prob, B, T, H, V, dt, with_bias, seed);
+    if (tu_problem_fill_logp(prob, 0.8, 0.2, 0.3) == 0)
+        return 1;
+    CHECK(0, "%s: the oracle refused the batch", tag);
+    tu_problem_free(prob);
+    return 0;
+}
+
 /* Parts 1-3 and 5: one configuration, deferred and chunked, at one chunk
  * and at several. `deferred`: whether the several-chunk walk should run
  * without host waits between its chunks (2: and the one-chunk walk with
@@ -164,12 +181,8 @@ static void loss_case(fg_context *ctx, const char *tag, const fg_loss_config *cf
 {
     const tu_problem_opts po = {0, 0, 0, 3, 5, (int)(seed % 4)};
     tu_problem prob;
-    tu_problem_make_opts(&prob, B, T, H, V, dt, with_bias, seed, &po);
-    if (tu_problem_fill_logp(&prob, cfg->temperature, 0.2, 0.3) != 0) {
-        CHECK(0, "%s: the oracle refused the batch", tag);
-        tu_problem_free(&prob);
+    if (!make_problem(&prob, dt, with_bias, seed, &po, tag))
         return;
-    }
     const fg_batch *batch = tu_batch_view(&prob.tb);
     const fg_linear_inputs in = tu_problem_inputs(&prob);
     const fg_linear_options o = {FG_IMPL_FUSED, 0, filter_eps};
@@ -319,12 +332,8 @@ static void head_case(fg_context *ctx, fg_dtype dt)
 static void fault_case(fg_context *ctx)
 {
     tu_problem prob;
-    tu_problem_make(&prob, B, T, H, V, FG_DTYPE_F32, 0, 5150u);
-    if (tu_problem_fill_logp(&prob, 0.8, 0.2, 0.3) != 0) {
-        CHECK(0, "%s", "fault: the oracle refused the batch");
-        tu_problem_free(&prob);
+    if (!make_problem(&prob, FG_DTYPE_F32, 0, 5150u, NULL, "fault"))
         return;
-    }
     const fg_batch *batch = tu_batch_view(&prob.tb);
     const fg_linear_inputs in = tu_problem_inputs(&prob);
     for (int k = 0; k < 2; k++) {
@@ -360,12 +369,8 @@ static void fault_case(fg_context *ctx)
 static void kl_overflow_case(fg_context *ctx)
 {
     tu_problem prob;
-    tu_problem_make(&prob, B, T, H, V, FG_DTYPE_F32, 0, 7170u);
-    if (tu_problem_fill_logp(&prob, 0.8, 0.2, 0.3) != 0) {
-        CHECK(0, "%s", "kl overflow: the oracle refused the batch");
-        tu_problem_free(&prob);
+    if (!make_problem(&prob, FG_DTYPE_F32, 0, 7170u, NULL, "kl overflow"))
         return;
-    }
     fg_batch *batch = (fg_batch *)tu_batch_view(&prob.tb);
     int64_t last = -1;
     for (int64_t n = 0; n < N; n++)
@@ -397,12 +402,8 @@ static void kl_overflow_case(fg_context *ctx)
 static void other_case(fg_context *ctx)
 {
     tu_problem prob;
-    tu_problem_make(&prob, B, T, H, V, FG_DTYPE_BF16, 1, 6160u);
-    if (tu_problem_fill_logp(&prob, 0.8, 0.2, 0.3) != 0) {
-        CHECK(0, "%s", "other: the oracle refused the batch");
-        tu_problem_free(&prob);
+    if (!make_problem(&prob, FG_DTYPE_BF16, 1, 6160u, NULL, "other"))
         return;
-    }
     fg_batch *batch = (fg_batch *)tu_batch_view(&prob.tb);
     const fg_linear_inputs in = tu_problem_inputs(&prob);
     const fg_loss_config kl = config(FG_LOSS_GRPO, FG_LEVEL_TOKEN, 0.04);

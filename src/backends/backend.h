@@ -80,7 +80,8 @@ enum {
     FG_BACKEND_THREAD_INVARIANT = 1u << 3,
     /* filter keeps its entries in dlogits itself (the dropped ones zeroed,
      * its scratch from chunk_scratch): the driver carves no kept_*
-     * workspace but kept_count (CUDA). */
+     * workspace but kept_count (CUDA, and the reference, which specifies
+     * this form). */
     FG_BACKEND_FILTER_IN_PLACE = 1u << 4
 };
 

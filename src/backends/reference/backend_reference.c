@@ -71,11 +71,18 @@ static size_t ref_call_scratch(void *be, const fg_backend_call *c)
 }
 
 /* Loops need no scratch and nothing to prepare. */
+/* A row of the filter's scratch (ref_filter). */
+typedef struct ref_filter_row {
+    float threshold;
+    int32_t kept;
+} ref_filter_row;
+
+/* The filter's rows for the larger chunk, with filtering; nothing else. */
 static fg_status ref_chunk_scratch(void *be, const fg_backend_call *c, int64_t m, int64_t last,
                                    size_t *bytes, char *msg, size_t n)
 {
-    (void)be, (void)c, (void)m, (void)last, (void)msg, (void)n;
-    *bytes = 0;
+    (void)be, (void)msg, (void)n;
+    *bytes = c->filter_eps > 0 ? (size_t)(m > last ? m : last) * sizeof(ref_filter_row) : 0;
     return FG_OK;
 }
 
@@ -259,54 +266,54 @@ static fg_status ref_put_grad_hidden(void *be, const fg_backend_call *c, int64_t
     return FG_OK;
 }
 
-/* Gradient filtering (docs/LOSS_SPEC.md): a row keeps the entries with
- * |d| > (float)(eps · max |d|) and its target; where every row keeps at
- * most kept_cap, the dropped entries are zeroed in dlogits (the products
- * then compute over the kept ones: the sparse products' sums, in double),
- * else the chunk stays dense. The kept ids go to kept_idx, as the CPU's. */
-static int64_t ref_select_row(const fg_backend_call *c, int64_t r0, int64_t i, int32_t *idx)
+/* Gradient filtering (docs/LOSS_SPEC.md), in place (FG_BACKEND_FILTER_IN_PLACE:
+ * the algorithm of a backend whose products stay dense, the CUDA one's):
+ *   count   each row's threshold (float)(eps · max |d|) and its kept entries
+ *           (|d| > threshold, or its target) into the scratch;
+ *   decide  a row keeping more than kept_cap leaves the chunk dense
+ *           (*kept_count += m · V), else *kept_count += the kept entries;
+ *   zero    unless dense, every dropped entry of dlogits set to 0 (the
+ *           products then sum the kept ones).
+ * No kept_* workspace; the same comparisons in float as the CPU's select. */
+
+static int ref_keeps(const fg_backend_call *c, int64_t i, int64_t v, float thr, int64_t t)
 {
-    float top = 0.0f;
-    for (int64_t v = 0; v < c->V; v++) {
-        const float a = fabsf(load(c->dlogits, c->dlogit_t, at(i, c->V, v)));
-        top = a > top ? a : top;
-    }
-    const float thr = (float)(c->filter_eps * (double)top);
-    const int64_t t = c->targets[r0 + i];
-    int64_t kept = 0;
-    for (int64_t v = 0; v < c->V; v++)
-        if (fabsf(load(c->dlogits, c->dlogit_t, at(i, c->V, v))) > thr || v == t) {
-            if (kept < c->kept_cap)
-                idx[kept] = (int32_t)v;
-            kept++;
-        }
-    return kept;
+    return fabsf(load(c->dlogits, c->dlogit_t, at(i, c->V, v))) > thr || v == t;
 }
 
 static fg_status ref_filter(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                             size_t n)
 {
-    (void)be, (void)msg, (void)n;
-    int64_t total = 0, over = 0;
-    for (int64_t i = 0; i < m; i++) {
-        int32_t *idx = c->kept_idx + (size_t)i * (size_t)c->kept_cap;
-        const int64_t k = ref_select_row(c, r0, i, idx);
-        c->kept_nnz[i] = (int32_t)(k < c->kept_cap ? k : c->kept_cap);
-        total += k;
-        over += k > c->kept_cap;
+    (void)be;
+    ref_filter_row *rows = c->scratch;
+    if (!rows || !c->kept_count) {
+        snprintf(msg, n, "filter: the scratch chunk_scratch asked for and kept_count are required");
+        return FG_ERR_NULL_ARGUMENT;
     }
-    *c->kept_count += over ? m * c->V : total;
+    int64_t total = 0;
+    int over = 0;
+    for (int64_t i = 0; i < m; i++) { /* count */
+        float top = 0.0f;
+        for (int64_t v = 0; v < c->V; v++) {
+            const float a = fabsf(load(c->dlogits, c->dlogit_t, at(i, c->V, v)));
+            top = a > top ? a : top;
+        }
+        const float thr = (float)(c->filter_eps * (double)top);
+        const int64_t t = c->targets[r0 + i];
+        int32_t kept = 0;
+        for (int64_t v = 0; v < c->V; v++)
+            kept += ref_keeps(c, i, v, thr, t);
+        rows[i] = (ref_filter_row){thr, kept};
+        total += kept;
+        over |= kept > c->kept_cap;
+    }
+    *c->kept_count += over ? m * c->V : total; /* decide */
     if (over)
         return FG_OK;
-    for (int64_t i = 0; i < m; i++) { /* zero what a row drops: its kept ids ascend */
-        const int32_t *idx = c->kept_idx + (size_t)i * (size_t)c->kept_cap;
-        for (int64_t v = 0, j = 0; v < c->V; v++) {
-            if (j < c->kept_nnz[i] && idx[j] == v)
-                j++;
-            else
+    for (int64_t i = 0; i < m; i++) /* zero */
+        for (int64_t v = 0; v < c->V; v++)
+            if (!ref_keeps(c, i, v, rows[i].threshold, c->targets[r0 + i]))
                 store(c->dlogits, c->dlogit_t, at(i, c->V, v), 0.0f);
-        }
-    }
     return FG_OK;
 }
 
@@ -385,7 +392,7 @@ static fg_status ref_finish(void *be, const fg_backend_call *c, char *msg, size_
 static const fg_backend_ops reference_ops = {
     .abi = FG_BACKEND_ABI,
     .name = "reference",
-    .caps = FG_BACKEND_FIXED_ROW_BITS | FG_BACKEND_THREAD_INVARIANT,
+    .caps = FG_BACKEND_FIXED_ROW_BITS | FG_BACKEND_THREAD_INVARIANT | FG_BACKEND_FILTER_IN_PLACE,
     .align = 256,
     .logits_block_rows = 0,
     .fast_chunk_rows = 1024, /* the CUDA backend's, so that tests run the planner's rule */
