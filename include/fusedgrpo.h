@@ -65,13 +65,14 @@
  *     checks them all between its two sweeps; on scanned inputs, the other
  *     loss calls of several chunks and the head's calls check every token
  *     once, after the chunks, in the same order, with the same statuses
- *     and messages. There a token-level loss with the KL can still be
- *     refused with FG_ERR_OVERFLOW (the exception above, except that
- *     grad_hidden and grad_weight then hold every chunk's results,
- *     non-finite ones included); a token-level loss without the KL whose
- *     derivatives the inputs bound, and the head's calls, only by a backend
- *     fault (a statistic the backend got wrong), after gradients were
- *     written. With
+ *     and messages. There a token-level loss whose derivatives the inputs do
+ *     not bound (the KL, or inputs too large for the bound) can still be
+ *     refused with FG_ERR_OVERFLOW found in any chunk, after which
+ *     grad_hidden, and grad_weight unless the call accumulates or sums a
+ *     bf16 grad_weight in float32, hold every chunk's results, non-finite
+ *     ones included; the other token-level losses and the head's calls only
+ *     by a backend fault (a statistic the backend got wrong), after
+ *     gradients were written. With
  *     the finite check off (fg_context_set_check_finite) the pass over the
  *     inputs, bounds included, is skipped: non-finite statistics found during
  *     the call are then FG_ERR_NONFINITE_INPUT ("the finite check was off").
@@ -316,8 +317,9 @@ typedef struct fg_logits_outputs {
  * copies the O(B*T) token arrays to the host and waits for the backend
  * once to check them (and the inputs' NaN/Inf scan) and once at the end;
  * between its chunks it waits only where a chunk's tokens must be checked
- * on the host before its gradient products (a token-level loss with the
- * finite check off: once a chunk; see "Conventions"); the
+ * on the host before its gradient products (with the finite check off, a
+ * token-level loss and fg_linear_logprobs_backward; the phase API: once a
+ * chunk; see "Conventions"); the
  * loss's per-token derivatives and the [tokens, vocab] and [vocab, hidden]
  * work stay in the backend. One driver runs every backend; what a backend
  * lacks is refused by name (FG_ERR_UNSUPPORTED): the CPU-only entry points

@@ -21,8 +21,10 @@
  *     bitwise the chunked walk's; the KL deferred in several chunks (one
  *     chunk: the chunked walk). A call that stays chunked, with the chunked
  *     walk's results and synchronisations: the finite check off for a
- *     token-level loss. The KL overflowing at a token of the last chunk:
- *     FG_ERR_OVERFLOW, the same message from both walks.
+ *     token-level loss. The KL overflowing at a token of the first chunk
+ *     and of the last: FG_ERR_OVERFLOW, the same message from both walks,
+ *     logp, entropy and the loss untouched, grad_weight written as the
+ *     contract says.
  *  4. fg_linear_logprobs (nothing written before the end: deferred, derivs
  *     or not; bitwise equal to one chunk's) and fg_linear_logprobs_backward
  *     (the caller's derivatives read by derivs in the backend's memory;
@@ -362,37 +364,66 @@ static void fault_case(fg_context *ctx)
     tu_problem_free(&prob);
 }
 
-/* The KL overflowing at one token of the last chunk (its reference
- * log-prob far above its log-prob): FG_ERR_OVERFLOW with the same message
- * from both walks; the deferred walk wrote every chunk's gradients, the
- * chunked walk the chunks before it (fusedgrpo.h "Conventions"). */
+/* The KL overflowing at one token (its reference log-prob far above its
+ * log-prob), of the first chunk and of the last: FG_ERR_OVERFLOW with the
+ * same message from both walks, logp, entropy and the loss left as they
+ * were; the chunked walk wrote the gradients of the chunks before the
+ * token's (none for the first), the deferred walk every chunk's
+ * (fusedgrpo.h "Conventions"). */
+static int bytes_are(const void *p, size_t n, unsigned char v)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != v)
+            return 0;
+    return 1;
+}
+
 static void kl_overflow_case(fg_context *ctx)
 {
-    tu_problem prob;
-    if (!make_problem(&prob, FG_DTYPE_F32, 0, 7170u, NULL, "kl overflow"))
-        return;
-    fg_batch *batch = (fg_batch *)tu_batch_view(&prob.tb);
-    int64_t last = -1;
-    for (int64_t n = 0; n < N; n++)
-        last = batch->mask[n] ? n : last;
-    ((float *)batch->ref_logp)[last] = 200.0f; /* exp(200 - logp): d loss/d logp overflows */
-    const fg_linear_inputs in = tu_problem_inputs(&prob);
-    const fg_loss_config kl = config(FG_LOSS_GRPO, FG_LEVEL_TOKEN, 0.04);
-    const linear_request req = loss_request(&kl, batch);
-    tu_linear_outs a, b;
-    tu_linear_outs_make(&a, N, H, V, 0);
-    tu_linear_outs_make(&b, N, H, V, 0);
-    a.out.grad_bias.data = b.out.grad_bias.data = NULL;
-    const size_t several = budget_for(ctx, 4, NULL, &req, &in, &a.out);
-    const walk d = run(ctx, DEFERRED, several, NULL, &req, &in, &a.out);
-    const walk c = run(ctx, CHUNKED, several, NULL, &req, &in, &b.out);
-    CHECK(d.chunks >= 2 && d.st == FG_ERR_OVERFLOW && c.st == d.st && strcmp(d.msg, c.msg) == 0,
-          "kl overflow (%lld chunks): %s \"%s\" / %s \"%s\"", (long long)d.chunks,
-          fg_status_name(d.st), d.msg, fg_status_name(c.st), c.msg);
-    CHECK(d.syncs < c.syncs, "kl overflow: deferred %ld syncs, chunked %ld", d.syncs, c.syncs);
-    tu_linear_outs_free(&a);
-    tu_linear_outs_free(&b);
-    tu_problem_free(&prob);
+    for (int where = 0; where < 2; where++) {
+        const char *tag = where ? "kl overflow, last chunk" : "kl overflow, first chunk";
+        tu_problem prob;
+        if (!make_problem(&prob, FG_DTYPE_F32, 0, 7170u, NULL, tag))
+            return;
+        fg_batch *batch = (fg_batch *)tu_batch_view(&prob.tb);
+        int64_t at = -1;
+        for (int64_t n = 0; n < N; n++)
+            if (batch->mask[n] && (where || at < 0))
+                at = n;
+        ((float *)batch->ref_logp)[at] = 200.0f; /* exp(200 - logp): d loss/d logp overflows */
+        const fg_linear_inputs in = tu_problem_inputs(&prob);
+        const fg_loss_config kl = config(FG_LOSS_GRPO, FG_LEVEL_TOKEN, 0.04);
+        const linear_request req = loss_request(&kl, batch);
+        tu_linear_outs a, b;
+        tu_linear_outs_make(&a, N, H, V, 0);
+        tu_linear_outs_make(&b, N, H, V, 0);
+        a.out.grad_bias.data = b.out.grad_bias.data = NULL;
+        tu_linear_outs_fill(&a, 0x5A);
+        tu_linear_outs_fill(&b, 0x5A);
+        const size_t several = budget_for(ctx, 4, NULL, &req, &in, &a.out);
+        const walk d = run(ctx, DEFERRED, several, NULL, &req, &in, &a.out);
+        const walk c = run(ctx, CHUNKED, several, NULL, &req, &in, &b.out);
+        CHECK(d.chunks >= 2 && d.st == FG_ERR_OVERFLOW && c.st == d.st &&
+                  strcmp(d.msg, c.msg) == 0,
+              "%s (%lld chunks): %s \"%s\" / %s \"%s\"", tag, (long long)d.chunks,
+              fg_status_name(d.st), d.msg, fg_status_name(c.st), c.msg);
+        const size_t nt = (size_t)N * sizeof(float), nw = (size_t)V * H * sizeof(float);
+        for (const tu_linear_outs *o = &a; o; o = o == &a ? &b : NULL)
+            CHECK(bytes_are(o->logp, nt, 0x5A) && bytes_are(o->entropy, nt, 0x5A) &&
+                      bytes_are(&o->out.loss, sizeof o->out.loss, 0x5A),
+                  "%s: the %s walk wrote logp, entropy or the loss", tag,
+                  o == &a ? "deferred" : "chunked");
+        CHECK(!bytes_are(a.grad_weight, nw, 0x5A) &&
+                  bytes_are(b.grad_weight, nw, 0x5A) == !where,
+              "%s: grad_weight written by the deferred walk %d, by the chunked walk %d", tag,
+              !bytes_are(a.grad_weight, nw, 0x5A), !bytes_are(b.grad_weight, nw, 0x5A));
+        CHECK(d.syncs < c.syncs || !where, "%s: deferred %ld syncs, chunked %ld", tag, d.syncs,
+              c.syncs);
+        tu_linear_outs_free(&a);
+        tu_linear_outs_free(&b);
+        tu_problem_free(&prob);
+    }
 }
 
 /* A loss call that accumulates into an f32 grad_weight over several chunks

@@ -64,8 +64,9 @@
  * Timing: each row is the median of --reps calls (default 7) after 2
  * warm-ups, with min and max, in host wall time from an idle stream to the
  * call's return followed by cudaStreamSynchronize (fg_linear_grpo already
- * waits for its stream before it returns; the host's share of the step, the
- * loss math and the per-chunk waits, is part of the time). The f32 rows are
+ * waits for its stream before it returns; the host's share of the step, its
+ * checks and waits (one a chunk in the "a wait a chunk" rows), is part of
+ * the time). The f32 rows are
  * the median of 5 (or --reps if fewer) after 1 warm-up: one f32 product at
  * [8192, 4096] x [4096, 151936] runs ~0.2 s without tensor cores, and the
  * section stays under ~20 s of device time.
@@ -474,10 +475,10 @@ static std::string kept_str(double kept)
 static void print_row(const Row &r)
 {
     if (!r.ran) {
-        printf("%-13s %-44s skipped: %s\n", r.kind.c_str(), r.name.c_str(), r.note.c_str());
+        printf("%-13s %-72s skipped: %s\n", r.kind.c_str(), r.name.c_str(), r.note.c_str());
         return;
     }
-    printf("%-13s %-44s %9.2f %9.2f %9.2f", r.kind.c_str(), r.name.c_str(), r.t.median, r.t.min,
+    printf("%-13s %-72s %9.2f %9.2f %9.2f", r.kind.c_str(), r.name.c_str(), r.t.median, r.t.min,
            r.t.max);
     if (r.ratio > 0)
         printf("  %.3fx %s floor", r.ratio, r.inputs.c_str());
@@ -846,7 +847,7 @@ static void run_f32_section(fg_context *ctx, const Options &o, const Problem &bf
            rp.warmups);
     const auto t0 = std::chrono::steady_clock::now();
     Problem p = f32_problem_make(bf);
-    printf("%-13s %-44s %9s %9s %9s\n", "row", "what", "median", "min", "max");
+    printf("%-13s %-72s %9s %9s %9s\n", "row", "what", "median", "min", "max");
     run_floor(p, rp, res);
     /* One budget: 2 GiB holds chunks of ~3300 f32 rows at V = 151936 (the
      * logits, reused as dlogits, and the hidden and grad_hidden rows): three
@@ -897,7 +898,7 @@ static ShapeResult run_shape(fg_context *ctx, const Options &o, int64_t T, bool 
         fg_release_workspace(ctx);
     }
 
-    printf("%-13s %-44s %9s %9s %9s\n", "row", "what", "median", "min", "max");
+    printf("%-13s %-72s %9s %9s %9s\n", "row", "what", "median", "min", "max");
     const Reps rp = {WARMUPS, o.reps};
     run_floor(p, rp, res);
     for (size_t b : o.budgets)

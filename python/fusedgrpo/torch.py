@@ -91,9 +91,10 @@ _LINEAR_GRPO_SCHEMA = (
 # runs on torch's current stream (fusedgrpo.h, FG_BACKEND_CUDA); the C call
 # reads the token arrays back to the host and every token's log-prob once, so
 # it synchronizes with the stream: twice before any output (the token arrays;
-# the NaN scan), once at the end (once a chunk more for a token-level loss
-# with the finite check off, whose tokens the host then checks before each
-# chunk's products); loss and metrics come back as host numbers.
+# the NaN scan), once for every token's statistics after the chunks, once at
+# the end (with the finite check off, once a chunk instead of the third: the
+# host then checks each chunk's tokens before its products); loss and
+# metrics come back as host numbers.
 # A float mask is checked on the device (one more read of a flag).
 @torch.library.custom_op("fusedgrpo::linear_grpo", mutates_args=(), device_types=("cpu", "cuda"),
                          schema=_LINEAR_GRPO_SCHEMA, **_OP_TAGS)

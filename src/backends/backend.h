@@ -298,8 +298,8 @@ typedef struct fg_backend_ops {
      * fg_token_dlogp / fg_token_dentropy on `plan`, whose arrays (the
      * batch's advantages, log-probs and ratios, the caller's derivatives,
      * the per-sequence constants) are in the backend's memory. With it the
-     * driver runs a call whose tokens cannot be refused with no host wait
-     * between its chunks. */
+     * driver runs most calls with no host wait between their chunks
+     * (linear_grpo.c runs_deferred). */
     fg_status (*derivs)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
                         const struct fg_loss_plan *plan, char *msg, size_t msg_size);
 } fg_backend_ops;

@@ -35,15 +35,16 @@
  * x vocab) and O(vocab x hidden). On a host backend (the CPU) the driver
  * reads and writes the backend's buffers in place; on another (CUDA, the
  * reference) it stages the token arrays to the host first (staging.h) and
- * keeps every token's statistics in the backend's memory. Where a chunk's
- * tokens could be refused, it copies the chunk's statistics out, checks
- * them and hands g, e back: one wait per chunk. Where none can be (a
- * deferred call, runs_deferred), the backend's derivs op computes g, e from
- * the one loss-math source (loss_token.h) and the chunks run with no host
- * wait between them; every token is read and checked once, after them.
- * Nothing reaches an output before the checks of the arguments and the scan
- * have passed; each chunk's tokens are checked before its gradient products
- * (fusedgrpo.h "Conventions").
+ * keeps every token's statistics in the backend's memory. A deferred call
+ * (runs_deferred: most calls) has the backend's derivs op compute g, e from
+ * the one loss-math source (loss_token.h), runs the chunks with no host wait
+ * between them, and reads and checks every token once, after them (or
+ * between a loss's two sweeps); any other copies each chunk's statistics
+ * out, checks them and hands g, e back: one wait per chunk. Nothing reaches
+ * an output before the checks of the arguments and the scan have passed;
+ * each chunk's tokens are checked before its gradient products, but in a
+ * deferred call after them (fusedgrpo.h "Conventions" says what a refusal
+ * then leaves).
  */
 #include <math.h>
 #include <string.h>
@@ -432,7 +433,8 @@ static fg_status put_plan(linear_call *L)
  * statistics and every chunk's row check to the host, into c.ta, then the
  * checks the chunked walk makes chunk by chunk, in the same order, so that
  * a refusal has the same status and message (with gradients, after they
- * were written: only a backend fault can fail here). */
+ * were written: FG_ERR_OVERFLOW of a loss the inputs do not certify, or a
+ * backend fault). */
 static fg_status collect_tokens(linear_call *L, int grads)
 {
     const linear_plan *p = &L->p;
@@ -1069,7 +1071,8 @@ fg_status fg_linear_plan_request(fg_call *call, const fg_device *be, const fg_li
 
 /* Everything after the checks and the plan, with the memory in hand: the
  * sweeps write grad_hidden and grad_weight chunk by chunk (each chunk's
- * tokens checked first), everything else at the end. */
+ * tokens checked first, or in a deferred call after the chunks),
+ * everything else at the end. */
 static fg_status run_call(linear_call *L, int collective, void *device_mem)
 {
     fg_call *call = L->call;

@@ -59,6 +59,12 @@ def main(model_dir, out_json):
     if acc.is_main_process:
         with open(out_json, "w") as f:
             json.dump(results, f)
+    # The gloo group torn down here, not by the interpreter's exit: left to
+    # the exit, its threads are destroyed in no set order and a rank can
+    # abort ("terminate called without an active exception") after the runs.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -70,14 +70,14 @@ static size_t ref_call_scratch(void *be, const fg_backend_call *c)
     return 0;
 }
 
-/* Loops need no scratch and nothing to prepare. */
 /* A row of the filter's scratch (ref_filter). */
 typedef struct ref_filter_row {
     float threshold;
     int32_t kept;
 } ref_filter_row;
 
-/* The filter's rows for the larger chunk, with filtering; nothing else. */
+/* The filter's rows for the larger chunk, with filtering; the loops need no
+ * other scratch and nothing prepared. */
 static fg_status ref_chunk_scratch(void *be, const fg_backend_call *c, int64_t m, int64_t last,
                                    size_t *bytes, char *msg, size_t n)
 {
