@@ -1126,26 +1126,6 @@ static void loss_case(fg_context *ctx, int lt, int lvl, fg_dtype dt, fg_dtype gt
     tu_problem_free(&prob);
 }
 
-/* A head-only request over `tokens` (a default config with the
- * temperature, a batch view of the tokens), as the public entry points
- * build one. */
-static void head_request(linear_request *req, enum call_kind kind, fg_loss_config *cfg,
-                         fg_batch *batch, const fg_tokens *tokens, double temperature)
-{
-    memset(req, 0, sizeof *req);
-    fg_loss_config_init(cfg);
-    cfg->temperature = temperature;
-    memset(batch, 0, sizeof *batch);
-    batch->batch = tokens->batch;
-    batch->seq_len = tokens->seq_len;
-    batch->token_ids = tokens->token_ids;
-    batch->mask = tokens->mask;
-    req->kind = kind;
-    req->cfg = cfg;
-    req->batch = batch;
-    req->tokens = tokens;
-}
-
 /* The head's requests: fg_linear_logprobs, fg_linear_logprobs_backward;
  * the phase API's (a) fg_linear_shard_stats of one shard (rescaled and
  * finished: the log-probs) and (d) fg_linear_shard_backward from them. */
@@ -1183,16 +1163,16 @@ static void head_case(fg_context *ctx, fg_dtype dt)
     char tag[96];
 
     snprintf(tag, sizeof tag, "[walk logprobs, %s inputs]", dtype_name(dt));
-    head_request(&req, KIND_LOGPROBS, &cfg, &batch, &tokens, temperature);
+    fg_linear_head_request(&req, KIND_LOGPROBS, &cfg, &batch, temperature, &tokens, NULL,
+                           NULL);
     if (walks(ctx, tag, NULL, &req, &in, ov, 0, &info, rep))
         for (int w = 0; w <= WALKS; w++)
             against_oracle(tag, walk_name[w], NULL, &prob.tb, &ref, &ov[w], info.gemm_dtype, 1,
                            0, 1.0, 1);
 
     snprintf(tag, sizeof tag, "[walk logprobs_backward, %s inputs]", dtype_name(dt));
-    head_request(&req, KIND_LOGPROBS_BACKWARD, &cfg, &batch, &tokens, temperature);
-    req.dlogp = dlogp;
-    req.dentropy = dent;
+    fg_linear_head_request(&req, KIND_LOGPROBS_BACKWARD, &cfg, &batch, temperature, &tokens,
+                           dlogp, dent);
     if (walks(ctx, tag, NULL, &req, &in, ov, 0, &info, rep))
         for (int w = 0; w <= WALKS; w++)
             against_oracle(tag, walk_name[w], NULL, &prob.tb, &ref, &ov[w], info.gemm_dtype, 0,
@@ -1200,7 +1180,8 @@ static void head_case(fg_context *ctx, fg_dtype dt)
 
     /* (a), then one shard's reductions (the identity), (b) and finish */
     snprintf(tag, sizeof tag, "[walk shard_stats, %s inputs]", dtype_name(dt));
-    head_request(&req, KIND_SHARD_STATS, &cfg, &batch, &tokens, temperature);
+    fg_linear_head_request(&req, KIND_SHARD_STATS, &cfg, &batch, temperature, &tokens, NULL,
+                           NULL);
     float *merged = tu_xmalloc(STATS_BYTES);
     outs fin;
     outs_make(&fin, FG_DTYPE_F32, 1);
@@ -1220,10 +1201,9 @@ static void head_case(fg_context *ctx, fg_dtype dt)
     /* (d) from the merged statistics */
     if (merged_ok) {
         snprintf(tag, sizeof tag, "[walk shard_backward, %s inputs]", dtype_name(dt));
-        head_request(&req, KIND_SHARD_BACKWARD, &cfg, &batch, &tokens, temperature);
+        fg_linear_head_request(&req, KIND_SHARD_BACKWARD, &cfg, &batch, temperature, &tokens,
+                               dlogp, dent);
         req.stats_in = merged;
-        req.dlogp = dlogp;
-        req.dentropy = dent;
         if (walks(ctx, tag, NULL, &req, &in, ov, 0, &info, rep))
             for (int w = 0; w <= WALKS; w++)
                 against_oracle(tag, walk_name[w], NULL, &prob.tb, &ref, &ov[w], info.gemm_dtype,
@@ -1358,7 +1338,7 @@ static void refusals(fg_context *ctx)
         const char *op = "filter";
         fg_linear_outputs view, *out = &o.out;
         if (d == DROP_SHARD_STATS) {
-            head_request(&req, KIND_SHARD_STATS, &hcfg, &hb, &tokens, 0.7);
+            fg_linear_head_request(&req, KIND_SHARD_STATS, &hcfg, &hb, 0.7, &tokens, NULL, NULL);
             req.stats_out = o.stats;
             opts = NULL;
             op = "shard_stats";

@@ -267,26 +267,12 @@ static void head_case(fg_context *ctx, fg_dtype dt)
         dent[n] = (float)(0.1 * tu_normal(&prob.rng));
     }
     fg_loss_config cfg;
-    fg_loss_config_init(&cfg);
-    cfg.temperature = 0.9;
     fg_batch batch;
-    memset(&batch, 0, sizeof batch);
-    batch.batch = B;
-    batch.seq_len = T;
-    batch.token_ids = tokens.token_ids;
-    batch.mask = tokens.mask;
     const char *dn = dt == FG_DTYPE_BF16 ? "bf16" : "f32";
     for (int k = 0; k < 2; k++) {
-        linear_request req;
-        memset(&req, 0, sizeof req);
-        req.kind = k == 0 ? KIND_LOGPROBS : KIND_LOGPROBS_BACKWARD;
-        req.cfg = &cfg;
-        req.batch = &batch;
-        req.tokens = &tokens;
-        if (k == 1) {
-            req.dlogp = dlogp;
-            req.dentropy = dent;
-        }
+        linear_request req; /* as fg_linear_logprobs(_backward) builds it */
+        fg_linear_head_request(&req, k == 0 ? KIND_LOGPROBS : KIND_LOGPROBS_BACKWARD, &cfg,
+                               &batch, 0.9, &tokens, k ? dlogp : NULL, k ? dent : NULL);
         tu_linear_outs a, b, one;
         tu_linear_outs_make(&a, N, H, V, 0);
         tu_linear_outs_make(&b, N, H, V, 0);

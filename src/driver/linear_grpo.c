@@ -1202,11 +1202,10 @@ fg_status fg_linear_grpo(fg_context *ctx, const fg_linear_options *opts,
     return linear_execute(ctx, opts, &req, in, out, exec);
 }
 
-/* A head-only request: a default config with the temperature, a batch view
- * of the tokens (an empty one when tokens is NULL: validation reports it). */
-static void head_request(linear_request *req, enum call_kind kind, fg_loss_config *cfg,
-                         fg_batch *batch, double temperature, const fg_tokens *tokens,
-                         const float *dlogp, const float *dentropy)
+/* linear_request.h */
+void fg_linear_head_request(linear_request *req, enum call_kind kind, fg_loss_config *cfg,
+                            fg_batch *batch, double temperature, const fg_tokens *tokens,
+                            const float *dlogp, const float *dentropy)
 {
     memset(req, 0, sizeof *req);
     fg_loss_config_init(cfg);
@@ -1233,7 +1232,7 @@ fg_status fg_linear_logprobs(fg_context *ctx, const fg_linear_options *opts, dou
     fg_loss_config cfg;
     fg_batch batch;
     linear_request req;
-    head_request(&req, KIND_LOGPROBS, &cfg, &batch, temperature, tokens, NULL, NULL);
+    fg_linear_head_request(&req, KIND_LOGPROBS, &cfg, &batch, temperature, tokens, NULL, NULL);
     fg_linear_outputs out;
     memset(&out, 0, sizeof out);
     out.logp = logp;
@@ -1264,7 +1263,7 @@ fg_status fg_linear_logprobs_backward(fg_context *ctx, const fg_linear_options *
     fg_loss_config cfg;
     fg_batch batch;
     linear_request req;
-    head_request(&req, KIND_LOGPROBS_BACKWARD, &cfg, &batch, temperature, tokens, grad_logp,
+    fg_linear_head_request(&req, KIND_LOGPROBS_BACKWARD, &cfg, &batch, temperature, tokens, grad_logp,
                  grad_entropy);
     fg_linear_outputs out;
     return linear_execute(ctx, opts, &req, in, grads_as_outputs(grads, &out), exec);
@@ -1277,7 +1276,7 @@ fg_status fg_linear_shard_stats(fg_context *ctx, const fg_linear_options *opts,
     fg_loss_config cfg;
     fg_batch batch;
     linear_request req;
-    head_request(&req, KIND_SHARD_STATS, &cfg, &batch, temperature, tokens, NULL, NULL);
+    fg_linear_head_request(&req, KIND_SHARD_STATS, &cfg, &batch, temperature, tokens, NULL, NULL);
     req.stats_out = stats;
     fg_linear_outputs out;
     memset(&out, 0, sizeof out);
@@ -1293,7 +1292,7 @@ fg_status fg_linear_shard_backward(fg_context *ctx, const fg_linear_options *opt
     fg_loss_config cfg;
     fg_batch batch;
     linear_request req;
-    head_request(&req, KIND_SHARD_BACKWARD, &cfg, &batch, temperature, tokens, grad_logp,
+    fg_linear_head_request(&req, KIND_SHARD_BACKWARD, &cfg, &batch, temperature, tokens, grad_logp,
                  grad_entropy);
     req.stats_in = stats;
     fg_linear_outputs out;

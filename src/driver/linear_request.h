@@ -36,6 +36,13 @@ typedef struct linear_request {
     const float *stats_in;            /* KIND_SHARD_BACKWARD: the merged statistics  */
 } linear_request;
 
+/* A head-only request as the public entry points build it: a default config
+ * with the temperature, a batch view of the tokens (an empty one when tokens
+ * is NULL: validation reports it), the caller's derivatives (or NULL). */
+void fg_linear_head_request(linear_request *req, enum call_kind kind, fg_loss_config *cfg,
+                            fg_batch *batch, double temperature, const fg_tokens *tokens,
+                            const float *dlogp, const float *dentropy);
+
 /* The kinds whose shards reduce through the context's communicator. */
 static inline int fg_uses_hook(enum call_kind k)
 {
