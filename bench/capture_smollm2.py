@@ -4,6 +4,8 @@ completions it samples itself, for measuring on real activations rather than
 synthetic logits.
 
     python bench/capture_smollm2.py --out /tmp/smollm2_capture          # 16 x 128 tokens
+    python bench/capture_smollm2.py --out DIR --device cuda --prompts 16 --generations 8 \
+        --tokens 256                       # 32768 tokens on a GPU (scripts/gpu_bench.sh)
     build/tools/fusedgrpo bench --inputs /tmp/smollm2_capture --set dtype=bfloat16 \
         --impls fused,baseline --set steps=5
 
@@ -59,6 +61,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per completion")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/fusedgrpo"))
+    ap.add_argument("--device", default="cpu",
+                    help="where the model samples and runs (cuda: a GPU session's capture)")
     a = ap.parse_args(argv)
 
     train = _train_module()
@@ -70,12 +74,13 @@ def main(argv=None) -> int:
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    model.to(a.device)
     rng = np.random.default_rng(a.seed)
     prompts = [[{"role": "user", "content": f"Explain step by step how to add {x} and {y}."}]
                for x, y in rng.integers(10, 1000, size=(a.prompts, 2))]
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
              for p in prompts for _ in range(a.generations)]
-    enc = tok(texts, return_tensors="pt", padding=True)
+    enc = tok(texts, return_tensors="pt", padding=True).to(a.device)
     P = enc["input_ids"].shape[1]
     with torch.no_grad():
         seq = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
@@ -94,12 +99,19 @@ def main(argv=None) -> int:
                     output_hidden_states=True)
         # hidden_states[-1] is the final norm's output; position P - 1 + t
         # predicts completion token t.
-        hidden = out.hidden_states[-1][:, P - 1:P - 1 + T, :].float()
-        logits = out.logits[:, P - 1:P - 1 + T, :].double()
-        logp_all = torch.log_softmax(logits, dim=-1)
-        old_logp = logp_all.gather(-1, comp.unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    weight = model.get_output_embeddings().weight.detach().float()
+        hidden = out.hidden_states[-1][:, P - 1:P - 1 + T, :].float().cpu()
+        logits = out.logits[:, P - 1:P - 1 + T, :]
+        # In float64, a few sequences at a time: [B, T, V] doubles of a
+        # 32768-token capture would be 13 GB at once.
+        old_logp = torch.empty(B, T, dtype=torch.float64)
+        entropy = torch.empty(B, T, dtype=torch.float64)
+        for b0 in range(0, B, 8):
+            logp_all = torch.log_softmax(logits[b0:b0 + 8].double(), dim=-1)
+            tok_b = comp[b0:b0 + 8].unsqueeze(-1)
+            old_logp[b0:b0 + 8] = logp_all.gather(-1, tok_b).squeeze(-1).cpu()
+            entropy[b0:b0 + 8] = (-(logp_all.exp() * logp_all).sum(-1)).cpu()
+        comp, mask = comp.cpu(), mask.cpu()
+    weight = model.get_output_embeddings().weight.detach().float().cpu()
 
     grouped = rng.standard_normal((a.prompts, a.generations))
     adv = (grouped - grouped.mean(1, keepdims=True)) / (grouped.std(1, ddof=1, keepdims=True)

@@ -498,8 +498,10 @@ typedef struct fg_linear_options {
      * 0: off (every entry, the default). FG_FILTER_EPS_AUTO: the default
      * threshold of the inputs' dtype (fg_filter_eps_auto). A chunk in which
      * some row keeps more than V/8 entries runs dense (fg_memory_stats
-     * counts the entries used). docs/LOSS_SPEC.md "Gradient filtering" gives
-     * the error bound. */
+     * counts the entries used); so does, on the CPU, whose sparse products
+     * write float32, a call whose bf16 grad_weight is not summed in float32
+     * (fg_linear_plan_info.grad_weight_sum_bytes 0). docs/LOSS_SPEC.md
+     * "Gradient filtering" gives the error bound. */
     double filter_eps;
 } fg_linear_options;
 

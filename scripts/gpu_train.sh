@@ -88,65 +88,15 @@ step "machine"
   echo "- model: $(awk '$1 == "gguf" {print $2}' "$model/MANIFEST"), sha256 $(cat "$model/complete")"
 } | tee "$summary"
 
-# oneDNN: the stash's, else the one scripts/gpu_carry.sh carries.
-onednn=""
-for d in "$model/onednn" "$PWD/.gpu-carry/onednn"; do
-  if [ -f "$d/lib/libdnnl.so.2" ]; then onednn=$d; break; fi
-done
-[ -n "$onednn" ] && export LD_LIBRARY_PATH="$onednn/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-
-if [ -n "${FUSEDGRPO_LIBRARY:-}" ]; then
-  lib=$FUSEDGRPO_LIBRARY
-  cuda_lib=${FUSEDGRPO_CUDA_LIBRARY:-}
-  echo "libraries from the environment: $lib${cuda_lib:+ $cuda_lib}"
-else
-  step "build ($build_full: fusedgrpo, fusedgrpo_cuda)"
-  # The configuration of scripts/gpu_test.sh's whole-project build, made only
-  # where that folder is not configured yet (a build of the same folder with
-  # other flags would rebuild everything); then the two targets, a no-op
-  # where they are current.
-  nvcc_path=$(command -v nvcc || true)
-  [ -z "$nvcc_path" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc_path=/usr/local/cuda/bin/nvcc
-  generator=()
-  command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-  if [ ! -f "$build_full/CMakeCache.txt" ]; then
-    if [ -z "$nvcc_path" ] || [ -z "$onednn" ]; then
-      echo "gpu_train: cannot build: nvcc ${nvcc_path:-not found}, oneDNN ${onednn:-not found}" >&2
-      exit 1
-    fi
-    if ! cmake -S . -B "$build_full" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-           -DCMAKE_CUDA_COMPILER="$nvcc_path" -DCMAKE_CUDA_ARCHITECTURES="90a-real;90-virtual" \
-           -DFG_CUDA=ON -DFG_CUDA_WERROR=OFF -DFG_BUILD_TOOLS=OFF -DFG_BUILD_TESTS=OFF -DFG_MPI=OFF \
-           -DDNNL_INCLUDE_DIR="$onednn/include" -DDNNL_LIBRARY="$onednn/lib/libdnnl.so" \
-           >"$out/build.txt" 2>&1; then
-      tail -30 "$out/build.txt"
-      echo "gpu_train: configuring failed (build.txt)" >&2
-      exit 1
-    fi
-  fi
-  if ! timeout --kill-after=10 300 cmake --build "$build_full" -j "$(nproc)" \
-         --target fusedgrpo fusedgrpo_cuda >>"$out/build.txt" 2>&1; then
-    tail -40 "$out/build.txt"
-    echo "gpu_train: building failed (build.txt)" >&2
-    exit 1
-  fi
-  echo "built in ${SECONDS}s"
-  lib=$build_full/libfusedgrpo.so
-  cuda_lib=$build_full/cuda/libfusedgrpo_cuda.so
-fi
+tag=gpu_train
+# shellcheck source=scripts/gpu_env.sh
+. scripts/gpu_env.sh
+gpu_onednn
+[ -z "${FUSEDGRPO_LIBRARY:-}" ] && step "build ($build_full: fusedgrpo, fusedgrpo_cuda)"
+gpu_libraries fusedgrpo fusedgrpo_cuda || exit 1
 
 step "Python"
-if ! machine=$("$py" -c 'import os, sys; print(os.pathsep.join(p for p in sys.path if p))'); then
-  echo "gpu_train: $py does not start" >&2
-  exit 1
-fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export PYTHONPATH=$PWD/python:$machine:$model/site
-export FUSEDGRPO_LIBRARY=$lib
-[ -n "$cuda_lib" ] && export FUSEDGRPO_CUDA_LIBRARY=$cuda_lib
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HOME=$tmp/hf TRITON_CACHE_DIR=$tmp/triton
-export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
+gpu_python || exit 1
 timeout -k 5 60 "$py" - "$model/site" <<'PY' 2>&1 | tee -a "$summary"
 import importlib, importlib.metadata, os, sys
 site = os.path.abspath(sys.argv[1]) + os.sep

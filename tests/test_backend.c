@@ -744,6 +744,59 @@ static void filtering_like_cpu(void)
     tu_problem_free(&prob);
 }
 
+/* A backend that filters in place keeps its products dense over the zeroed
+ * entries, so it filters whatever grad_weight's dtype: a bf16 grad_weight
+ * written once (one chunk) is filtered on the reference, with the kept set
+ * of the float32-gradient call and its gradients rounded once; the CPU,
+ * whose sparse grad_weight product writes float32, runs that call dense. */
+static void filtering_in_place_any_grad_dtype(void)
+{
+    tu_problem prob;
+    tu_problem_make(&prob, B, T, H, V, FG_DTYPE_BF16, 0, 4243u);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    const fg_linear_inputs in = tu_problem_inputs(&prob);
+    const fg_batch *batch = tu_batch_view(&prob.tb);
+    const fg_linear_options opts = {FG_IMPL_FUSED, 0, 0.3};
+    tu_linear_outs f; /* float32 gradients */
+    tu_linear_outs_make(&f, N, H, V, 0);
+    uint16_t *gh = tu_xmalloc((size_t)N * H * 2), *gw = tu_xmalloc((size_t)V * H * 2);
+    fg_linear_outputs bo = f.out;
+    bo.grad_hidden = fg_matrix_make(gh, FG_DTYPE_BF16, N, H);
+    bo.grad_weight = fg_matrix_make(gw, FG_DTYPE_BF16, V, H);
+    fg_memory_stats mf, mb, mc;
+    const fg_status sf = fg_linear_grpo(ctx_ref, &opts, &cfg, &in, batch, &f.out, NULL);
+    fg_get_memory_stats(ctx_ref, &mf);
+    const fg_status sb = fg_linear_grpo(ctx_ref, &opts, &cfg, &in, batch, &bo, NULL);
+    fg_get_memory_stats(ctx_ref, &mb);
+    CHECK(sf == FG_OK && sb == FG_OK && mb.chunks == 1, "in-place filter, bf16 grads: %s, %s (%s)",
+          fg_status_name(sf), fg_status_name(sb), fg_last_error(ctx_ref));
+    CHECK(mb.dlogits_kept == mf.dlogits_kept && mb.dlogits_kept < mb.dlogits_entries,
+          "in-place filter, bf16 grads: kept %lld (bf16) / %lld (float32) of %lld",
+          (long long)mb.dlogits_kept, (long long)mf.dlogits_kept, (long long)mb.dlogits_entries);
+    double *dh = tu_xmalloc((size_t)N * H * sizeof(double));
+    double *dw = tu_xmalloc((size_t)V * H * sizeof(double));
+    for (int64_t i = 0; i < (int64_t)N * H; i++)
+        dh[i] = f.grad_hidden[i];
+    for (int64_t i = 0; i < (int64_t)V * H; i++)
+        dw[i] = f.grad_weight[i];
+    const double eh = tu_rel_l2(gh, FG_DTYPE_BF16, N, H, H, dh);
+    const double ew = tu_rel_l2(gw, FG_DTYPE_BF16, V, H, H, dw);
+    free(dh);
+    free(dw);
+    TOL_CHECK("in-place filter, bf16 gradients rounded once", eh > ew ? eh : ew, 4e-3,
+              "grad_hidden %.2e, grad_weight %.2e", eh, ew);
+    const fg_status sc = fg_linear_grpo(ctx_cpu, &opts, &cfg, &in, batch, &bo, NULL);
+    fg_get_memory_stats(ctx_cpu, &mc);
+    CHECK(sc == FG_OK && mc.chunks == 1 && mc.dlogits_kept == mc.dlogits_entries,
+          "cpu, bf16 grad_weight in one chunk: %s, kept %lld of %lld", fg_status_name(sc),
+          (long long)mc.dlogits_kept, (long long)mc.dlogits_entries);
+    free(gh);
+    free(gw);
+    tu_linear_outs_free(&f);
+    tu_problem_free(&prob);
+}
+
 /* grad_bias's float32 sums add each row's dlogits in token order, whatever
  * the chunks (backend.h): the same bits from one chunk and from the least
  * budget's, on the CPU and on the reference, f32 and accumulating. */
@@ -807,6 +860,7 @@ int main(void)
     refusals();
     grad_weight_sums_rule();
     filtering_like_cpu();
+    filtering_in_place_any_grad_dtype();
     bias_bits_whatever_the_chunks();
     fg_context_destroy(ctx_cpu);
     fg_context_destroy(ctx_ref);

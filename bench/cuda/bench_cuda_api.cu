@@ -17,7 +17,9 @@
  *                     grad_hidden [N, H], grad_weight [V, H]; each alone and
  *                     the three together (the floor every ratio divides by),
  *                     and the three on the unmasked rows only, which is what
- *                     the library multiplies;
+ *                     the library multiplies; where the [N, V] logits do not
+ *                     fit the device, over the fewest equal row slices that
+ *                     do (grad_weight summed over them), named so;
  *   (b) fused         fg_linear_grpo at each memory budget (fg_exec), planned
  *                     first with fg_linear_grpo_plan (chunks, working bytes,
  *                     whether a bf16 grad_weight is summed in float32); a
@@ -85,6 +87,7 @@
  *
  * usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]]
  *                       [--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits]
+ *                       [--lean]
  * Budgets: a number of MiB, or with a K/M/G suffix (binary). Writes
  * DIR/bench_api.json and DIR/bench_api.txt (a markdown table with the
  * command line and the GPU on top). Exit 77 ("skipped: <reason>") without a
@@ -128,6 +131,8 @@ struct Options {
     bool f32 = true; /* the f32-input section at the first token count */
     bool filter = true; /* the filtered fused rows (b') */
     bool waits = true;  /* the fused rows with a host wait a chunk (bw) */
+    bool lean = false;  /* no single-product floor rows, no f32-gradient or
+                           materialized row (long context) */
 };
 
 static void usage(const char *why)
@@ -135,13 +140,15 @@ static void usage(const char *why)
     fprintf(stderr,
             "bench_cuda_api: %s\n"
             "usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]] "
-            "[--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits]\n"
+            "[--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits] [--lean]\n"
             "  budgets: MiB, or with a K/M/G suffix (512M,1G); defaults: tokens 8192,32768, "
             "budgets 512M,1G,2G,3G, reps 7\n"
             "  --no-f32: skip the f32-input rows (otherwise run at the first token count only)\n"
             "  --no-filter: skip the filtered fused rows (filter_eps auto at each budget)\n"
             "  --no-waits: skip the fused rows with the finite check off (a host wait a "
-            "chunk)\n",
+            "chunk)\n"
+            "  --lean: skip the single-product floor rows, the float32-gradient row and the "
+            "materialized row (long context)\n",
             why);
     exit(2);
 }
@@ -199,6 +206,8 @@ static Options parse_args(int argc, char **argv)
             o.filter = false;
         } else if (a == "--no-waits") {
             o.waits = false;
+        } else if (a == "--lean") {
+            o.lean = true;
         } else if (a == "--out" && has_value) {
             o.out = argv[++i];
         } else if (a == "--tokens" && has_value) {
@@ -618,8 +627,14 @@ static fg_linear_outputs outputs_of(const Problem &p, fg_dtype gdt, void *gh, vo
 /* (a), and the f32 floor of (d): the three bare products at full shape in
  * p's input dtype, outputs of that dtype (bf16 as torch.mm gives them; f32,
  * CUBLAS_COMPUTE_32F without TF32, as the library's f32 path multiplies), on
- * this program's own cuBLASLt handle; and on the unmasked rows only. */
-static void run_floor(const Problem &p, const Reps &rp, ShapeResult &res)
+ * this program's own cuBLASLt handle; and on the unmasked rows only. Where
+ * the [N, V] logits do not fit the device (T = 262144 at V = 151936 is 80 GB
+ * in bf16), the products run over slices of the rows, each slice's logits
+ * product then its grad_hidden rows, grad_weight summed over the slices
+ * (beta 1 after the first): the same arithmetic in the fewest pieces that
+ * fit, and the rows say so. --lean leaves out the three products' single
+ * rows. */
+static void run_floor(const Problem &p, const Reps &rp, const Options &o, ShapeResult &res)
 {
     const int64_t N = p.N, H = p.H, V = p.V;
     const fg_dtype in_t = p.in_t;
@@ -629,24 +644,41 @@ static void run_floor(const Problem &p, const Reps &rp, ShapeResult &res)
     double &floor_active_ms = f32 ? res.f32_floor_active_ms : res.floor_active_ms;
     const std::string dt = dtype_str(in_t);
     const size_t workspace_bytes = fg_cuda_gemm_workspace_hint();
-    /* logits [N, V], grad_hidden [N, H], grad_weight [V, H]: f32 logits at
-     * N = 32768, V = 151936 are 20 GB, a row to skip rather than a failure. */
-    const size_t need = ((size_t)N * V + (size_t)N * H + (size_t)V * H) * es + workspace_bytes;
+    /* grad_hidden [N, H], grad_weight [V, H] and the cuBLASLt workspace
+     * whatever the slice; the logits [M, V] of a slice of M rows. f32 logits
+     * at N = 32768, V = 151936 are 20 GB. */
+    const size_t fixed = ((size_t)N * H + (size_t)V * H) * es + workspace_bytes;
     const size_t margin = (size_t)(256 * MiB);
     const size_t free_now = free_bytes();
-    if (need + margin > free_now) {
+    const size_t row_bytes = (size_t)V * es;
+    int64_t slice = 0;
+    if (fixed + margin < free_now)
+        slice = std::min<int64_t>(N, (int64_t)((free_now - fixed - margin) / row_bytes));
+    if (slice < N) /* equal slices, the fewest that fit */
+        slice = slice < 1 ? 0 : (N + (N + slice - 1) / slice - 1) / ((N + slice - 1) / slice);
+    const int64_t pieces = slice > 0 ? (N + slice - 1) / slice : 0;
+    const std::string floor_name =
+        pieces > 1 ? "three products in " + std::to_string(pieces) + " slices of " +
+                         std::to_string(slice) + " rows (the " + dt + " floor)"
+                   : "three products (the " + dt + " floor)";
+    if (slice < 1) {
         Row r;
         r.kind = "floor";
         r.inputs = dt;
-        r.name = "three products (the " + dt + " floor)";
+        r.name = floor_name;
         char why[160];
-        snprintf(why, sizeof why, "needs %.2f GiB, %.2f GiB free", (double)need / GiB,
-                 (double)free_now / GiB);
+        snprintf(why, sizeof why, "needs over %.2f GiB, %.2f GiB free",
+                 (double)(fixed + row_bytes) / GiB, (double)free_now / GiB);
         r.note = why;
         print_row(r);
         res.rows.push_back(r);
         return;
     }
+    if (pieces > 1)
+        printf("floor: [%lld, %lld] logits need %.1f GiB, %.1f GiB free: %lld slices of %lld "
+               "rows\n",
+               (long long)N, (long long)V, (double)N * (double)row_bytes / GiB,
+               (double)free_now / GiB, (long long)pieces, (long long)slice);
     cublasLtHandle_t lt;
     if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) {
         printf("FAIL cublasLtCreate\n");
@@ -656,34 +688,49 @@ static void run_floor(const Problem &p, const Reps &rp, ShapeResult &res)
     g.workspace = dev_alloc(g.workspace_bytes);
     /* The logits double as dlogits: the products' speed does not depend on
      * what the values mean. */
-    void *z = dev_alloc((size_t)N * V * es), *gh = dev_alloc((size_t)N * H * es),
+    void *z = dev_alloc((size_t)slice * row_bytes), *gh = dev_alloc((size_t)N * H * es),
          *gw = dev_alloc((size_t)V * H * es);
-    fill_normal_as(z, in_t, N * V, 3, 0.01f);
+    fill_normal_as(z, in_t, slice * V, 3, 0.01f);
     char msg[512] = "";
-    auto gemm1 = [&](int64_t M) {
-        gemm_ok(fg_cuda_gemm_logits(&g, in_t, M, V, H, p.hidden, H, p.weight, H, z, in_t, V,
-                                    msg, sizeof msg),
+    const char *hid = (const char *)p.hidden;
+    auto gemm1 = [&](int64_t r0, int64_t M) {
+        gemm_ok(fg_cuda_gemm_logits(&g, in_t, M, V, H, hid + (size_t)r0 * H * es, H, p.weight, H,
+                                    z, in_t, V, msg, sizeof msg),
                 msg);
     };
-    auto gemm2 = [&](int64_t M) {
-        gemm_ok(fg_cuda_gemm_grad_hidden(&g, in_t, M, V, H, z, V, p.weight, H, gh, in_t, H, 0.0f,
-                                         msg, sizeof msg),
+    auto gemm2 = [&](int64_t r0, int64_t M) {
+        gemm_ok(fg_cuda_gemm_grad_hidden(&g, in_t, M, V, H, z, V, p.weight, H,
+                                         (char *)gh + (size_t)r0 * H * es, in_t, H, 0.0f, msg,
+                                         sizeof msg),
                 msg);
     };
-    auto gemm3 = [&](int64_t M) {
-        gemm_ok(fg_cuda_gemm_grad_weight(&g, in_t, M, V, H, z, V, p.hidden, H, gw, in_t, H, 0.0f,
-                                         msg, sizeof msg),
+    auto gemm3 = [&](int64_t r0, int64_t M) {
+        gemm_ok(fg_cuda_gemm_grad_weight(&g, in_t, M, V, H, z, V, hid + (size_t)r0 * H * es, H,
+                                         gw, in_t, H, r0 > 0 ? 1.0f : 0.0f, msg, sizeof msg),
                 msg);
+    };
+    /* Product k (0, 1, 2; 3: the three) over the first `rows` rows, slice by
+     * slice. */
+    auto products = [&](int k, int64_t rows) {
+        for (int64_t r0 = 0; r0 < rows; r0 += slice) {
+            const int64_t M = std::min(slice, rows - r0);
+            if (k == 0 || k == 3)
+                gemm1(r0, M);
+            if (k == 1 || k == 3)
+                gemm2(r0, M);
+            if (k == 2 || k == 3)
+                gemm3(r0, M);
+        }
     };
     const std::string names[3] = {"GEMM 1 logits [N, V] (" + dt + " out)",
                                   "GEMM 2 grad_hidden [N, H] (" + dt + " out)",
                                   "GEMM 3 grad_weight [V, H] (" + dt + " out)"};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 3 && !o.lean; k++) {
         Row r;
         r.kind = "floor";
         r.inputs = dt;
-        r.name = names[k];
-        r.t = time_calls(rp, [&] { k == 0 ? gemm1(N) : k == 1 ? gemm2(N) : gemm3(N); });
+        r.name = names[k] + (pieces > 1 ? ", sliced" : "");
+        r.t = time_calls(rp, [&] { products(k, N); });
         r.ran = true;
         print_row(r);
         res.rows.push_back(r);
@@ -691,8 +738,8 @@ static void run_floor(const Problem &p, const Reps &rp, ShapeResult &res)
     Row all;
     all.kind = "floor";
     all.inputs = dt;
-    all.name = "three products (the " + dt + " floor)";
-    all.t = time_calls(rp, [&] { gemm1(N); gemm2(N); gemm3(N); });
+    all.name = floor_name;
+    all.t = time_calls(rp, [&] { products(3, N); });
     all.ran = true;
     floor_ms = all.t.median;
     all.ratio = 1.0;
@@ -704,7 +751,7 @@ static void run_floor(const Problem &p, const Reps &rp, ShapeResult &res)
     act.name = "three products, unmasked rows only";
     const int64_t M = res.unmasked;
     if (M > 0) {
-        act.t = time_calls(rp, [&] { gemm1(M); gemm2(M); gemm3(M); });
+        act.t = time_calls(rp, [&] { products(3, M); });
         act.ran = true;
         act.ratio = act.t.median / floor_ms;
         floor_active_ms = act.t.median;
@@ -848,7 +895,7 @@ static void run_f32_section(fg_context *ctx, const Options &o, const Problem &bf
     const auto t0 = std::chrono::steady_clock::now();
     Problem p = f32_problem_make(bf);
     printf("%-13s %-72s %9s %9s %9s\n", "row", "what", "median", "min", "max");
-    run_floor(p, rp, res);
+    run_floor(p, rp, o, res);
     /* One budget: 2 GiB holds chunks of ~3300 f32 rows at V = 151936 (the
      * logits, reused as dlogits, and the hidden and grad_hidden rows): three
      * chunks at T = 8192, whose overhead is small next to f32 products. */
@@ -900,7 +947,7 @@ static ShapeResult run_shape(fg_context *ctx, const Options &o, int64_t T, bool 
 
     printf("%-13s %-72s %9s %9s %9s\n", "row", "what", "median", "min", "max");
     const Reps rp = {WARMUPS, o.reps};
-    run_floor(p, rp, res);
+    run_floor(p, rp, o, res);
     for (size_t b : o.budgets)
         run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, rp, res);
     if (o.waits) /* (bw): the finite check off, one host wait a chunk */
@@ -915,9 +962,10 @@ static ShapeResult run_shape(fg_context *ctx, const Options &o, int64_t T, bool 
     for (const Row &r : res.rows)
         if (r.kind == "fused" && r.ran)
             largest = std::max(largest, r.budget);
-    if (largest)
+    if (largest && !o.lean)
         run_library_row(ctx, p, FG_IMPL_FUSED, largest, FG_DTYPE_F32, rp, res);
-    run_library_row(ctx, p, FG_IMPL_MATERIALIZED, 0, FG_DTYPE_BF16, rp, res);
+    if (!o.lean)
+        run_library_row(ctx, p, FG_IMPL_MATERIALIZED, 0, FG_DTYPE_BF16, rp, res);
     if (f32)
         run_f32_section(ctx, o, p, res);
     problem_free(p);

@@ -320,8 +320,9 @@ def child(a):
 # timed steps, its loss, the GPU's name and the first step's time (compilation,
 # autotuning and first allocations included).
 
-CUDA_PEERS = ["gemm_floor", "fusedgrpo_torch", "fusedgrpo_torch_wide", "trl_chunked", "liger",
-              "cce", "cce_filter_auto", "torch_eager", "jax_pure", "liger_compiled"]
+CUDA_PEERS = ["gemm_floor", "fusedgrpo_torch", "fusedgrpo_torch_wide",
+              "fusedgrpo_torch_filter_auto", "trl_chunked", "liger", "cce", "cce_filter_auto",
+              "torch_eager", "jax_pure", "liger_compiled"]
 
 CUDA_NOTES = {
     "gemm_floor": "torch.mm x3 in bf16 at full shape (logits, grad_hidden, grad_weight), "
@@ -329,6 +330,8 @@ CUDA_NOTES = {
     "fusedgrpo_torch": "fusedgrpo.torch.FusedLinearGRPOLoss, CUDA backend, default budget",
     "fusedgrpo_torch_wide": "fusedgrpo.torch.FusedLinearGRPOLoss, CUDA backend, "
                             "memory_budget=--wide-budget",
+    "fusedgrpo_torch_filter_auto": "fusedgrpo.torch.FusedLinearGRPOLoss, CUDA backend, "
+                                   "default budget, filter_eps='auto' (gradient filtering)",
     "trl_chunked": "TRL 1.16 kernels/chunked_logprob.py (ChunkedLogProbFunction, Triton "
                    "folds, masked rows only as GRPOTrainer on CUDA) + TRL's loss",
     "liger": "Liger-Kernel LigerFusedLinearGRPOLoss, compiled=False",
@@ -612,13 +615,14 @@ def cuda_peer_torch(a, T, kind, device):
             loss = torch_grpo_loss(torch, -nll.float(), old, ref, mask, adv, c)
             loss.backward()
             return loss
-    elif kind in ("fusedgrpo_torch", "fusedgrpo_torch_wide"):
+    elif kind in ("fusedgrpo_torch", "fusedgrpo_torch_wide", "fusedgrpo_torch_filter_auto"):
         from fusedgrpo import _lib
         from fusedgrpo.torch import FusedLinearGRPOLoss
         budget = a.wide_budget if kind == "fusedgrpo_torch_wide" else a.memory_budget
         mod = FusedLinearGRPOLoss(beta=c["beta"], epsilon_low=c["epsilon_low"],
                                   epsilon_high=c["epsilon_high"], loss_type=c["loss_type"],
-                                  temperature=c["temperature"], memory_budget=budget)
+                                  temperature=c["temperature"], memory_budget=budget,
+                                  filter_eps="auto" if kind.endswith("filter_auto") else 0.0)
         # the context the op's calls use: this thread's CUDA context on torch's
         # current stream (fusedgrpo._torch_inputs.call_context)
         ctx = (_lib.device_context("cuda", torch.cuda.current_stream(device).cuda_stream)
@@ -690,6 +694,8 @@ def cuda_child_torch(a, T):
         res["fg_peak_mib"] = st["peak_bytes"] / 2 ** 20
         res["fg_chunks"] = st["chunks"]
         res["fg_chunk_rows"] = st["chunk_rows"]
+        if st.get("dlogits_entries"):
+            res["fg_kept"] = st["dlogits_kept"] / st["dlogits_entries"]
         peak += st["peak_bytes"]
         res["outside_c"] = statistics.median((t - c) / c for t, c in zip(times, c_times)
                                              if c > 0) if any(c > 0 for c in c_times) else None
@@ -893,6 +899,8 @@ def print_cuda_table(a, T, rows, out):
             status = "ok"
             if r.get("fg_chunks") is not None:
                 status += f"; {r['fg_chunks']} chunks of {r['fg_chunk_rows']} rows"
+            if r.get("fg_kept") is not None and r["fg_kept"] < 1:
+                status += f"; {100 * r['fg_kept']:.2f}% of dlogits kept"
             if r.get("outside_c") is not None:
                 status += f"; outside C {100 * r['outside_c']:+.1f}%"
             if r.get("compile_s") is not None:
