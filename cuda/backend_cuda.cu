@@ -58,9 +58,9 @@
  *    scratch (threshold, kept count) is the backend's own chunk_scratch, 8
  *    bytes a row, so that it needs none of the CPU's kept-id workspace. Its
  *    products stay dense (the zeroed dlogits through the same GEMMs; sparse
- *    products are future work), and it adds to *kept_count on the device:
- *    the chunk's kept entries, or m * V when some row keeps more than
- *    kept_cap and the chunk is left as it is.
+ *    products are future work), and it adds to *kept_count on the device
+ *    the chunk's kept entries (V for a row keeping more than kept_cap,
+ *    which is left as it is).
  *  - derivs takes the plan by value into its kernel (its arrays are the
  *    driver's device copies) and is compiled without FMA contraction, as
  *    the host's loss math is (loss_derivs.h).
@@ -475,9 +475,17 @@ static fg_status cuda_scan(void *be, const fg_matrix *x, const uint8_t *mask,
     if (!s || !x || !out)
         return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "scan: NULL argument");
     device_scope scope(s->device);
+    /* The scan runs before the plan's supports checks the call's tensors:
+     * memory the device cannot address is refused here, never read. */
+    fg_status st = check_pointer(s, "a scanned input (hidden, weight or bias)", x->data, msg,
+                                 msg_size);
+    if (st == FG_OK)
+        st = check_pointer(s, "mask", mask, msg, msg_size);
+    if (st != FG_OK)
+        return st;
     /* Into the backend's own slot, then to the host (backend.h: out is host
      * memory, there when the op returns). */
-    const fg_status st = fg_cuda_scan_matrix(x->data, x->dtype, x->rows, x->cols, x->ld, mask,
+    st = fg_cuda_scan_matrix(x->data, x->dtype, x->rows, x->cols, x->ld, mask,
                                              s->scan, s->stream, msg, msg_size);
     if (st != FG_OK)
         return st;

@@ -198,18 +198,17 @@ __global__ void __launch_bounds__(THREADS)
 
 /* ---- gradient filtering ------------------------------------------------------ */
 
-/* The spec's rule (chunk_ops.h; ref_filter of the reference backend) in
- * three launches, since whether any row of the chunk keeps more than `cap`
- * entries is known only after every row is counted:
+/* The spec's rule (chunk_ops.h; ref_filter of the reference backend) in two
+ * launches:
  *
  *   count   grid m, one block per row i of d [m, V]:
  *             top = max_v |d[i, v]|      (fmaxf: NaN ignored, as ref_filter's
  *                                         a > top ? a : top; 0 for a zero row)
  *             thr = (float)(eps · (double)top)
  *             kept = #{v : |d[i, v]| > thr or v == target_i}
- *           into rows[i] = {thr, kept}
- *   decide  one block: total = Σ kept (int64), over = any kept > cap;
- *           *kept_count += over ? m·V : total; over: every rows[i].kept = -1
+ *           into rows[i] = {thr, kept}, kept = -1 where it exceeds cap (the
+ *           row keeps every entry); *kept_count += kept (V for such a row),
+ *           one integer atomicAdd a row
  *   zero    grid m, one block per row: unless rows[i].kept < 0, the entries
  *           that fail the test above set to +0 (d is read again, not the
  *           kept ids: the same comparisons in float, in place)
@@ -266,7 +265,7 @@ __device__ __forceinline__ bool filter_keeps(float x, int64_t v, float thr, int6
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
     filter_count_kernel(const T *d, int64_t V, int64_t ld, const int64_t *targets, double eps,
-                        fg_cuda_filter_row *rows)
+                        int64_t cap, fg_cuda_filter_row *rows, int64_t *kept_count)
 {
     const int64_t i = blockIdx.x;
     const T *row = d + i * ld;
@@ -282,34 +281,16 @@ __global__ void __launch_bounds__(THREADS)
         kept += filter_keeps(to_float(row[v]), v, thr, tok);
     kept = block_sum_all(kept);
     if (threadIdx.x == 0) {
+        const bool whole = kept > cap; /* a flat row: every entry kept */
         rows[i].threshold = thr;
-        rows[i].kept = (int32_t)kept; /* <= V <= INT_MAX */
+        rows[i].kept = whole ? -1 : (int32_t)kept; /* <= V <= INT_MAX */
+        atomicAdd(reinterpret_cast<unsigned long long *>(kept_count),
+                  (unsigned long long)(whole ? V : kept));
     }
 }
 
-/* rows [m]; one block. Every read of rows[].kept happens before the
- * barriers in block_sum_all and __syncthreads_or, every write after. */
-__global__ void __launch_bounds__(THREADS)
-    filter_decide_kernel(fg_cuda_filter_row *rows, int64_t m, int64_t V, int64_t cap,
-                         int64_t *kept_count)
-{
-    long long total = 0;
-    int over = 0;
-    for (int64_t i = threadIdx.x; i < m; i += THREADS) {
-        total += rows[i].kept;
-        over |= rows[i].kept > cap;
-    }
-    total = block_sum_all(total);
-    over = __syncthreads_or(over);
-    if (threadIdx.x == 0)
-        *kept_count += over ? m * V : (int64_t)total;
-    if (over) /* the chunk runs dense: no row is zeroed */
-        for (int64_t i = threadIdx.x; i < m; i += THREADS)
-            rows[i].kept = -1;
-}
-
-/* d [m, V] stride ld, in place; grid: one block per row. A dense chunk's
- * blocks return at once (the whole block takes the same branch). */
+/* d [m, V] stride ld, in place; grid: one block per row. A row that keeps
+ * every entry returns at once (the whole block takes the same branch). */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
     filter_zero_kernel(T *d, int64_t V, int64_t ld, const int64_t *targets,
@@ -531,8 +512,8 @@ static void launch_filter(void *d, int64_t m, int64_t V, int64_t ld, const int64
                           cudaStream_t stream)
 {
     T *dt = static_cast<T *>(d);
-    filter_count_kernel<<<(unsigned)m, THREADS, 0, stream>>>(dt, V, ld, targets, eps, rows);
-    filter_decide_kernel<<<1, THREADS, 0, stream>>>(rows, m, V, cap, kept_count);
+    filter_count_kernel<<<(unsigned)m, THREADS, 0, stream>>>(dt, V, ld, targets, eps, cap, rows,
+                                                            kept_count);
     filter_zero_kernel<<<(unsigned)m, THREADS, 0, stream>>>(dt, V, ld, targets, rows);
 }
 

@@ -82,7 +82,7 @@ fg_status fg_cuda_zero_rows(void *x, fg_dtype type, int64_t rows, int64_t cols, 
                             const uint8_t *keep, cudaStream_t stream, char *msg, size_t msg_size);
 
 /* One row's scratch of the filter: its threshold and its kept entries
- * (-1 once the chunk is found to run dense). */
+ * (-1: more than cap, the row keeps every entry). */
 typedef struct fg_cuda_filter_row {
     float threshold;
     int32_t kept;
@@ -97,14 +97,13 @@ typedef struct fg_cuda_filter_row {
  *   kept    (i, v)  iff  |d[i, v]| > thr_i  or  v == targets[i]
  *   count_i = #kept in row i
  *
- * When every count_i <= cap, the dropped entries are set to +0 and
- * *kept_count += Σ count_i; else d is left as it is and *kept_count += m·V
- * (the chunk runs dense). kept_count (one int64) and rows ([m], the
- * scratch) are device memory. Integer sums and a max only: the same result
- * for any launch order, no host wait. eps > 0 and finite, cap >= 0, at most
- * INT_MAX rows. Three kernels: count (one block per row: a max pass, then a
- * count pass), decide (one block: the sum and the dense / sparse choice),
- * zero (one block per row). */
+ * A row with count_i > cap keeps every entry (count_i := V); in every other
+ * row the dropped entries are set to +0. *kept_count += Σ count_i.
+ * kept_count (one int64) and rows ([m], the scratch) are device memory.
+ * Integer sums and a max only: the same result for any launch order, no
+ * host wait. eps > 0 and finite, cap >= 0, at most INT_MAX rows. Two
+ * kernels: count (one block per row: a max pass, then a count pass, one
+ * integer atomicAdd into kept_count), zero (one block per row). */
 fg_status fg_cuda_filter_rows(void *d, fg_dtype type, int64_t m, int64_t V, int64_t ld,
                               const int64_t *targets, double eps, int64_t cap,
                               fg_cuda_filter_row *rows, int64_t *kept_count, cudaStream_t stream,

@@ -1036,6 +1036,29 @@ static void test_refusals(const Contexts &cx, Problem &p, DeviceProblem &d, size
         memcpy(&p.hidden[at], keep.data(), es);
         upload(dh + at, keep.data(), es);
     }
+
+    /* hidden in pageable host memory: refused (the scan checks it before
+     * its kernel reads it), never a fault; the device outputs unchanged. */
+    {
+        DeviceProblem hd = d;
+        hd.hidden = p.hidden.data();
+        const Outputs before = outputs_make(p.dtype, 1.0);
+        DeviceOutputs dout = device_outputs(before);
+        const fg_linear_inputs din = device_inputs(hd, p.dtype);
+        const fg_batch db = device_batch(hd);
+        fg_linear_outputs gout = device_view(dout, before, 0);
+        const fg_linear_options o = options(FG_IMPL_FUSED);
+        const fg_loss_config cfg = config(FG_LOSS_DAPO, FG_LEVEL_TOKEN);
+        const fg_status sg = fg_linear_grpo(cx.gpu, &o, &cfg, &din, &db, &gout, NULL);
+        CUDA_OK(cudaStreamSynchronize(cx.stream));
+        const Outputs go = outputs_read(dout, gout);
+        device_outputs_free(dout);
+        char label[512];
+        snprintf(label, sizeof label, "%s hidden in host memory: CUDA %s (%s)", dname(p.dtype),
+                 fg_status_name(sg), fg_last_error(cx.gpu));
+        check_true(label, sg == FG_ERR_UNSUPPORTED);
+        check_true("     every output unchanged", outputs_same(go, before));
+    }
 }
 
 /* ---- the backend's ops against the reference backend (backend.h) ------------------- */
@@ -1414,9 +1437,10 @@ static std::vector<int64_t> host_kept(const std::vector<unsigned char> &d, fg_dt
  * shard's target (tg 4 and 30 lie outside [0, V)). eps = 2^-10, so that a
  * row whose max is 1 has a threshold both dtypes hold exactly. At
  * kept_cap = the largest row count (every row within it: dropped entries
- * zeroed) and one less (the chunk runs dense: dlogits untouched, m · V
- * counted): the CUDA dlogits bits, the reference's and the host's rule the
- * same, kept_count the same (and added to, from 1000). Neither call gets
+ * zeroed) and one less (the rows keeping the most keep every entry, their
+ * dlogits untouched and V counted; the others zeroed as before): the CUDA
+ * dlogits bits, the reference's and the host's rule the same, kept_count
+ * the same (and added to, from 1000). Neither call gets
  * kept_idx / kept_nnz / kept_tgt (both filter in place,
  * FG_BACKEND_FILTER_IN_PLACE): their scratch is chunk_scratch's. */
 static void test_filter(Side &cu, Side &ref, const fg_backend_call &C, const fg_backend_call &R,
@@ -1485,21 +1509,25 @@ static void test_filter(Side &cu, Side &ref, const fg_backend_call &C, const fg_
                         dr = side_read<unsigned char>(ref, fr.dlogits, D.size());
             const int64_t kc = side_read<int64_t>(cu, fc.kept_count, 1)[0],
                           kr = side_read<int64_t>(ref, fr.kept_count, 1)[0];
-            std::vector<unsigned char> want = D; /* dense: untouched */
-            if (!over)
-                for (size_t k = 0; k < keep.size(); k++)
-                    if (!keep[k])
-                        store(want, dtype, k, 0.0);
+            std::vector<unsigned char> want = D; /* a row over the cap: untouched */
+            int64_t kw = seed;
+            for (int64_t i = 0; i < m; i++) {
+                const bool whole = count[(size_t)i] > cap;
+                kw += whole ? (int64_t)V : count[(size_t)i];
+                for (int64_t v = 0; v < V && !whole; v++)
+                    if (!keep[(size_t)(i * V + v)])
+                        store(want, dtype, (size_t)(i * V + v), 0.0);
+            }
             size_t differ = 0;
             for (size_t k = 0; k < keep.size(); k++)
                 differ += memcmp(&dc[k * es], &want[k * es], es) != 0;
-            const int64_t kw = seed + (over ? m * V : total);
             snprintf(what, sizeof what,
                      "filter %s, rows %lld+%lld, kept_cap %lld (%s): %lld of %lld entries kept "
                      "(rows keep %lld to %lld); dlogits the reference's bits and the rule's "
                      "(%zu differ); kept_count cuda %lld, reference %lld, want %lld",
                      dname(dtype), (long long)r0, (long long)m, (long long)cap,
-                     over ? "a row over it: dense" : "every row within it", (long long)total,
+                     over ? "rows over it keep every entry" : "every row within it",
+                     (long long)total,
                      (long long)(m * V), (long long)fewest, (long long)most, differ,
                      (long long)kc, (long long)kr, (long long)kw);
             check_true(what, dc == dr && dc == want && kc == kw && kr == kw);
@@ -1576,20 +1604,24 @@ static void test_derivs(Side &cu, const fg_backend_call &C, const Problem &p,
         const char *what;
         int loss, level;
         bool bias_corr_delta_seq_isr, quantile_offpolicy, external;
+        bool bare; /* no old_logp, ref_logp or is_ratio, beta 0: the NULL branches */
     };
     const Case cases[] = {
-        {"grpo", FG_LOSS_GRPO, FG_LEVEL_TOKEN, false, false, false},
-        {"dapo", FG_LOSS_DAPO, FG_LEVEL_TOKEN, false, false, false},
-        {"cispo", FG_LOSS_CISPO, FG_LEVEL_TOKEN, false, false, false},
-        {"sapo", FG_LOSS_SAPO, FG_LEVEL_TOKEN, false, false, false},
-        {"vespo (prepared)", FG_LOSS_VESPO, FG_LEVEL_TOKEN, false, false, false},
-        {"grpo, sequence level (prepared)", FG_LOSS_GRPO, FG_LEVEL_SEQUENCE, false, false, false},
+        {"grpo", FG_LOSS_GRPO, FG_LEVEL_TOKEN, false, false, false, false},
+        {"dapo", FG_LOSS_DAPO, FG_LEVEL_TOKEN, false, false, false, false},
+        {"cispo", FG_LOSS_CISPO, FG_LEVEL_TOKEN, false, false, false, false},
+        {"sapo", FG_LOSS_SAPO, FG_LEVEL_TOKEN, false, false, false, false},
+        {"vespo (prepared)", FG_LOSS_VESPO, FG_LEVEL_TOKEN, false, false, false, false},
+        {"grpo, sequence level (prepared)", FG_LOSS_GRPO, FG_LEVEL_SEQUENCE, false, false, false,
+         false},
         {"dapo, bias-corrected KL, delta 1.3, per-sequence is_ratio", FG_LOSS_DAPO,
-         FG_LEVEL_TOKEN, true, false, false},
+         FG_LEVEL_TOKEN, true, false, false, false},
         {"grpo, entropy quantile 0.8, off-policy mask 0.5 (prepared)", FG_LOSS_GRPO,
-         FG_LEVEL_TOKEN, false, true, false},
+         FG_LEVEL_TOKEN, false, true, false, false},
         {"a caller's own derivatives (external plan)", FG_LOSS_GRPO, FG_LEVEL_TOKEN, false,
-         false, true},
+         false, true, false},
+        {"dapo, beta 0, no old_logp, ref_logp or is_ratio", FG_LOSS_DAPO, FG_LEVEL_TOKEN, false,
+         false, false, true},
     };
     /* The chunk's arrays: slices of [n] arrays, as the driver hands them. */
     std::vector<float> lp_act(n), ent_act(n);
@@ -1622,6 +1654,12 @@ static void test_derivs(Side &cu, const fg_backend_call &C, const Problem &p,
             cfg.top_entropy_quantile = 0.8;
             cfg.off_policy_mask_threshold = 0.5;
         }
+        if (k.bare) {
+            cfg.beta = 0.0;
+            b.old_logp = NULL;
+            b.ref_logp = NULL;
+            b.is_ratio = NULL;
+        }
         std::vector<double> scr((size_t)fg_loss_plan_scratch_doubles(B));
         std::vector<float> sort_scratch(N);
         fg_loss_plan plan;
@@ -1632,10 +1670,12 @@ static void test_derivs(Side &cu, const fg_backend_call &C, const Problem &p,
             if (fg_loss_needs_all_tokens(&plan))
                 fg_loss_prepare(&plan, logp.data(), entropy.data(), sort_scratch.data());
         }
-        /* The plan's arrays in device memory; its scalars as they are. */
+        /* The plan's arrays in device memory, its scalars as they are; the
+         * ids and the mask NULL, as the driver's put_plan leaves them (the
+         * per-token math never reads them). */
         fg_loss_plan dp = plan;
-        dp.token_ids = side_copy_of(cu, plan.token_ids, N);
-        dp.mask = side_copy_of(cu, plan.mask, N);
+        dp.token_ids = NULL;
+        dp.mask = NULL;
         dp.adv = side_copy_of(cu, plan.adv, plan.external ? 0 : B);
         dp.old = side_copy_of(cu, plan.old, N);
         dp.ref = side_copy_of(cu, plan.ref, N);

@@ -457,8 +457,9 @@ typedef struct fg_memory_stats {
     double call_seconds;  /* wall time of the whole last call                */
     int64_t dlogits_entries; /* entries of d loss/d logits the last call's
                                 backward products could use (rows x V)      */
-    int64_t dlogits_kept;    /* of those, the entries they used: all of them
-                                unless gradient filtering dropped some      */
+    int64_t dlogits_kept;    /* of those, the entries the products used: all
+                                of them unless gradient filtering dropped
+                                some (the entries its rule keeps)           */
 } fg_memory_stats;
 
 fg_status fg_get_memory_stats(const fg_context *ctx, fg_memory_stats *out);
@@ -496,12 +497,15 @@ typedef struct fg_linear_options {
      * largest |entry| (and always the row's own token); the forward (loss,
      * metrics, logp, entropy) is unaffected, bit for bit, and so is grad_bias.
      * 0: off (every entry, the default). FG_FILTER_EPS_AUTO: the default
-     * threshold of the inputs' dtype (fg_filter_eps_auto). A chunk in which
-     * some row keeps more than V/8 entries runs dense (fg_memory_stats
-     * counts the entries used); so does, on the CPU, whose sparse products
-     * write float32, a call whose bf16 grad_weight is not summed in float32
-     * (fg_linear_plan_info.grad_weight_sum_bytes 0). docs/LOSS_SPEC.md
-     * "Gradient filtering" gives the error bound. */
+     * threshold of the inputs' dtype (fg_filter_eps_auto). A row that would
+     * keep more than V/8 entries keeps every one (fg_memory_stats counts the
+     * entries kept). How the products run is the backend's: the CPU's run
+     * sparse over the kept entries, dense over the zeroed ones in a chunk
+     * holding such a row, and not at all filtered where a bf16 grad_weight
+     * is not summed in float32 (fg_linear_plan_info.grad_weight_sum_bytes
+     * 0: its sparse products write float32); CUDA's run dense over the
+     * zeroed entries. docs/LOSS_SPEC.md "Gradient filtering" gives the
+     * error bound. */
     double filter_eps;
 } fg_linear_options;
 

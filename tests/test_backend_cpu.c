@@ -32,8 +32,9 @@
  *     stats_backward = stats, then g, e, then backward, and dhidden +
  *     put_grad_hidden = grads' GEMM 2; shard_stats of one shard, merged
  *     alone, = stats, and its by-token layout = its by-row one; filter where
- *     a row keeps more than kept_cap: *kept_count += m * V, dlogits untouched, then
- *     grads bitwise the unfiltered ones; filter where every row keeps few:
+ *     every row keeps more than kept_cap (each keeps every entry):
+ *     *kept_count += m * V, dlogits untouched, then grads bitwise the
+ *     unfiltered ones; filter where every row keeps few:
  *     *kept_count += the entries the rule keeps, then grads (sparse) = the
  *     reference's grads of dlogits with the dropped entries zeroed.
  *  3. One driver, two memories: fg_linear_run and fg_linear_plan_request
@@ -434,8 +435,9 @@ static void compare_ops(fg_context *ctx, fg_dtype in_t)
     free(gh_split);
     free(gh_rsplit);
 
-    /* filter where some row keeps more than kept_cap: the chunk runs dense,
-     * *kept_count += m * V, dlogits untouched, grads bitwise the unfiltered ones. */
+    /* filter where every row keeps more than kept_cap (each keeps every
+     * entry): *kept_count += m * V, dlogits untouched, grads (dense) bitwise
+     * the unfiltered ones. */
     cc.kept_cap = fg_kept_cap(V);
     cc.kept_idx = tu_xmalloc((size_t)M * (size_t)cc.kept_cap * sizeof(int32_t));
     cc.kept_nnz = tu_xmalloc((size_t)M * sizeof(int32_t));

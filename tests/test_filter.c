@@ -14,8 +14,10 @@
  *   - fg_memory_stats counts the entries the rule keeps (a counted quantity);
  *   - results are bitwise the same on 1 and 2 threads;
  *   - accumulate adds the filtered gradient onto the caller's;
- *   - a flat distribution (rows keeping more than V/8 entries) runs dense:
- *     every entry counted, gradients bitwise the unfiltered ones;
+ *   - a flat distribution (rows keeping more than V/8 entries) keeps every
+ *     entry: every entry counted, gradients bitwise the unfiltered ones;
+ *   - flat and peaked rows in one chunk: each row by its own rule, the same
+ *     kept count and gradients from one chunk and from one row a chunk;
  *   - bad thresholds and the materialized path are refused before any write.
  */
 #include <math.h>
@@ -27,12 +29,13 @@
 
 enum { B = 3, T = 11, H = 37, V = 1031, N = B * T };
 
-/* The filtered reference: gh [N, H], gw [V, H] from the oracle's grad_logits;
+/* The filtered reference: gh [N, H], gw [V, H] from the oracle's grad_logits
+ * (a row the test would keep more than V/8 entries of keeps them all);
  * returns the kept entries over the unmasked rows. */
 static int64_t filtered_reference(const tu_problem *p, const double *gl, double eps, double *gh,
-                                  double *gw)
+                                  double *gw, int64_t *whole_rows)
 {
-    int64_t kept = 0;
+    int64_t kept = 0, wholes = 0;
     memset(gh, 0, sizeof(double) * N * H);
     memset(gw, 0, sizeof(double) * V * H);
     for (int64_t n = 0; n < N; n++) {
@@ -42,9 +45,15 @@ static int64_t filtered_reference(const tu_problem *p, const double *gl, double 
         double mx = 0;
         for (int64_t v = 0; v < V; v++)
             mx = fmax(mx, fabs(g[v]));
+        /* The library compares in float: so does the rule here. */
+        const float thr = (float)(eps * (double)(float)mx);
+        int64_t row_kept = 0;
+        for (int64_t v = 0; v < V; v++)
+            row_kept += fabsf((float)g[v]) > thr || v == p->tb.token_ids[n];
+        const int whole = row_kept > V / 8;
+        wholes += whole;
         for (int64_t v = 0; v < V; v++) {
-            /* The library compares in float: so does the rule here. */
-            if (!(fabsf((float)g[v]) > (float)(eps * (double)(float)mx)) && v != p->tb.token_ids[n])
+            if (!whole && !(fabsf((float)g[v]) > thr) && v != p->tb.token_ids[n])
                 continue;
             kept++;
             for (int64_t h = 0; h < H; h++) {
@@ -53,6 +62,8 @@ static int64_t filtered_reference(const tu_problem *p, const double *gl, double 
             }
         }
     }
+    if (whole_rows)
+        *whole_rows = wholes;
     return kept;
 }
 
@@ -154,7 +165,7 @@ static void peaked(fg_context *ctx, fg_dtype dt, const char *dname)
                   fg_last_error(ctx));
             CHECK(bi == 0 ? ms.chunks == 1 : ms.chunks == active, "%lld chunks",
                   (long long)ms.chunks);
-            const int64_t kept = filtered_reference(&p, ref.grad_logits, eps, gh, gw);
+            const int64_t kept = filtered_reference(&p, ref.grad_logits, eps, gh, gw, NULL);
             /* With bf16 GEMM kernels dlogits are bf16 values (LOSS_SPEC.md):
              * entries near the threshold may fall either side. */
             const int64_t slack = approx ? kept / 50 : 0;
@@ -220,8 +231,8 @@ static void peaked(fg_context *ctx, fg_dtype dt, const char *dname)
     tu_problem_free(&p);
 }
 
-/* A flat distribution: every row keeps more than V/8 entries, the chunk runs
- * dense, and the result is the unfiltered one. */
+/* A flat distribution: every row keeps more than V/8 entries, so every entry,
+ * and the result is the unfiltered one. */
 static void flat(fg_context *ctx)
 {
     tu_problem_opts po = {0};
@@ -238,13 +249,94 @@ static void flat(fg_context *ctx)
     tu_linear_outs_make(&f, N, H, V, 1);
     fg_memory_stats ms;
     CHECK(run(ctx, 0.0, &cfg, &in, batch, &base, 0, 2, &ms) == FG_OK, "%s", fg_last_error(ctx));
-    CHECK(run(ctx, 1e-3, &cfg, &in, batch, &f, 0, 2, &ms) == FG_OK, "%s", fg_last_error(ctx));
-    CHECK(ms.dlogits_kept == ms.dlogits_entries && ms.dlogits_entries > 0,
-          "flat: %lld of %lld entries kept (a dense chunk uses every one)",
-          (long long)ms.dlogits_kept, (long long)ms.dlogits_entries);
-    CHECK(tu_linear_outs_same(&f, &base), "%s", "flat: a dense chunk differs from unfiltered");
+    /* Every entry is about 1/V of the row's largest: above eps = 1e-4. */
+    /* Every entry is about 1/V of the row's largest: above eps = 1e-4. A row
+     * whose d loss/d logp is 0 (a clipped ratio) is all zeros and keeps its
+     * target alone. */
+    CHECK(run(ctx, 1e-4, &cfg, &in, batch, &f, 0, 2, &ms) == FG_OK, "%s", fg_last_error(ctx));
+    fg_oracle_result ref;
+    CHECK(fg_oracle_linear(&cfg, batch, p.hidden, p.weight, p.bias, H, V, &ref) == 0, "%s",
+          "oracle");
+    double *gh = tu_xmalloc(sizeof(double) * N * H), *gw = tu_xmalloc(sizeof(double) * V * H);
+    int64_t whole = 0;
+    const int64_t kept = filtered_reference(&p, ref.grad_logits, 1e-4, gh, gw, &whole);
+    const int64_t active = tu_batch_unmasked(&p.tb);
+    CHECK(ms.dlogits_kept == kept && ms.dlogits_entries == active * V &&
+              whole * V + (active - whole) == kept && whole > active / 2,
+          "flat: %lld of %lld entries kept, the rule keeps %lld (%lld of %lld rows whole, "
+          "the others their target alone)",
+          (long long)ms.dlogits_kept, (long long)ms.dlogits_entries, (long long)kept,
+          (long long)whole, (long long)active);
+    CHECK(tu_linear_outs_same(&f, &base), "%s", "flat: whole rows differ from unfiltered");
+    free(gh);
+    free(gw);
+    fg_oracle_result_free(&ref);
     tu_linear_outs_free(&base);
     tu_linear_outs_free(&f);
+    tu_problem_free(&p);
+}
+
+/* Flat and peaked rows together (hidden rows scaled down by 1e-3 every
+ * third token: near-uniform distributions, every entry above eps = 1e-5 of
+ * the row's largest): each row by its own rule, so one chunk and one row a
+ * chunk keep the same entries, and both match the per-row reference. */
+static void mixed(fg_context *ctx)
+{
+    tu_problem_opts po = {0};
+    po.weight_scale = 9.0 / sqrt((double)H);
+    tu_problem p;
+    tu_problem_make_opts(&p, B, T, H, V, FG_DTYPE_F32, 1, 4321, &po);
+    for (int64_t n = 0; n < N; n += 3)
+        for (int64_t h = 0; h < H; h++)
+            p.hidden[n * H + h] *= 1e-3;
+    for (int64_t v = 0; v < V; v++)
+        p.bias[v] *= 1e-3;
+    tu_problem_restore(&p);
+    CHECK(tu_problem_fill_logp(&p, 1.0, 0.2, 0.3) == 0, "%s", "oracle log-probs");
+    const fg_batch *batch = tu_batch_view(&p.tb);
+    fg_loss_config cfg;
+    fg_loss_config_init(&cfg);
+    const fg_linear_inputs in = tu_problem_inputs(&p);
+    fg_oracle_result ref;
+    CHECK(fg_oracle_linear(&cfg, batch, p.hidden, p.weight, p.bias, H, V, &ref) == 0, "%s",
+          "oracle");
+    const double eps = 1e-5;
+    double *gh = tu_xmalloc(sizeof(double) * N * H), *gw = tu_xmalloc(sizeof(double) * V * H);
+    int64_t whole = 0;
+    const int64_t kept = filtered_reference(&p, ref.grad_logits, eps, gh, gw, &whole);
+    const int64_t active = tu_batch_unmasked(&p.tb);
+    tu_linear_outs f[2];
+    fg_linear_plan_info plan;
+    const fg_linear_options fo = {FG_IMPL_FUSED, 0, eps};
+    tu_linear_outs_make(&f[0], N, H, V, 1);
+    tu_linear_outs_make(&f[1], N, H, V, 1);
+    CHECK(fg_linear_grpo_plan(ctx, &fo, &cfg, &in, batch, &f[0].out, NULL, &plan) == FG_OK,
+          "plan: %s", fg_last_error(ctx));
+    const size_t budgets[2] = {0, plan.min_budget_bytes};
+    int64_t counted[2] = {0, 0};
+    for (int bi = 0; bi < 2; bi++) {
+        fg_memory_stats ms;
+        CHECK(run(ctx, eps, &cfg, &in, batch, &f[bi], budgets[bi], 2, &ms) == FG_OK, "%s",
+              fg_last_error(ctx));
+        CHECK(bi == 0 ? ms.chunks == 1 : ms.chunks == active, "mixed: %lld chunks",
+              (long long)ms.chunks);
+        counted[bi] = ms.dlogits_kept;
+        char name[64];
+        snprintf(name, sizeof name, "filter mixed rows grad_hidden");
+        TOL_CHECK(name, rel_l2_f(f[bi].grad_hidden, gh, N * H), 1e-5, "budget %d", bi);
+        snprintf(name, sizeof name, "filter mixed rows grad_weight");
+        TOL_CHECK(name, rel_l2_f(f[bi].grad_weight, gw, V * H), 1e-5, "budget %d", bi);
+    }
+    CHECK(counted[0] == kept && counted[1] == kept && whole > 0 && kept < active * V / 2,
+          "mixed: kept %lld (one chunk), %lld (a row a chunk); the rule keeps %lld of %lld, "
+          "%lld rows whole",
+          (long long)counted[0], (long long)counted[1], (long long)kept,
+          (long long)(active * V), (long long)whole);
+    free(gh);
+    free(gw);
+    tu_linear_outs_free(&f[0]);
+    tu_linear_outs_free(&f[1]);
+    fg_oracle_result_free(&ref);
     tu_problem_free(&p);
 }
 
@@ -337,6 +429,7 @@ int main(void)
     peaked(ctx, FG_DTYPE_F32, "f32");
     peaked(ctx, FG_DTYPE_BF16, "bf16");
     flat(ctx);
+    mixed(ctx);
     refused(ctx);
     every_budget_plans(ctx);
     fg_context_destroy(ctx);

@@ -87,7 +87,7 @@
  *
  * usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]]
  *                       [--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits]
- *                       [--lean]
+ *                       [--lean] [--floor-rows R]
  * Budgets: a number of MiB, or with a K/M/G suffix (binary). Writes
  * DIR/bench_api.json and DIR/bench_api.txt (a markdown table with the
  * command line and the GPU on top). Exit 77 ("skipped: <reason>") without a
@@ -133,6 +133,8 @@ struct Options {
     bool waits = true;  /* the fused rows with a host wait a chunk (bw) */
     bool lean = false;  /* no single-product floor rows, no f32-gradient or
                            materialized row (long context) */
+    int64_t floor_rows = 0; /* the floor's slices hold at most this many rows
+                               (0: as many as fit) */
 };
 
 static void usage(const char *why)
@@ -140,7 +142,7 @@ static void usage(const char *why)
     fprintf(stderr,
             "bench_cuda_api: %s\n"
             "usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]] "
-            "[--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits] [--lean]\n"
+            "[--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits] [--lean] [--floor-rows R]\n"
             "  budgets: MiB, or with a K/M/G suffix (512M,1G); defaults: tokens 8192,32768, "
             "budgets 512M,1G,2G,3G, reps 7\n"
             "  --no-f32: skip the f32-input rows (otherwise run at the first token count only)\n"
@@ -148,7 +150,9 @@ static void usage(const char *why)
             "  --no-waits: skip the fused rows with the finite check off (a host wait a "
             "chunk)\n"
             "  --lean: skip the single-product floor rows, the float32-gradient row and the "
-            "materialized row (long context)\n",
+            "materialized row (long context)\n"
+            "  --floor-rows R: the floor's products over row slices of at most R rows (by "
+            "default only where [N, V] does not fit)\n",
             why);
     exit(2);
 }
@@ -225,6 +229,10 @@ static Options parse_args(int argc, char **argv)
                     usage(("bad budget: " + b).c_str());
                 o.budgets.push_back(bytes);
             }
+        } else if (a == "--floor-rows" && has_value) {
+            o.floor_rows = strtoll(argv[++i], NULL, 10);
+            if (o.floor_rows < 1)
+                usage("--floor-rows must be at least 1");
         } else if (a == "--reps" && has_value) {
             o.reps = atoi(argv[++i]);
             if (o.reps < 1)
@@ -654,6 +662,8 @@ static void run_floor(const Problem &p, const Reps &rp, const Options &o, ShapeR
     int64_t slice = 0;
     if (fixed + margin < free_now)
         slice = std::min<int64_t>(N, (int64_t)((free_now - fixed - margin) / row_bytes));
+    if (o.floor_rows > 0)
+        slice = std::min(slice, o.floor_rows);
     if (slice < N) /* equal slices, the fewest that fit */
         slice = slice < 1 ? 0 : (N + (N + slice - 1) / slice - 1) / ((N + slice - 1) / slice);
     const int64_t pieces = slice > 0 ? (N + slice - 1) / slice : 0;

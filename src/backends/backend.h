@@ -155,8 +155,8 @@ typedef struct fg_backend_call {
     /* Gradient filtering's workspace (filter_eps > 0): [chunk_rows, kept_cap]
      * kept column ids, [chunk_rows] counts and targets (grad_filter.h; NULL
      * on a FG_BACKEND_FILTER_IN_PLACE backend), and
-     * kept_count [1]: the entries the backward products used, which filter
-     * adds to chunk by chunk (m * V for a chunk that runs dense); the driver
+     * kept_count [1]: the entries the rule keeps (V for a row keeping more
+     * than kept_cap), which filter adds to chunk by chunk; the driver
      * zeroes it before the chunks and reads it once, at the end, so that
      * choosing dense or sparse never waits for the host. */
     int32_t *kept_idx, *kept_nnz;
@@ -286,10 +286,11 @@ typedef struct fg_backend_ops {
     /* Gradient filtering (docs/LOSS_SPEC.md), after backward, with
      * c->filter_eps > 0: each row's kept entries of dlogits (the CPU: into
      * the kept_* workspace; a backend whose products stay dense: the dropped
-     * entries zeroed in dlogits); where every row keeps few enough, the
-     * chunk's dhidden and grads run over the kept entries only; the entries
-     * they use added to *c->kept_count (m * V for a chunk left dense), on
-     * the backend, with no host wait. Needed by filter_eps. */
+     * entries zeroed in dlogits; a row keeping more than kept_cap keeps
+     * every entry); where every row keeps few enough, the CPU's dhidden and
+     * grads run over the kept entries only, else dense over the zeroed
+     * ones; the entries kept added to *c->kept_count, on the backend, with
+     * no host wait. Needed by filter_eps. */
     fg_status (*filter)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                         size_t msg_size);
     /* The loss's derivatives in the backend's memory, after stats: c->g[i]

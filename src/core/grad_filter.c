@@ -74,18 +74,37 @@ static int64_t select_row_isa(const void *x, fg_dtype t, int64_t n, int64_t targ
     return c;
 }
 
-int64_t fg_filter_select(int threads, fg_kept *k, double eps)
+int64_t fg_filter_select(int threads, fg_kept *k, double eps, int64_t *dense_rows)
 {
     int64_t total = 0, over = 0;
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total, over)
     for (int64_t i = 0; i < k->count; i++) {
         const int64_t c = select_row_isa(row_of(k, i), k->d_t, k->V, k->target[i], eps,
                                          k->idx + (size_t)i * (size_t)k->cap, k->cap);
-        k->nnz[i] = (int32_t)(c < k->cap ? c : k->cap);
-        total += c;
+        k->nnz[i] = c <= k->cap ? (int32_t)c : -1;
+        total += c <= k->cap ? c : k->V;
         over += c > k->cap;
     }
-    return over ? -1 : total;
+    *dense_rows = over;
+    return total;
+}
+
+void fg_filter_zero_dropped(int threads, fg_kept *k)
+{
+    const size_t es = fg_dtype_size(k->d_t);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < k->count; i++) {
+        if (k->nnz[i] < 0) /* the row keeps every entry */
+            continue;
+        unsigned char *d = row_of(k, i);
+        const int32_t *idx = k->idx + (size_t)i * (size_t)k->cap;
+        int64_t v = 0;
+        for (int32_t j = 0; j <= k->nnz[i]; j++) { /* the gap before idx[j], then idx[j] kept */
+            const int64_t end = j < k->nnz[i] ? idx[j] : k->V;
+            memset(d + (size_t)v * es, 0, (size_t)(end - v) * es);
+            v = end + 1;
+        }
+    }
 }
 
 void fg_filter_compact(int threads, fg_kept *k)

@@ -7,17 +7,21 @@
  * measured 95-99% of 16 x 256 tiles holding some p > 1e-5 on SmolLM2's own
  * completions), so the filter works per entry:
  *
- *   keep (i, v)  iff  |dlogits[i, v]| > eps · max_u |dlogits[i, u]|   or v is row i's token
+ *   keep (i, v)  iff  |dlogits[i, v]| > eps · max_u |dlogits[i, u]|   or v is row i's token,
+ *                 or row i keeps more than cap entries by that rule (a flat
+ *                 distribution: the whole row, its exact gradient)
  *   select:   idx[i, 0..nnz_i) = the kept vocab ids of row i, ascending     [count, cap]
  *   compact:  dlogits[i, j] = dlogits[i, idx[i, j]]  (in place, j <= idx)   [count, nnz_i]
  *   dhidden:  grad_hidden[i] = Σ_j dlogits[i, j] · W[idx[i, j]]              [count, H]
  *   dweight:  grad_weight[v] (+)= Σ_i dlogits[i, j(i, v)] · hbuf[i]          [V, H]
  *
- * A row keeping more than `cap` entries leaves the chunk dense (select says
- * so and nothing is written): the GEMMs are faster than a sparse product
- * there. Each sum runs in a fixed order (j for grad_hidden, rows for
- * grad_weight), one thread per output row: bits do not depend on the thread
- * count.
+ * The rule is per row, so the kept set does not depend on how the rows are
+ * chunked. A chunk with a row keeping more than `cap` runs its products
+ * dense (the GEMMs are faster than a sparse product there): select says so,
+ * zero_dropped sets the other rows' dropped entries to 0 in place, and the
+ * GEMMs sum the kept entries. Each sparse sum runs in a fixed order (j for
+ * grad_hidden, rows for grad_weight), one thread per output row: bits do not
+ * depend on the thread count.
  */
 #ifndef FG_GRAD_FILTER_H
 #define FG_GRAD_FILTER_H
@@ -32,16 +36,22 @@ typedef struct fg_kept {
     const int64_t *target; /* [count] row i's token in this shard's rows, or -1   */
     int32_t *idx;     /* [count, cap] kept vocab ids, ascending                    */
     int64_t cap;
-    int32_t *nnz;     /* [count] kept entries of each row                          */
+    int32_t *nnz;     /* [count] kept entries of each row; -1: more than cap (the
+                         row keeps every entry)                                    */
 } fg_kept;
 
 /* Kept entries a row may have for the chunk to run sparse: V/8 (see
  * grad_filter.c). */
 int64_t fg_kept_cap(int64_t V);
 
-/* Fills idx and nnz; returns the chunk's kept entries, or -1 when a row keeps
- * more than cap (the chunk runs dense; dlogits are untouched either way). */
-int64_t fg_filter_select(int threads, fg_kept *k, double eps);
+/* Fills idx and nnz; returns the entries the rule keeps (V for a row keeping
+ * more than cap) and in *dense_rows the rows keeping more than cap (then the
+ * chunk's products run dense, after zero_dropped). dlogits are untouched. */
+int64_t fg_filter_select(int threads, fg_kept *k, double eps, int64_t *dense_rows);
+
+/* Sets the dropped entries of every row keeping at most cap to 0, in place
+ * (a chunk whose products run dense). */
+void fg_filter_zero_dropped(int threads, fg_kept *k);
 
 /* Moves each row's kept values to its first nnz_i entries. */
 void fg_filter_compact(int threads, fg_kept *k);

@@ -359,8 +359,10 @@ static fg_status cpu_shard_stats(void *be, const fg_backend_call *c, int64_t r0,
 }
 
 /* Gradient filtering of the chunk's dlogits: the kept entries, compacted in
- * place, or kept_total -1 when some row keeps too many (the chunk runs
- * dense). Counts the entries the backward products use either way. */
+ * place for the sparse products; or, where some row keeps more than
+ * kept_cap (it keeps every entry), the other rows' dropped entries zeroed in
+ * place and kept_total -1 (the chunk's products run dense). Counts the
+ * entries the rule keeps either way. */
 static fg_status cpu_filter(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                             size_t n)
 {
@@ -376,11 +378,16 @@ static fg_status cpu_filter(void *be, const fg_backend_call *c, int64_t r0, int6
                         .V = c->V, .target = c->kept_tgt, .idx = c->kept_idx,
                         .cap = c->kept_cap, .nnz = c->kept_nnz};
     const double t0 = omp_get_wtime();
-    s->kept_total = fg_filter_select(call->threads, &s->kept, c->filter_eps);
-    if (s->kept_total >= 0)
+    int64_t dense_rows = 0;
+    const int64_t kept = fg_filter_select(call->threads, &s->kept, c->filter_eps, &dense_rows);
+    if (dense_rows == 0) {
         fg_filter_compact(call->threads, &s->kept);
+        s->kept_total = kept;
+    } else {
+        fg_filter_zero_dropped(call->threads, &s->kept);
+    }
     call->gemm_stats.seconds += omp_get_wtime() - t0;
-    *c->kept_count += s->kept_total >= 0 ? s->kept_total : m * c->V;
+    *c->kept_count += kept;
     return FG_OK;
 }
 

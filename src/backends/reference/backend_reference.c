@@ -269,11 +269,11 @@ static fg_status ref_put_grad_hidden(void *be, const fg_backend_call *c, int64_t
 /* Gradient filtering (docs/LOSS_SPEC.md), in place (FG_BACKEND_FILTER_IN_PLACE:
  * the algorithm of a backend whose products stay dense, the CUDA one's):
  *   count   each row's threshold (float)(eps · max |d|) and its kept entries
- *           (|d| > threshold, or its target) into the scratch;
- *   decide  a row keeping more than kept_cap leaves the chunk dense
- *           (*kept_count += m · V), else *kept_count += the kept entries;
- *   zero    unless dense, every dropped entry of dlogits set to 0 (the
- *           products then sum the kept ones).
+ *           (|d| > threshold, or its target) into the scratch; a row keeping
+ *           more than kept_cap keeps every entry (V);
+ *   sum     *kept_count += the rows' kept entries;
+ *   zero    in every row keeping at most kept_cap, the dropped entries of
+ *           dlogits set to 0 (the products then sum the kept ones).
  * No kept_* workspace; the same comparisons in float as the CPU's select. */
 
 static int ref_keeps(const fg_backend_call *c, int64_t i, int64_t v, float thr, int64_t t)
@@ -291,7 +291,6 @@ static fg_status ref_filter(void *be, const fg_backend_call *c, int64_t r0, int6
         return FG_ERR_NULL_ARGUMENT;
     }
     int64_t total = 0;
-    int over = 0;
     for (int64_t i = 0; i < m; i++) { /* count */
         float top = 0.0f;
         for (int64_t v = 0; v < c->V; v++) {
@@ -303,15 +302,14 @@ static fg_status ref_filter(void *be, const fg_backend_call *c, int64_t r0, int6
         int32_t kept = 0;
         for (int64_t v = 0; v < c->V; v++)
             kept += ref_keeps(c, i, v, thr, t);
+        if (kept > c->kept_cap)
+            kept = (int32_t)c->V;
         rows[i] = (ref_filter_row){thr, kept};
         total += kept;
-        over |= kept > c->kept_cap;
     }
-    *c->kept_count += over ? m * c->V : total; /* decide */
-    if (over)
-        return FG_OK;
+    *c->kept_count += total; /* sum */
     for (int64_t i = 0; i < m; i++) /* zero */
-        for (int64_t v = 0; v < c->V; v++)
+        for (int64_t v = 0; v < c->V && rows[i].kept <= c->kept_cap; v++)
             if (!ref_keeps(c, i, v, rows[i].threshold, c->targets[r0 + i]))
                 store(c->dlogits, c->dlogit_t, at(i, c->V, v), 0.0f);
     return FG_OK;
