@@ -696,52 +696,70 @@ static void grad_weight_sums_rule(void)
 }
 
 /* Gradient filtering on the reference backend (its filter op, the spec's
- * rule on its own dlogits) against the CPU's: the same kept entries (no
- * entry lies within 1.1% of its row's threshold here, measured; the two
- * backends' dlogits differ by ~1e-7 relative) and the same
- * gradients within float32 sums, in several chunks. A backend without the
- * op is refused by name (test_backend_cpu). */
+ * rule on its own dlogits, in place, in several chunks) against the CPU's
+ * (one chunk, sparse or, with whole rows, dense over the zeroed entries):
+ * the same kept entries (no entry lies within 1.1% of its row's threshold
+ * in the first problem, measured; the two backends' dlogits differ by ~1e-7
+ * relative) and the same gradients within float32 sums. A backend without
+ * the op is refused by name (test_backend_cpu). */
 static void filtering_like_cpu(void)
 {
-    tu_problem prob;
-    tu_problem_make(&prob, B, T, H, V, FG_DTYPE_F32, 1, 4242u);
-    fg_loss_config cfg;
-    fg_loss_config_init(&cfg);
-    const fg_linear_inputs in = tu_problem_inputs(&prob);
-    const fg_batch *batch = tu_batch_view(&prob.tb);
-    tu_linear_outs a, b;
-    tu_linear_outs_make(&a, N, H, V, 1);
-    tu_linear_outs_make(&b, N, H, V, 1);
-    const fg_linear_options opts = {FG_IMPL_FUSED, 0, 0.3};
-    fg_exec ex;
-    fg_exec_init(&ex);
-    fg_linear_plan_info info;
-    ex.memory_budget = 1;
-    fg_linear_grpo_plan(ctx_ref, &opts, &cfg, &in, batch, &b.out, &ex, &info);
-    for (ex.memory_budget = info.min_budget_bytes; ex.memory_budget < ((size_t)1 << 24);
-         ex.memory_budget += 256)
-        if (fg_linear_grpo_plan(ctx_ref, &opts, &cfg, &in, batch, &b.out, &ex, &info) == FG_OK &&
-            info.chunks <= 3)
-            break;
-    const fg_status sc = fg_linear_grpo(ctx_cpu, &opts, &cfg, &in, batch, &a.out, NULL);
-    const fg_status sr = fg_linear_grpo(ctx_ref, &opts, &cfg, &in, batch, &b.out, &ex);
-    fg_memory_stats mc, mr;
-    fg_get_memory_stats(ctx_cpu, &mc);
-    fg_get_memory_stats(ctx_ref, &mr);
-    CHECK(sc == FG_OK && sr == FG_OK, "filtering: cpu %s, reference %s (%s)", fg_status_name(sc),
-          fg_status_name(sr), fg_last_error(ctx_ref));
-    CHECK(mr.chunks > 1 && mc.dlogits_kept == mr.dlogits_kept &&
-              mr.dlogits_kept < mr.dlogits_entries,
-          "filtering: kept %lld (cpu) / %lld (reference) of %lld, %lld chunks",
-          (long long)mc.dlogits_kept, (long long)mr.dlogits_kept, (long long)mr.dlogits_entries,
-          (long long)mr.chunks);
-    const double eh = tu_rel_l2f(a.grad_hidden, b.grad_hidden, (int64_t)N * H);
-    const double ew = tu_rel_l2f(a.grad_weight, b.grad_weight, (int64_t)V * H);
-    TOL_CHECK("backend filtered gradients", eh > ew ? eh : ew, 5e-7,
-              "filtered grad_hidden %.2e, grad_weight %.2e", eh, ew);
-    tu_linear_outs_free(&a);
-    tu_linear_outs_free(&b);
-    tu_problem_free(&prob);
+    /* Pass 0: the default problem at eps 0.3 (few entries a row); pass 1:
+     * peaked logits with every third token's hidden row scaled by 1e-3 (a
+     * near-uniform row, which keeps every entry at eps 1e-3), the rule
+     * read row by row whatever the chunks. */
+    for (int pass = 0; pass < 2; pass++) {
+        tu_problem prob;
+        tu_problem_opts po = {0};
+        if (pass)
+            po.weight_scale = 12.0 / sqrt((double)H);
+        tu_problem_make_opts(&prob, B, T, H, V, FG_DTYPE_F32, 1, 4242u, &po);
+        if (pass) {
+            for (int64_t n = 0; n < N; n += 3)
+                for (int64_t h = 0; h < H; h++)
+                    prob.hidden[n * H + h] *= 1e-3;
+            tu_problem_restore(&prob);
+        }
+        fg_loss_config cfg;
+        fg_loss_config_init(&cfg);
+        const fg_linear_inputs in = tu_problem_inputs(&prob);
+        const fg_batch *batch = tu_batch_view(&prob.tb);
+        tu_linear_outs a, b;
+        tu_linear_outs_make(&a, N, H, V, 1);
+        tu_linear_outs_make(&b, N, H, V, 1);
+        const fg_linear_options opts = {FG_IMPL_FUSED, 0, pass ? 1e-3 : 0.3};
+        fg_exec ex;
+        fg_exec_init(&ex);
+        fg_linear_plan_info info;
+        ex.memory_budget = 1;
+        fg_linear_grpo_plan(ctx_ref, &opts, &cfg, &in, batch, &b.out, &ex, &info);
+        for (ex.memory_budget = info.min_budget_bytes; ex.memory_budget < ((size_t)1 << 24);
+             ex.memory_budget += 256)
+            if (fg_linear_grpo_plan(ctx_ref, &opts, &cfg, &in, batch, &b.out, &ex, &info) ==
+                    FG_OK &&
+                info.chunks <= 3)
+                break;
+        const fg_status sc = fg_linear_grpo(ctx_cpu, &opts, &cfg, &in, batch, &a.out, NULL);
+        const fg_status sr = fg_linear_grpo(ctx_ref, &opts, &cfg, &in, batch, &b.out, &ex);
+        fg_memory_stats mc, mr;
+        fg_get_memory_stats(ctx_cpu, &mc);
+        fg_get_memory_stats(ctx_ref, &mr);
+        CHECK(sc == FG_OK && sr == FG_OK, "filtering %d: cpu %s, reference %s (%s)", pass,
+              fg_status_name(sc), fg_status_name(sr), fg_last_error(ctx_ref));
+        /* Pass 1: some rows whole (over V of them kept), not all. */
+        CHECK(mc.chunks == 1 && mr.chunks > 1 && mc.dlogits_kept == mr.dlogits_kept &&
+                  mr.dlogits_kept < mr.dlogits_entries && (!pass || mr.dlogits_kept > V),
+              "filtering %d: kept %lld (cpu, %lld chunk) / %lld (reference, %lld chunks) of %lld",
+              pass, (long long)mc.dlogits_kept, (long long)mc.chunks,
+              (long long)mr.dlogits_kept, (long long)mr.chunks, (long long)mr.dlogits_entries);
+        const double eh = tu_rel_l2f(a.grad_hidden, b.grad_hidden, (int64_t)N * H);
+        const double ew = tu_rel_l2f(a.grad_weight, b.grad_weight, (int64_t)V * H);
+        TOL_CHECK("backend filtered gradients", eh > ew ? eh : ew, 5e-7,
+                  "pass %d: filtered grad_hidden %.2e, grad_weight %.2e", pass, eh, ew);
+        tu_linear_outs_free(&a);
+        tu_linear_outs_free(&b);
+        tu_problem_free(&prob);
+    }
 }
 
 /* A backend that filters in place keeps its products dense over the zeroed
