@@ -321,7 +321,7 @@ def child(a):
 # autotuning and first allocations included).
 
 CUDA_PEERS = ["gemm_floor", "fusedgrpo_torch", "fusedgrpo_torch_wide",
-              "fusedgrpo_torch_filter_auto", "trl_chunked", "liger", "cce", "cce_filter_auto",
+              "fusedgrpo_torch_filter_auto", "fusedgrpo_torch_filter_cce_eps", "trl_chunked", "liger", "cce", "cce_filter_auto",
               "torch_eager", "jax_pure", "liger_compiled"]
 
 CUDA_NOTES = {
@@ -332,6 +332,8 @@ CUDA_NOTES = {
                             "memory_budget=--wide-budget",
     "fusedgrpo_torch_filter_auto": "fusedgrpo.torch.FusedLinearGRPOLoss, CUDA backend, "
                                    "default budget, filter_eps='auto' (gradient filtering)",
+    "fusedgrpo_torch_filter_cce_eps": "the same with filter_eps=2**-12, the threshold of CCE's "
+                                      "'auto' for bf16, in fusedgrpo's relative rule",
     "trl_chunked": "TRL 1.16 kernels/chunked_logprob.py (ChunkedLogProbFunction, Triton "
                    "folds, masked rows only as GRPOTrainer on CUDA) + TRL's loss",
     "liger": "Liger-Kernel LigerFusedLinearGRPOLoss, compiled=False",
@@ -615,14 +617,16 @@ def cuda_peer_torch(a, T, kind, device):
             loss = torch_grpo_loss(torch, -nll.float(), old, ref, mask, adv, c)
             loss.backward()
             return loss
-    elif kind in ("fusedgrpo_torch", "fusedgrpo_torch_wide", "fusedgrpo_torch_filter_auto"):
+    elif kind.startswith("fusedgrpo_torch"):
         from fusedgrpo import _lib
         from fusedgrpo.torch import FusedLinearGRPOLoss
         budget = a.wide_budget if kind == "fusedgrpo_torch_wide" else a.memory_budget
         mod = FusedLinearGRPOLoss(beta=c["beta"], epsilon_low=c["epsilon_low"],
                                   epsilon_high=c["epsilon_high"], loss_type=c["loss_type"],
                                   temperature=c["temperature"], memory_budget=budget,
-                                  filter_eps="auto" if kind.endswith("filter_auto") else 0.0)
+                                  filter_eps={"fusedgrpo_torch_filter_auto": "auto",
+                                              "fusedgrpo_torch_filter_cce_eps": 2.0 ** -12}
+                                  .get(kind, 0.0))
         # the context the op's calls use: this thread's CUDA context on torch's
         # current stream (fusedgrpo._torch_inputs.call_context)
         ctx = (_lib.device_context("cuda", torch.cuda.current_stream(device).cuda_stream)
