@@ -41,7 +41,9 @@
 # seconds from the start (default 540): a step that would start too late is
 # listed as not run. Output, JSON and the GPU's description go under OUTDIR.
 # FG_GPU_BUILD_DIR, FG_GPU_FULL_BUILD_DIR: the build folders (build-gpu,
-# build-gpu-full); FG_GPU_JOBS: build jobs (nproc).
+# build-gpu-full); FG_GPU_JOBS: build jobs (nproc); FG_GPU_FULL_ARCHS: the
+# whole project's CMAKE_CUDA_ARCHITECTURES (default the wheel's; "90a-real"
+# builds this H100/H200's image alone, a shorter build when time is short).
 # Parts to leave out (a shorter run, once a full one has passed; by default
 # every part runs): FG_GPU_SKIP_MEMCHECK=1 both compute-sanitizer steps,
 # FG_GPU_SKIP_JAX=1 test_jax_cuda.py, FG_GPU_SKIP_API_BENCH=1 bench_cuda_api,
@@ -160,6 +162,7 @@ full_start=$SECONDS
 if ! cmake -S . -B "$build_full" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
        -DCMAKE_CUDA_COMPILER="$nvcc_path" \
        -DFG_CUDA=ON -DFG_CUDA_WERROR=OFF -DFG_BUILD_TOOLS=OFF -DFG_BUILD_TESTS=OFF -DFG_MPI=OFF \
+       ${FG_GPU_FULL_ARCHS:+-DCMAKE_CUDA_ARCHITECTURES="$FG_GPU_FULL_ARCHS"} \
        "${dnnl_args[@]}" >"$out/configure_full.txt" 2>&1; then
   tail -30 "$out/configure_full.txt"
   echo "gpu_test: configuring the whole project failed (configure_full.txt)"
