@@ -320,9 +320,11 @@ def child(a):
 # timed steps, its loss, the GPU's name and the first step's time (compilation,
 # autotuning and first allocations included).
 
-CUDA_PEERS = ["gemm_floor", "fusedgrpo_torch", "fusedgrpo_torch_wide",
-              "fusedgrpo_torch_filter_auto", "fusedgrpo_torch_filter_cce_eps", "trl_chunked", "liger", "cce", "cce_filter_auto",
-              "torch_eager", "jax_pure", "liger_compiled"]
+# In this order under the run's deadline: the filtered rows beside CCE's
+# filtered one before the slow peers, which a short run may leave out.
+CUDA_PEERS = ["gemm_floor", "fusedgrpo_torch", "fusedgrpo_torch_filter_auto", "cce_filter_auto",
+              "fusedgrpo_torch_filter_cce_eps", "fusedgrpo_torch_wide", "trl_chunked", "cce",
+              "torch_eager", "liger", "jax_pure", "liger_compiled"]
 
 CUDA_NOTES = {
     "gemm_floor": "torch.mm x3 in bf16 at full shape (logits, grad_hidden, grad_weight), "
