@@ -5,16 +5,11 @@
 #include <string.h>
 
 #include "loss_math.h"
+#include "loss_sequence.h"
 #include "loss_token.h"
 
 /* log(1e-8): vespo's lower clamp of log-weights (TRL's get_gamma_weights). */
 #define VESPO_LOG_MIN (-18.420680743952367)
-
-static int clipped_type(fg_loss_type t)
-{
-    return t == FG_LOSS_GRPO || t == FG_LOSS_BNPO || t == FG_LOSS_DR_GRPO || t == FG_LOSS_DAPO ||
-           t == FG_LOSS_LUSPO;
-}
 
 static double clampd(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
@@ -126,13 +121,6 @@ int fg_loss_needs_all_tokens(const fg_loss_plan *p)
     const int off_policy = !isinf(p->off_policy_threshold);
     return p->level == FG_LEVEL_SEQUENCE || (p->type == FG_LOSS_VESPO && p->old) ||
            (off_policy && (p->sampling || p->old)) || p->top_entropy_quantile < 1.0;
-}
-
-/* The ratio the clip metrics test: TRL's coef_1 after the two-sided clip
- * (min(ratio, delta) for the clipped types when delta is set). */
-static double metric_ratio(const fg_loss_plan *p, double ratio)
-{
-    return clipped_type(p->type) && p->delta > 0 && ratio > p->delta ? p->delta : ratio;
 }
 
 /* torch.quantile(x, q) of n sorted floats, in float arithmetic as torch does
@@ -322,71 +310,17 @@ int fg_loss_cannot_overflow(const fg_loss_plan *p, double logit_bound, double lo
 void fg_loss_evaluate(const fg_loss_plan *p, const float *logp, const float *entropy,
                       double *loss, fg_metrics *metrics)
 {
-    const int64_t T = p->T;
-    const int seq_level = p->level == FG_LEVEL_SEQUENCE;
-    const double lo = 1.0 - p->eps_low, hi = 1.0 + p->eps_high;
-    double total = 0, ent = 0, ent_eff = 0, kl = 0;
-    double low = 0, high = 0, region = 0, cispo = 0, phi = 0;
-    double low_min = NAN, high_max = NAN; /* NaN until a sequence counts (nanmin/nanmax) */
+    /* loss_sequence.h's pieces in their order: a device runs the same. */
+    const int64_t segments = (p->T + FG_EVAL_SEGMENT - 1) / FG_EVAL_SEGMENT;
+    fg_loss_acc acc;
+    fg_loss_acc_init(&acc);
     for (int64_t b = 0; b < p->B; b++) {
-        const double A = p->adv[b];
-        double seq = 0, c = 0, seq_low = 0, seq_high = 0;
-        for (int64_t t = 0; t < T; t++) {
-            const int64_t n = b * T + t;
-            if (!p->mask[n])
-                continue;
-            const double ratio = fg_token_ratio(p, b, n, logp[n]);
-            const int eff = fg_token_in_entropy_mask(p, entropy[n]);
-            fg_token_terms tt = fg_token_terms_eval(p, b, n, logp[n], ratio, eff);
-            seq += tt.L;
-            ent += entropy[n];
-            ent_eff += eff ? entropy[n] : 0.0;
-            kl += tt.kl;
-            c += 1;
-            if (!seq_level) { /* token-level ratios: per-token indicators */
-                const double r = metric_ratio(p, ratio);
-                const int is_low = r < lo && A < 0, is_high = r > hi && A > 0;
-                seq_low += is_low;
-                seq_high += is_high;
-                region += is_low || is_high;
-                cispo += r > p->eps_high && A > 0;
-            }
+        fg_seq_sums seq = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t k = 0; k < segments; k++) {
+            const fg_seq_sums seg = fg_seg_eval(p, b, k, logp, entropy);
+            fg_seq_sums_add(&seq, &seg);
         }
-        total += p->seq_weight[b] * seq;
-        phi += p->seq_phi[b];
-        if (seq_level) { /* one ratio per sequence: indicators per sequence, every sequence counts */
-            const double ratio = metric_ratio(p, exp(p->seq_log_ratio[b]));
-            seq_low = ratio < lo && A < 0;
-            seq_high = ratio > hi && A > 0;
-            region += seq_low || seq_high;
-            cispo += ratio > p->eps_high && A > 0;
-            low += seq_low;
-            high += seq_high;
-            low_min = isnan(low_min) || seq_low < low_min ? seq_low : low_min;
-            high_max = isnan(high_max) || seq_high > high_max ? seq_high : high_max;
-        } else if (c > 0) {
-            low += seq_low;
-            high += seq_high;
-            low_min = isnan(low_min) || seq_low / c < low_min ? seq_low / c : low_min;
-            high_max = isnan(high_max) || seq_high / c > high_max ? seq_high / c : high_max;
-        }
+        fg_loss_acc_add(&acc, p, b, &seq);
     }
-    const double denom = p->total_tokens > 1 ? p->total_tokens : 1;
-    const double clip_denom = seq_level ? (double)p->B : denom;
-    *loss = total - p->entropy_weight * ent_eff;
-    memset(metrics, 0, sizeof *metrics);
-    metrics->policy_loss = total;
-    metrics->kl = p->beta != 0 ? kl / denom : 0.0;
-    metrics->entropy = ent / denom;
-    if (clipped_type(p->type)) {
-        metrics->clip_ratio_low = low / clip_denom;
-        metrics->clip_ratio_high = high / clip_denom;
-        metrics->clip_ratio_region = region / clip_denom;
-        metrics->clip_ratio_low_min = low_min;
-        metrics->clip_ratio_high_max = high_max;
-    }
-    if (p->type == FG_LOSS_CISPO)
-        metrics->cispo_clip_ratio = cispo / clip_denom;
-    if (p->type == FG_LOSS_VESPO)
-        metrics->vespo_phi_seq_mean = phi / (double)p->B;
+    fg_loss_acc_finish(&acc, p, loss, metrics);
 }

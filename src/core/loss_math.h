@@ -106,7 +106,9 @@ int fg_loss_cannot_overflow(const fg_loss_plan *p, double logit_bound, double lo
                             double *dlogp_max, double *dlogp_sum);
 
 /* The scalar loss and the metrics from every token's logp and entropy,
- * summed in a fixed order in double; after fg_loss_prepare. */
+ * summed in double in loss_sequence.h's fixed order (segments of a
+ * sequence, then sequences), the order a device runs too; after
+ * fg_loss_prepare. */
 void fg_loss_evaluate(const fg_loss_plan *p, const float *logp, const float *entropy,
                       double *loss, fg_metrics *metrics);
 
