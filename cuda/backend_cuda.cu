@@ -485,8 +485,8 @@ static fg_status cuda_scan(void *be, const fg_matrix *x, const uint8_t *mask,
         return st;
     /* Into the backend's own slot, then to the host (backend.h: out is host
      * memory, there when the op returns). */
-    st = fg_cuda_scan_matrix(x->data, x->dtype, x->rows, x->cols, x->ld, mask,
-                                             s->scan, s->stream, msg, msg_size);
+    st = fg_cuda_scan_matrix(x->data, x->dtype, x->rows, x->cols, x->ld, mask, s->scan, s->stream,
+                             msg, msg_size);
     if (st != FG_OK)
         return st;
     cudaError_t err = cudaMemcpyAsync(out, s->scan, sizeof *s->scan, cudaMemcpyDeviceToHost,

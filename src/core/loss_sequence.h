@@ -119,24 +119,27 @@ FG_HD static inline void fg_loss_acc_add(fg_loss_acc *a, const fg_loss_plan *p, 
     a->ent_eff += s->ent_eff;
     a->kl += s->kl;
     a->phi += p->seq_phi[b];
-    double seq_low = s->low, seq_high = s->high;
+    double seq_low, seq_high; /* the sequence's clip fractions */
     if (p->level == FG_LEVEL_SEQUENCE) { /* one ratio a sequence: every sequence counts */
         const double lo = 1.0 - p->eps_low, hi = 1.0 + p->eps_high;
         const double ratio = fg_loss_metric_ratio(p, exp(p->seq_log_ratio[b]));
         seq_low = ratio < lo && A < 0;
         seq_high = ratio > hi && A > 0;
+        a->low += seq_low;
+        a->high += seq_high;
         a->region += seq_low || seq_high;
         a->cispo += ratio > p->eps_high && A > 0;
-    } else if (s->count > 0) {
+    } else { /* token level: the tokens' indicators; a sequence without tokens
+                counts in no fraction */
+        if (s->count == 0)
+            return;
+        a->low += s->low;
+        a->high += s->high;
         a->region += s->region;
         a->cispo += s->cispo;
-        seq_low /= s->count;
-        seq_high /= s->count;
-    } else {
-        return;
+        seq_low = s->low / s->count;
+        seq_high = s->high / s->count;
     }
-    a->low += p->level == FG_LEVEL_SEQUENCE ? seq_low : s->low;
-    a->high += p->level == FG_LEVEL_SEQUENCE ? seq_high : s->high;
     a->low_min = isnan(a->low_min) || seq_low < a->low_min ? seq_low : a->low_min;
     a->high_max = isnan(a->high_max) || seq_high > a->high_max ? seq_high : a->high_max;
 }

@@ -1263,8 +1263,8 @@ fg_status fg_linear_logprobs_backward(fg_context *ctx, const fg_linear_options *
     fg_loss_config cfg;
     fg_batch batch;
     linear_request req;
-    fg_linear_head_request(&req, KIND_LOGPROBS_BACKWARD, &cfg, &batch, temperature, tokens, grad_logp,
-                 grad_entropy);
+    fg_linear_head_request(&req, KIND_LOGPROBS_BACKWARD, &cfg, &batch, temperature, tokens,
+                           grad_logp, grad_entropy);
     fg_linear_outputs out;
     return linear_execute(ctx, opts, &req, in, grads_as_outputs(grads, &out), exec);
 }
@@ -1292,8 +1292,8 @@ fg_status fg_linear_shard_backward(fg_context *ctx, const fg_linear_options *opt
     fg_loss_config cfg;
     fg_batch batch;
     linear_request req;
-    fg_linear_head_request(&req, KIND_SHARD_BACKWARD, &cfg, &batch, temperature, tokens, grad_logp,
-                 grad_entropy);
+    fg_linear_head_request(&req, KIND_SHARD_BACKWARD, &cfg, &batch, temperature, tokens,
+                           grad_logp, grad_entropy);
     req.stats_in = stats;
     fg_linear_outputs out;
     return linear_execute(ctx, opts, &req, in, grads_as_outputs(grads, &out), exec);

@@ -372,8 +372,8 @@ static void plan_filter(const fg_linear_options *o, linear_plan *p)
     const double eps =
         o->filter_eps == FG_FILTER_EPS_AUTO ? fg_filter_eps_auto(p->in_t) : o->filter_eps;
     const int in_place = (p->be.ops->caps & FG_BACKEND_FILTER_IN_PLACE) != 0;
-    const int gw_f32 = !p->want_gw || p->gw_sum || p->gw_t == FG_DTYPE_F32 || in_place;
-    const int on = p->fused && eps > 0 && (p->want_gh || p->want_gw) && gw_f32;
+    const int gw_writable = in_place || !p->want_gw || p->gw_sum || p->gw_t == FG_DTYPE_F32;
+    const int on = p->fused && eps > 0 && (p->want_gh || p->want_gw) && gw_writable;
     const size_t count = fg_linear_piece(p, sizeof(int64_t)); /* kept_count */
     if ((p->bc.filter_eps > 0) != on)
         p->fixed_bytes = on ? p->fixed_bytes + count : p->fixed_bytes - count;
@@ -559,11 +559,9 @@ fg_status fg_linear_min_budget(fg_call *call, const linear_plan *p, size_t *byte
     if (q.gw_sum && q.cmp_t == FG_DTYPE_BF16) {
         set_gw_sum(&q, 0);
         q.fixed_bytes -= q.gw_sum_bytes;
-        /* A bf16 grad_weight summed per chunk runs dense on the CPU; an
-         * in-place filter stays on. */
-        const fg_linear_options off = {FG_IMPL_FUSED, 0, 0.0};
-        if (!(q.be.ops->caps & FG_BACKEND_FILTER_IN_PLACE))
-            plan_filter(&off, &q);
+        /* Filtering decided again without the sums (plan_filter). */
+        const fg_linear_options same = {FG_IMPL_FUSED, 0, q.bc.filter_eps};
+        plan_filter(&same, &q);
     }
     return need_bytes(call, &q, 1, 1, 1, bytes);
 }
