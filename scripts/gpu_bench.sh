@@ -45,13 +45,12 @@ if [ $# -ne 1 ]; then
 fi
 mkdir -p "$1"
 out=$(cd "$1" && pwd)
-model=${FG_MODEL_DIR:-/tmp/fg-model}
-build_full=${FG_GPU_FULL_BUILD_DIR:-build-gpu-full}
-case $build_full in /*) ;; *) build_full=$PWD/$build_full ;; esac
+tag=gpu_bench
+# shellcheck source=scripts/gpu_env.sh
+. scripts/gpu_env.sh
 read -r -a parts <<<"${FG_BENCH_PARTS:-long real}"
 deadline=${FG_BENCH_DEADLINE:-540}
 py=${PYTHON:-python3}
-tag=gpu_bench
 status=0
 rcs=()
 
@@ -83,8 +82,6 @@ step "machine"
   fi
 } | tee "$out/machine.txt"
 
-# shellcheck source=scripts/gpu_env.sh
-. scripts/gpu_env.sh
 gpu_onednn
 [ -z "${FUSEDGRPO_LIBRARY:-}" ] && step "build ($build_full: fusedgrpo, fusedgrpo_cuda, bench_cuda_api)"
 gpu_libraries fusedgrpo fusedgrpo_cuda bench_cuda_api || exit 1

@@ -1,12 +1,14 @@
-# Sourced by scripts/gpu_train.sh and scripts/gpu_bench.sh: the libraries and
-# the Python environment a GPU run after scripts/gpu_model_stash.sh needs.
-# The caller sets, before sourcing:
+# Sourced by scripts/gpu_train.sh and scripts/gpu_bench.sh from the
+# repository root: the libraries and the Python environment a GPU run after
+# scripts/gpu_model_stash.sh needs. The caller sets, before sourcing:
 #   out          the run's output folder (build.txt goes there)
-#   model        FG_MODEL_DIR, the stash (its onednn/ and site/)
-#   build_full   an absolute build folder (scripts/gpu_test.sh's build-gpu-full)
-#   py           the Python interpreter
 #   tag          the name its messages start with
-# and calls, in order:
+# and before calling gpu_python, py (the Python interpreter). Sourcing sets
+#   model        FG_MODEL_DIR (default /tmp/fg-model), the stash (its onednn/
+#                and site/)
+#   build_full   FG_GPU_FULL_BUILD_DIR (default build-gpu-full, scripts/
+#                gpu_test.sh's whole build), made absolute
+# The caller then calls, in order:
 #   gpu_onednn                  oneDNN: the stash's, else .gpu-carry/onednn
 #                               (scripts/gpu_carry.sh); its lib/ on
 #                               LD_LIBRARY_PATH; sets $onednn ("" when none)
@@ -27,6 +29,10 @@
 #                               caches in a temporary folder ($tmp, removed at
 #                               exit). Returns 1 when the interpreter does not
 #                               start.
+
+model=${FG_MODEL_DIR:-/tmp/fg-model}
+build_full=${FG_GPU_FULL_BUILD_DIR:-build-gpu-full}
+case $build_full in /*) ;; *) build_full=$PWD/$build_full ;; esac
 
 gpu_onednn() {
   onednn=""

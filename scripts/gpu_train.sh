@@ -56,9 +56,9 @@ if [ $# -ne 1 ]; then
 fi
 mkdir -p "$1"
 out=$(cd "$1" && pwd)
-model=${FG_MODEL_DIR:-/tmp/fg-model}
-build_full=${FG_GPU_FULL_BUILD_DIR:-build-gpu-full}
-case $build_full in /*) ;; *) build_full=$PWD/$build_full ;; esac
+tag=gpu_train
+# shellcheck source=scripts/gpu_env.sh
+. scripts/gpu_env.sh
 device=${FG_TRAIN_DEVICE:-cuda}
 steps=${FG_TRAIN_STEPS:-20}
 read -r -a arms <<<"${FG_TRAIN_ARMS:-trl fusedgrpo}"
@@ -88,9 +88,6 @@ step "machine"
   echo "- model: $(awk '$1 == "gguf" {print $2}' "$model/MANIFEST"), sha256 $(cat "$model/complete")"
 } | tee "$summary"
 
-tag=gpu_train
-# shellcheck source=scripts/gpu_env.sh
-. scripts/gpu_env.sh
 gpu_onednn
 [ -z "${FUSEDGRPO_LIBRARY:-}" ] && step "build ($build_full: fusedgrpo, fusedgrpo_cuda)"
 gpu_libraries fusedgrpo fusedgrpo_cuda || exit 1
