@@ -11,7 +11,7 @@
  * between calls still runs on the context's), a cuBLASLt handle and the
  * cuBLASLt workspace.
  *
- * The ops table (ABI 5): caps FG_BACKEND_ASYNC | FG_BACKEND_THREAD_INVARIANT
+ * The ops table (ABI 6): caps FG_BACKEND_ASYNC | FG_BACKEND_THREAD_INVARIANT
  * | FG_BACKEND_FILTER_IN_PLACE (the work runs on the stream whatever c->workers says; FG_BACKEND_FIXED_ROW_BITS
  * is not claimed: cuBLASLt picks its algorithm, and so a logit's summation
  * order, from the chunk's row count), align 256, logits_block_rows 0 (GEMM 1
@@ -92,6 +92,8 @@
 #include "fail.h"
 #include "gemm_cublaslt.h"
 #include "loss_derivs.h"
+#include "report.h"
+#include "report_kernels.h"
 #include "row_stats.h"
 #include "shard_stats.h"
 
@@ -529,7 +531,7 @@ static fg_status cuda_logits(void *be, const fg_backend_call *c, int64_t r0, int
     device_scope scope(s->device);
     /* hbuf [m, H] of in_t, row stride H: GEMM 3 reads it again. */
     st = fg_cuda_gather_rows(c->hidden.data, c->in_t, c->hidden.rows, c->hidden.ld, c->rows + r0,
-                             m, c->H, c->hbuf, c->H, s->stream, msg, msg_size);
+                             c->mask, m, c->H, c->hbuf, c->H, s->stream, msg, msg_size);
     if (st != FG_OK)
         return st;
     const fg_cuda_gemm g = gemm_of(s);
@@ -594,6 +596,73 @@ static fg_status cuda_derivs(void *be, const fg_backend_call *c, int64_t r0, int
     device_scope scope(s->device);
     return fg_cuda_loss_derivs(plan, c->rows + r0, m, c->logp, c->entropy, c->g, c->e,
                                s->stream, msg, msg_size);
+}
+
+/* ---- device-reported calls (report_kernels.h) ---- */
+
+/* Every array the report ops read or write, addressable by the device (a
+ * host pointer would fault the context: it is refused instead). */
+static fg_status check_report_memory(const cuda_backend *s, const fg_loss_plan *plan,
+                                     const fg_report_batch *r, fg_device_report *rep, char *msg,
+                                     size_t msg_size)
+{
+    const struct {
+        const char *name;
+        const void *p;
+    } arrays[] = {{"the report", rep},          {"token_ids", plan->token_ids},
+                  {"mask", plan->mask},         {"advantages", plan->adv},
+                  {"old_logp", plan->old},      {"ref_logp", plan->ref},
+                  {"is_ratio", plan->is_ratio}, {"sampling_logp", plan->sampling},
+                  {"grad_logp", r->grad_logp},  {"grad_entropy", r->grad_entropy}};
+    for (const auto &a : arrays) {
+        const fg_status st = check_pointer(s, a.name, a.p, msg, msg_size);
+        if (st != FG_OK)
+            return st;
+    }
+    return rep ? FG_OK : fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "report: the record is NULL");
+}
+
+static fg_status cuda_report_batch(void *be, const fg_backend_call *c,
+                                   const struct fg_loss_plan *plan, const fg_report_batch *r,
+                                   fg_device_report *rep, char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    device_scope scope(s->device);
+    fg_status st = check_report_memory(s, plan, r, rep, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    return fg_cuda_report_batch(plan, r, const_cast<int64_t *>(c->rows),
+                                const_cast<int64_t *>(c->targets), rep, s->stream, msg, msg_size);
+}
+
+static fg_status cuda_report_scan(void *be, const fg_matrix *x, const uint8_t *mask, int stage,
+                                  fg_device_report *rep, char *msg, size_t msg_size)
+{
+    cuda_backend *s = state(be);
+    device_scope scope(s->device);
+    fg_status st = check_pointer(s, "the scanned input", x->data, msg, msg_size);
+    if (st == FG_OK)
+        st = check_pointer(s, "mask", mask, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    return fg_cuda_report_scan(x->data, x->dtype, x->rows, x->cols, x->ld, mask, stage, rep,
+                               s->stream, msg, msg_size);
+}
+
+static fg_status cuda_report_tokens(void *be, const fg_backend_call *c,
+                                    const struct fg_loss_plan *plan, const fg_report_batch *r,
+                                    const fg_backend_tokens *t, fg_device_report *rep, char *msg,
+                                    size_t msg_size)
+{
+    (void)c;
+    cuda_backend *s = state(be);
+    device_scope scope(s->device);
+    fg_status st = check_pointer(s, "logp", t->logp_out, msg, msg_size);
+    if (st == FG_OK)
+        st = check_pointer(s, "entropy", t->entropy_out, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    return fg_cuda_report_tokens(plan, r, t, rep, s->stream, msg, msg_size);
 }
 
 /* Gradient filtering of the chunk's dlogits (rows 0..m-1, targets
@@ -800,6 +869,9 @@ static fg_backend_ops make_ops(void)
     o.put_grad_hidden = cuda_put_grad_hidden;
     o.filter = cuda_filter;
     o.derivs = cuda_derivs;
+    o.report_batch = cuda_report_batch;
+    o.report_scan = cuda_report_scan;
+    o.report_tokens = cuda_report_tokens;
     return o;
 }
 

@@ -125,17 +125,23 @@ __global__ void __launch_bounds__(THREADS)
 
 /* ---- row moves -------------------------------------------------------------- */
 
-/* dst [m, cols] = src [rows[i], :]; grid: one block per i. */
+/* dst [m, cols] = src [rows[i], :], a zero row where mask[rows[i]] == 0;
+ * grid: one block per i. */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
     gather_rows_kernel(const T *src, int64_t src_rows, int64_t ld_src, const int64_t *rows,
-                       int64_t cols, T *dst, int64_t ld_dst)
+                       const uint8_t *mask, int64_t cols, T *dst, int64_t ld_dst)
 {
     const int64_t i = blockIdx.x, r = rows[i];
     T *out = dst + i * ld_dst;
     if (r < 0 || r >= src_rows) {
         for (int64_t c = threadIdx.x; c < cols; c += THREADS)
             out[c] = nan_bits<T>();
+        return;
+    }
+    if (mask && !mask[r]) { /* a masked token's row is never read: it may hold NaN */
+        for (int64_t c = threadIdx.x; c < cols; c += THREADS)
+            out[c] = zero_bits<T>();
         return;
     }
     const T *in = src + r * ld_src;
@@ -309,15 +315,6 @@ __global__ void __launch_bounds__(THREADS)
 
 /* ---- host side -------------------------------------------------------------- */
 
-static fg_status launched(const char *what, char *msg, size_t msg_size)
-{
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess)
-        return fail(FG_ERR_BACKEND, msg, msg_size, "CUDA: launching %s: %s (%s)", what,
-                    cudaGetErrorName(err), cudaGetErrorString(err));
-    return FG_OK;
-}
-
 static fg_status check_dtype(const char *what, fg_dtype t, char *msg, size_t msg_size)
 {
     if (t != FG_DTYPE_F32 && t != FG_DTYPE_BF16)
@@ -379,8 +376,9 @@ fg_status fg_cuda_scan_matrix(const void *x, fg_dtype xtype, int64_t rows, int64
 }
 
 fg_status fg_cuda_gather_rows(const void *src, fg_dtype type, int64_t src_rows, int64_t ld_src,
-                              const int64_t *rows, int64_t m, int64_t cols, void *dst,
-                              int64_t ld_dst, cudaStream_t stream, char *msg, size_t msg_size)
+                              const int64_t *rows, const uint8_t *mask, int64_t m, int64_t cols,
+                              void *dst, int64_t ld_dst, cudaStream_t stream, char *msg,
+                              size_t msg_size)
 {
     const char *what = "gather rows";
     if (!src || !rows || !dst)
@@ -395,12 +393,12 @@ fg_status fg_cuda_gather_rows(const void *src, fg_dtype type, int64_t src_rows, 
         return st;
     if (type == FG_DTYPE_BF16)
         gather_rows_kernel<<<(unsigned)m, THREADS, 0, stream>>>(
-            static_cast<const uint16_t *>(src), src_rows, ld_src, rows, cols,
+            static_cast<const uint16_t *>(src), src_rows, ld_src, rows, mask, cols,
             static_cast<uint16_t *>(dst), ld_dst);
     else
-        gather_rows_kernel<<<(unsigned)m, THREADS, 0, stream>>>(static_cast<const float *>(src),
-                                                                src_rows, ld_src, rows, cols,
-                                                                static_cast<float *>(dst), ld_dst);
+        gather_rows_kernel<<<(unsigned)m, THREADS, 0, stream>>>(
+            static_cast<const float *>(src), src_rows, ld_src, rows, mask, cols,
+            static_cast<float *>(dst), ld_dst);
     return launched(what, msg, msg_size);
 }
 

@@ -51,10 +51,13 @@ fg_status fg_cuda_scan_matrix(const void *x, fg_dtype xtype, int64_t rows, int64
  * src_rows rows (stride ld_src), the same dtype (bits copied). A row index
  * outside [0, src_rows) gives a row of NaN: the statistics of that row are
  * then not finite, which the driver's check of the statistics reports,
- * instead of a fault. */
+ * instead of a fault. With mask (NULL: none), a row r with mask[r] == 0
+ * gives a zero row (a device-reported walk over masked tokens, whose
+ * hidden rows may hold NaN). */
 fg_status fg_cuda_gather_rows(const void *src, fg_dtype type, int64_t src_rows, int64_t ld_src,
-                              const int64_t *rows, int64_t m, int64_t cols, void *dst,
-                              int64_t ld_dst, cudaStream_t stream, char *msg, size_t msg_size);
+                              const int64_t *rows, const uint8_t *mask, int64_t m, int64_t cols,
+                              void *dst, int64_t ld_dst, cudaStream_t stream, char *msg,
+                              size_t msg_size);
 
 /* dst [rows[i], :] (dst_rows rows, stride ld_dst, float32 or bf16) =
  * src [i, :] (float32, stride ld_src) for i < m. Out-of-range indices are

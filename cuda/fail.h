@@ -4,6 +4,7 @@
 #ifndef FG_CUDA_FAIL_H
 #define FG_CUDA_FAIL_H
 
+#include <cuda_runtime_api.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -19,6 +20,16 @@ static inline fg_status fail(fg_status st, char *msg, size_t msg_size, const cha
         va_end(ap);
     }
     return st;
+}
+
+/* The last kernel launch's status: FG_ERR_BACKEND naming `what` when it failed. */
+static inline fg_status launched(const char *what, char *msg, size_t msg_size)
+{
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return fail(FG_ERR_BACKEND, msg, msg_size, "CUDA: launching %s: %s (%s)", what,
+                    cudaGetErrorName(err), cudaGetErrorString(err));
+    return FG_OK;
 }
 
 #endif

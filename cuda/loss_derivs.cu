@@ -36,9 +36,8 @@ __global__ void __launch_bounds__(THREADS)
         e[i] = NAN;
         return;
     }
-    const float lp = logp[i], ent = entropy[i];
-    g[i] = fg_token_dlogp(&plan, n, lp, ent);
-    e[i] = fg_token_dentropy(&plan, n, ent);
+    const fg_loss_plan p = fg_loss_plan_resolved(&plan); /* a device-reported call's scalars */
+    fg_token_derivs(&p, n, logp[i], entropy[i], &g[i], &e[i]);
 }
 
 fg_status fg_cuda_loss_derivs(const struct fg_loss_plan *plan, const int64_t *rows, int64_t m,

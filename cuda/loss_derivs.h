@@ -6,6 +6,9 @@
  *   g[i] = d loss/d logp_n    = fg_token_dlogp(plan, n, logp[i], entropy[i])
  *   e[i] = d loss/d entropy_n = fg_token_dentropy(plan, n, entropy[i])
  *
+ * (fg_token_derivs: 0 at a token the plan's mask drops, when the plan has
+ * its mask; a device-reported call's batch scalars read from the device)
+ *
  * through src/core/loss_token.h, the host's own formulas compiled for the
  * device, so that a call needs no host round trip per chunk for g and e.
  * The file is compiled with --fmad=false (cuda/CMakeLists.txt): the device

@@ -355,15 +355,6 @@ __global__ void column_sums_ref_kernel(const T *dx, int64_t ld_dx, int64_t M, in
 
 /* ---- host side ---------------------------------------------------------------- */
 
-static fg_status launched(const char *what, char *msg, size_t msg_size)
-{
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess)
-        return fail(FG_ERR_BACKEND, msg, msg_size, "CUDA: launching %s: %s (%s)", what,
-                    cudaGetErrorName(err), cudaGetErrorString(err));
-    return FG_OK;
-}
-
 static bool aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
 
 static unsigned blocks_for(int64_t n, int per_block)

@@ -28,13 +28,18 @@
  *     summed over the shards, each shard's grad_weight and grad_bias rows
  *     (float32 gradients, the tolerances below), the GEMM phases at the
  *     fused tests' budget.
- *   - The backend's ops one by one (backend.h, ABI 5) against the reference
+ *   - The backend's ops one by one (backend.h, ABI 6) against the reference
  *     backend (see "the backend's ops" below): the ops table, supports and
  *     chunk_scratch, logits, stats and row_check, shard_stats, dhidden,
  *     put_grad_hidden, grads' `first` on gw_sum, the bias sums' bits in
  *     chunks of 7 rows and of all rows, finish's grad_bias = gb_sum; filter
  *     (the same dlogits bits and kept count as the reference's, kept and
  *     dense chunks); derivs against the host's loss math (within 2 ulp).
+ *   - Device-reported calls (exec.device_report; test_reported): token-level
+ *     losses captured in a CUDA graph (global capture mode) and replayed,
+ *     against the host-checked call, with the advantages changed between
+ *     captures' replays; two refusals reported with the host's status and
+ *     message.
  *   - Refusals: an unmasked token id = V (FG_ERR_TOKEN_OUT_OF_RANGE) and a
  *     NaN in an unmasked hidden row (FG_ERR_NONFINITE_INPUT), fused and
  *     materialized, accumulating or not: the same status as the CPU and every
@@ -1066,7 +1071,7 @@ static void test_refusals(const Contexts &cx, Problem &p, DeviceProblem &d, size
 /* The CUDA backend (libfusedgrpo_cuda.so, linked) and the reference
  * (backend_reference.c, in the static core) run the same ops on the same
  * inputs, each in its own memory, every byte through the ops' own alloc /
- * to_device / to_host. Checked: the ops table of ABI 5; supports and
+ * to_device / to_host. Checked: the ops table of ABI 6; supports and
  * chunk_scratch on the call the one driver sends (and their refusals: no
  * mask with grad_hidden or one in host memory, chunks of no row or over the
  * row kernels' launch, dlogits of another dtype); logits, stats and row_check; shard_stats (by
@@ -1250,7 +1255,7 @@ static std::vector<double> as_doubles(const std::vector<float> &v)
     return std::vector<double>(v.begin(), v.end());
 }
 
-/* The ops table of ABI 5, supports and chunk_scratch. */
+/* The ops table of ABI 6, supports and chunk_scratch. */
 static void test_ops_table(Side &cu, const fg_backend_call &c, const uint8_t *host_mask)
 {
     const fg_backend_ops *o = cu.dev.ops;
@@ -1262,10 +1267,11 @@ static void test_ops_table(Side &cu, const fg_backend_call &c, const uint8_t *ho
     check_true("cuda ops: compute_dtype is the inputs' dtype",
                o->compute_dtype && o->compute_dtype(cu.dev.state, FG_DTYPE_F32) == FG_DTYPE_F32 &&
                    o->compute_dtype(cu.dev.state, FG_DTYPE_BF16) == FG_DTYPE_BF16);
-    check_true("cuda ops: shard_stats, dhidden, put_grad_hidden, derivs, filter; no "
-               "stats_backward, chunk_slow",
+    check_true("cuda ops: shard_stats, dhidden, put_grad_hidden, derivs, filter, the report "
+               "ops; no stats_backward, chunk_slow",
                o->shard_stats && o->dhidden && o->put_grad_hidden && o->derivs && o->filter &&
-                   !o->stats_backward && !o->chunk_slow && o->chunk_scratch);
+                   o->report_batch && o->report_scan && o->report_tokens && !o->stats_backward &&
+                   !o->chunk_slow && o->chunk_scratch);
     char msg[512] = "", what[300];
     fg_status st = o->supports(cu.dev.state, &c, msg, sizeof msg);
     snprintf(what, sizeof what, "supports: the call as planned (%s): %s", dname(c.in_t), msg);
@@ -1956,6 +1962,152 @@ static void test_backend_ops(fg_dtype dtype)
     side_close(ref);
 }
 
+/* ---- device-reported calls --------------------------------------------------------------- */
+
+/* One fg_linear_grpo with exec.device_report on the CUDA context, captured
+ * in a CUDA graph (global capture mode: any host synchronisation, pageable
+ * copy or allocation inside the call fails the capture), then replayed
+ * `replays` times; the record read back after the stream. A first call
+ * outside the capture sizes the context's workspace (an allocation). */
+static fg_status reported_graph(const Contexts &cx, const DeviceProblem &d, fg_dtype in_t,
+                                size_t budget, const fg_loss_config &cfg,
+                                fg_linear_outputs &gout, fg_device_report *rep_dev,
+                                int replays, fg_device_report *rep, bool *captured)
+{
+    const fg_linear_options o = options(FG_IMPL_FUSED);
+    fg_exec e;
+    fg_exec_init(&e);
+    e.memory_budget = budget;
+    e.device_report = rep_dev;
+    const fg_linear_inputs din = device_inputs(d, in_t);
+    const fg_batch db = device_batch(d);
+    fg_status st = fg_linear_grpo(cx.gpu, &o, &cfg, &din, &db, &gout, &e); /* warm */
+    CUDA_OK(cudaStreamSynchronize(cx.stream));
+    *captured = false;
+    if (st != FG_OK)
+        return st;
+    cudaGraph_t graph = NULL;
+    CUDA_OK(cudaStreamBeginCapture(cx.stream, cudaStreamCaptureModeGlobal));
+    st = fg_linear_grpo(cx.gpu, &o, &cfg, &din, &db, &gout, &e);
+    const cudaError_t end = cudaStreamEndCapture(cx.stream, &graph);
+    if (st != FG_OK || end != cudaSuccess) {
+        printf("       capture: %s, %s (%s)\n", fg_status_name(st), cudaGetErrorName(end),
+               fg_last_error(cx.gpu));
+        (void)cudaGetLastError();
+        if (graph)
+            CUDA_OK(cudaGraphDestroy(graph));
+        return st != FG_OK ? st : FG_ERR_BACKEND;
+    }
+    cudaGraphExec_t exec = NULL;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < replays; i++)
+        CUDA_OK(cudaGraphLaunch(exec, cx.stream));
+    CUDA_OK(cudaStreamSynchronize(cx.stream));
+    CUDA_OK(cudaMemcpy(rep, rep_dev, sizeof *rep, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    *captured = true;
+    return FG_OK;
+}
+
+/* Device-reported calls (fusedgrpo.h) on the GPU: token-level losses
+ * captured in a CUDA graph and replayed twice against the same context's
+ * host-checked call (the record clean, its loss and metrics, logp, entropy
+ * and the gradients within the tolerances above; masked rows 0), then the
+ * advantages changed on the device between replays (the graph reads them
+ * again: no value is baked in), then refusals: the record gives the
+ * host-checked call's status and message. */
+static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, const Budget &bu)
+{
+    fg_device_report *rep_dev = NULL;
+    CUDA_OK(cudaMalloc(&rep_dev, sizeof *rep_dev));
+    const int losses[] = {FG_LOSS_GRPO, FG_LOSS_DAPO, FG_LOSS_DR_GRPO, FG_LOSS_CISPO,
+                          FG_LOSS_SAPO};
+    const Outputs before = outputs_make(p.dtype, 1.0);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int loss : losses) {
+            const fg_loss_config cfg = config(loss, FG_LEVEL_TOKEN);
+            fg_status sc, sg;
+            Outputs co, go;
+            /* pass 1: the advantages negated on the device, after the capture */
+            run_pair(cx, p, d, FG_IMPL_FUSED, bu.bytes, cfg, before, 0, &sc, &sg, &co, &go);
+            DeviceOutputs dout = device_outputs(before);
+            fg_linear_outputs gout = device_view(dout, before, 0);
+            fg_device_report rep;
+            bool captured = false;
+            const fg_status sr =
+                reported_graph(cx, d, p.dtype, bu.bytes, cfg, gout, rep_dev, 2, &rep, &captured);
+            Outputs ro = outputs_read(dout, gout);
+            ro.loss = rep.loss;
+            ro.metrics = rep.metrics;
+            char msg[512];
+            const fg_status rs = fg_device_report_status(&rep, msg, sizeof msg);
+            char label[256];
+            snprintf(label, sizeof label, "%s reported, graph x2 %s%s (%lld chunks)",
+                     dname(p.dtype), fg_loss_type_name((fg_loss_type)loss),
+                     pass ? ", advantages changed" : "", (long long)bu.chunks);
+            char what[1024];
+            snprintf(what, sizeof what, "%s: host-checked %s, reported call %s, record %s %s",
+                     label, fg_status_name(sg), fg_status_name(sr), fg_status_name(rs), msg);
+            check_true(what, sg == FG_OK && sr == FG_OK && captured && rs == FG_OK);
+            if (sg == FG_OK && sr == FG_OK && rs == FG_OK)
+                compare_outputs(label, ro, go, before, p, true);
+            device_outputs_free(dout);
+        }
+        for (float &a : p.adv) /* pass 1: other advantages, in the same device array */
+            a = -a;
+        upload(d.adv, p.adv.data(), p.adv.size() * sizeof(float));
+    }
+    for (float &a : p.adv)
+        a = -a;
+    upload(d.adv, p.adv.data(), p.adv.size() * sizeof(float));
+
+    /* Refusals: an unmasked id = V, then a NaN in an unmasked hidden row. */
+    int64_t last = N - 1;
+    while (!p.mask[last])
+        last--;
+    for (int k = 0; k < 2; k++) {
+        const int64_t id = p.tokens[last];
+        std::vector<unsigned char> hidden = p.hidden;
+        if (k == 0)
+            p.tokens[last] = V;
+        else
+            store(p.hidden, p.dtype, (size_t)(last * LDH + 3), NAN);
+        upload(d.tokens, p.tokens.data(), p.tokens.size() * sizeof(int64_t));
+        upload(d.hidden, p.hidden.data(), p.hidden.size());
+        const fg_loss_config cfg = config(FG_LOSS_DAPO, FG_LEVEL_TOKEN);
+        DeviceOutputs dout = device_outputs(before);
+        fg_linear_outputs gout = device_view(dout, before, 0);
+        const fg_linear_options o = options(FG_IMPL_FUSED);
+        fg_exec e;
+        fg_exec_init(&e);
+        e.memory_budget = bu.bytes;
+        const fg_linear_inputs din = device_inputs(d, p.dtype);
+        const fg_batch db = device_batch(d);
+        const fg_status hs = fg_linear_grpo(cx.gpu, &o, &cfg, &din, &db, &gout, &e);
+        char host_msg[512];
+        snprintf(host_msg, sizeof host_msg, "%s", fg_last_error(cx.gpu));
+        e.device_report = rep_dev;
+        const fg_status cs = fg_linear_grpo(cx.gpu, &o, &cfg, &din, &db, &gout, &e);
+        CUDA_OK(cudaStreamSynchronize(cx.stream));
+        fg_device_report rep;
+        CUDA_OK(cudaMemcpy(&rep, rep_dev, sizeof rep, cudaMemcpyDeviceToHost));
+        char msg[512];
+        const fg_status rs = fg_device_report_status(&rep, msg, sizeof msg);
+        char what[1600];
+        snprintf(what, sizeof what, "%s reported refusal: host %s \"%s\", call %s, record %s \"%s\"",
+                 dname(p.dtype), fg_status_name(hs), host_msg, fg_status_name(cs),
+                 fg_status_name(rs), msg);
+        check_true(what, hs != FG_OK && cs == FG_OK && rs == hs && strcmp(msg, host_msg) == 0);
+        device_outputs_free(dout);
+        p.tokens[last] = id;
+        p.hidden = hidden;
+        upload(d.tokens, p.tokens.data(), p.tokens.size() * sizeof(int64_t));
+        upload(d.hidden, p.hidden.data(), p.hidden.size());
+    }
+    CUDA_OK(cudaFree(rep_dev));
+}
+
 /* ---- main ----------------------------------------------------------------------------- */
 
 static fg_context *cuda_context(cudaStream_t stream, fg_status *st)
@@ -2000,6 +2152,7 @@ static void test_dtype(const Contexts &cx, fg_dtype dtype)
     test_logprobs(cx, p, d);
     test_shard_phases(cx, p, d, bu.bytes);
     test_refusals(cx, p, d, bu.bytes);
+    test_reported(cx, p, d, bu);
     device_problem_free(d);
 }
 

@@ -59,8 +59,9 @@
  *     one exception: on FG_ERR_OVERFLOW found in a later chunk of an
  *     fg_linear_grpo call that walks several chunks, grad_hidden, and
  *     grad_weight unless the call accumulates, may hold partial results. On
- *     a device backend (FG_BACKEND_CUDA) most calls run their chunks with
- *     no host wait between them: a loss call that computes every token's
+ *     a device backend (FG_BACKEND_CUDA) a call with fg_exec.device_report
+ *     makes no host wait at all ("Device-reported calls", below); without
+ *     it most calls run their chunks with no host wait between them: a loss call that computes every token's
  *     log-prob first (the loss needs them, or it accumulates as above)
  *     checks them all between its two sweeps; on scanned inputs, the other
  *     loss calls of several chunks and the head's calls check every token
@@ -438,9 +439,57 @@ typedef struct fg_exec {
     size_t memory_budget;   /* 0: the context's (fg_context_options.memory_budget) */
     void *workspace;        /* NULL: the context's arena, kept for reuse            */
     size_t workspace_bytes;
+    void *device_report;    /* NULL: checks on the host. Else a fg_device_report in
+                               the backend's memory: the call makes no host
+                               synchronisation ("device-reported calls" below)   */
 } fg_exec;
 
 void fg_exec_init(fg_exec *exec); /* all zero: the context's settings */
+
+/*
+ * Device-reported calls: fg_exec.device_report on a context whose backend
+ * is behind the seam (FG_BACKEND_CUDA, FG_BACKEND_REFERENCE). The call then
+ * makes no host synchronisation at all, so that it can be captured in a
+ * CUDA graph: it reads no value of its arguments on the host. The checks
+ * that need no value (shapes, dtypes, NULLs, aliasing, the budget) still
+ * return their status at once; every check of values runs on the device,
+ * in the order the host's checks run (the batch's values, the inputs'
+ * NaN/Inf scan, each token in order, the loss), and the first failure goes
+ * into the record. The call returns FG_OK once its work is enqueued; after
+ * the stream has run, the caller copies the record to the host and
+ * fg_device_report_status gives the status and message the host's checks
+ * would have given. Differences from a host-checked call:
+ *   - the loss and metrics go into the record (out->loss and out->metrics
+ *     are not written), and the record's dlogits_kept, not the context's
+ *     statistics, counts gradient filtering's entries;
+ *   - the a-priori bounds on the logits and the gradients from the inputs'
+ *     magnitudes are replaced by checks after the fact: non-finite token
+ *     statistics, and then NaN/Inf in grad_hidden, grad_weight or grad_bias
+ *     (FG_ERR_OVERFLOW naming the output and its first non-finite entry);
+ *   - a refused call's outputs are unspecified (it ran to the end);
+ *   - every token row is walked, masked ones included (their gradients are
+ *     0: a masked row's hidden state is never read, so it may hold NaN);
+ *   - the record's memory must not meet an argument.
+ * Calls: fg_linear_grpo with a loss whose gradient needs no other token
+ * (token-level ratios, neither vespo with old_logp, nor the off-policy mask,
+ * nor the entropy quantile), fg_linear_logprobs and
+ * fg_linear_logprobs_backward; fused, without a vocab shard or a
+ * communicator, and without accumulating into grad_bias. Others are
+ * refused with FG_ERR_UNSUPPORTED.
+ */
+typedef struct fg_device_report {
+    uint64_t failed;     /* 0: no check failed; else the first failure (private)  */
+    int64_t seq_len;     /* the call's T, and its vocabulary: the message's       */
+    int64_t vocab;
+    double value[2];     /* the values the first failure's message shows          */
+    double loss;         /* fg_linear_grpo: the loss and the metrics               */
+    fg_metrics metrics;
+    int64_t dlogits_kept; /* gradient filtering: the entries its rule kept        */
+} fg_device_report;
+
+/* The status of a device-reported call from a host copy of its record, and
+ * its message into msg (msg_size bytes; "" for FG_OK). */
+fg_status fg_device_report_status(const fg_device_report *report, char *msg, size_t msg_size);
 
 /* Working memory is counted by the library's own allocator: every byte the
  * library holds between calls or during one (workspace, GEMM scratchpads,

@@ -7,7 +7,7 @@
 # none started past FG_BENCH_DEADLINE seconds (default 540):
 #   long   long context: build-gpu-full/cuda/bench_cuda_api --tokens
 #          131072,262144 --budgets 2G (the CUDA backend's default budget)
-#          --lean --no-f32 --no-waits --reps 5, into OUTDIR/long: the three
+#          --lean --no-f32 --no-waits --no-graph --reps 5, into OUTDIR/long: the three
 #          bare products (over row slices where [N, V] does not fit), the
 #          fused step dense and filtered, working memory per row. No model
 #          needed. Limit FG_BENCH_LONG_LIMIT (default 300 s).
@@ -99,7 +99,7 @@ for part in "${parts[@]}"; do
     fi
     run_part "${FG_BENCH_LONG_LIMIT:-300}" "$out/long_run.txt" env \
       FUSEDGRPO_CUDA_LIBRARY="$cuda_lib" "$bench_api" --out "$out/long" \
-      --tokens 131072,262144 --budgets 2G --lean --no-f32 --no-waits --reps 5
+      --tokens 131072,262144 --budgets 2G --lean --no-f32 --no-waits --no-graph --reps 5
     rcs+=("long:$rc")
     [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && [ "$rc" -ne 125 ] && status=1
     ;;

@@ -17,7 +17,9 @@
 #    backend's ops against the reference backend, the filter and derivs ops
 #    included (FUSEDGRPO_CUDA_LIBRARY = the built libfusedgrpo_cuda.so; under
 #    memcheck too), then the Python GPU tests: tests/python/test_device_backends.py
-#    (the torch op on CUDA tensors against the CPU op), then
+#    (the torch op on CUDA tensors against the CPU op) and
+#    tests/python/test_torch_reported.py (device-reported calls captured in
+#    CUDA graphs: torch.cuda.graph, torch.compile "reduce-overhead"), then
 #    tests/python/test_trl_gpu.py (fusedgrpo.trl.FusedGRPOTrainer against
 #    trl.GRPOTrainer with the model on the GPU), then
 #    tests/python/test_torch_distributed_nccl.py (fusedgrpo.torch_distributed
@@ -29,7 +31,8 @@
 # 4. The benchmarks (sources in bench/cuda/; FG_GPU_SKIP_BENCH=1 leaves them
 #    out): bench_cuda_api (the C API's fused step at budgets 512 MiB to
 #    3 GiB, dense (and with the finite check off: a host wait a chunk, the
-#    walk before the derivs op) and with gradient filtering at its auto
+#    walk before the derivs op; and device-reported, captured in a CUDA graph
+#    and replayed) and with gradient filtering at its auto
 #    threshold, against
 #    the bare products and the materialized path, T = 8192 and 32768), the
 #    peers'
@@ -306,10 +309,15 @@ run_pytest() {
 }
 
 # tests/python/test_device_backends.py: the torch op through the reference
-# backend (any machine) and on CUDA tensors against the CPU op (rc in $py_rc).
+# backend (any machine) and on CUDA tensors against the CPU op; then
+# tests/python/test_torch_reported.py: device-reported calls, captured with
+# torch.cuda.graph and under torch.compile(mode="reduce-overhead") (rc in
+# $py_rc: the first failure's).
 run_python_tests() {
   run_pytest 180 "$out/pytest_device.txt" fE tests/python/test_device_backends.py
   py_rc=$prc
+  run_pytest 120 "$out/pytest_reported.txt" fEs tests/python/test_torch_reported.py
+  [ "$py_rc" -eq 0 ] && py_rc=$prc
 }
 
 # tests/python/test_trl_gpu.py: fusedgrpo.trl.FusedGRPOTrainer against

@@ -35,6 +35,14 @@
  *                     the pair measures the per-chunk waits in one run, less
  *                     (b)'s NaN/Inf scan of the inputs, which (bw) skips;
  *                     --no-waits skips them;
+ *   (bg) graph        the fused step at each budget as a device-reported call
+ *                     (fg_exec.device_report: no host wait anywhere, the
+ *                     checks and the loss on the device) captured once in a
+ *                     CUDA graph (global capture mode) and timed as graph
+ *                     replays, the rest as (b): what a framework that
+ *                     captures its step (torch.cuda.graph) runs; the loss
+ *                     read from the record, its status checked after the
+ *                     row; --no-graph skips them;
  *   (b') filtered     the same fused step at each budget with gradient
  *                     filtering at its "auto" threshold (filter_eps =
  *                     FG_FILTER_EPS_AUTO: 1e-5 for bf16 inputs): the dropped
@@ -86,7 +94,7 @@
  *           after its last (the workspace the context keeps for reuse).
  *
  * usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]]
- *                       [--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits]
+ *                       [--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits] [--no-graph]
  *                       [--lean] [--floor-rows R]
  * Budgets: a number of MiB, or with a K/M/G suffix (binary). Writes
  * DIR/bench_api.json and DIR/bench_api.txt (a markdown table with the
@@ -131,6 +139,7 @@ struct Options {
     bool f32 = true; /* the f32-input section at the first token count */
     bool filter = true; /* the filtered fused rows (b') */
     bool waits = true;  /* the fused rows with a host wait a chunk (bw) */
+    bool graph = true;  /* the device-reported fused rows replayed as a CUDA graph (bg) */
     bool lean = false;  /* no single-product floor rows, no f32-gradient or
                            materialized row (long context) */
     int64_t floor_rows = 0; /* the floor's slices hold at most this many rows
@@ -142,13 +151,15 @@ static void usage(const char *why)
     fprintf(stderr,
             "bench_cuda_api: %s\n"
             "usage: bench_cuda_api --out DIR [--tokens N[,N...]]... [--budgets B[,B...]] "
-            "[--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits] [--lean] [--floor-rows R]\n"
+            "[--reps R] [--quick] [--no-f32] [--no-filter] [--no-waits] [--no-graph] [--lean] "
+            "[--floor-rows R]\n"
             "  budgets: MiB, or with a K/M/G suffix (512M,1G); defaults: tokens 8192,32768, "
             "budgets 512M,1G,2G,3G, reps 7\n"
             "  --no-f32: skip the f32-input rows (otherwise run at the first token count only)\n"
             "  --no-filter: skip the filtered fused rows (filter_eps auto at each budget)\n"
             "  --no-waits: skip the fused rows with the finite check off (a host wait a "
             "chunk)\n"
+            "  --no-graph: skip the device-reported fused rows replayed as a CUDA graph\n"
             "  --lean: skip the single-product floor rows, the float32-gradient row and the "
             "materialized row (long context)\n"
             "  --floor-rows R: the floor's products over row slices of at most R rows (by "
@@ -210,6 +221,8 @@ static Options parse_args(int argc, char **argv)
             o.filter = false;
         } else if (a == "--no-waits") {
             o.waits = false;
+        } else if (a == "--no-graph") {
+            o.graph = false;
         } else if (a == "--lean") {
             o.lean = true;
         } else if (a == "--out" && has_value) {
@@ -778,15 +791,46 @@ static void run_floor(const Problem &p, const Reps &rp, const Options &o, ShapeR
 /* (b), (bw), (b'), (c): one library row; plan first, then the timed calls.
  * filter_eps: fg_linear_options.filter_eps (0: off; FG_FILTER_EPS_AUTO);
  * waits: the finite check off (bw). */
+/* (bg): one device-reported call outside a capture (it sizes the context's
+ * workspace: an allocation), then the same call captured on the stream in
+ * global mode, instantiated: the executable graph, or NULL with the reason
+ * in r->note (a host synchronisation inside the call fails the capture). */
+static cudaGraphExec_t capture_call(fg_context *ctx, const fg_linear_options &opts,
+                                    const fg_loss_config &cfg, const fg_linear_inputs &in,
+                                    const fg_batch &batch, fg_linear_outputs out,
+                                    const fg_exec &exec, Row *r)
+{
+    lib_ok(ctx, fg_linear_grpo(ctx, &opts, &cfg, &in, &batch, &out, &exec),
+           "fg_linear_grpo (device-reported)");
+    CUDA_OK(cudaStreamSynchronize(stream));
+    cudaGraph_t g = NULL;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const fg_status st = fg_linear_grpo(ctx, &opts, &cfg, &in, &batch, &out, &exec);
+    const cudaError_t end = cudaStreamEndCapture(stream, &g);
+    cudaGraphExec_t replay = NULL;
+    if (st != FG_OK || end != cudaSuccess) {
+        (void)cudaGetLastError();
+        r->note = std::string("capture failed: ") + fg_status_name(st) + " " +
+                  cudaGetErrorName(end) + " " + fg_last_error(ctx);
+        printf("%s: %s\n", r->name.c_str(), r->note.c_str());
+    } else {
+        CUDA_OK(cudaGraphInstantiate(&replay, g, 0));
+    }
+    if (g)
+        CUDA_OK(cudaGraphDestroy(g));
+    return replay;
+}
+
 static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, size_t budget,
                             fg_dtype gdt, const Reps &rp, ShapeResult &res,
-                            double filter_eps = 0.0, bool waits = false)
+                            double filter_eps = 0.0, bool waits = false, bool graph = false)
 {
     Row r;
     const bool filtered = filter_eps != 0.0;
     r.kind = impl != FG_IMPL_FUSED ? "materialized"
              : filtered            ? "filtered"
              : waits               ? "waits"
+             : graph               ? "graph"
                                    : "fused";
     r.inputs = dtype_str(p.in_t);
     r.budget = impl == FG_IMPL_FUSED ? budget : 0;
@@ -804,6 +848,8 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
     }
     if (waits)
         r.name += ", no scan: a wait a chunk";
+    if (graph)
+        r.name += ", device-reported, CUDA graph replays";
 
     const size_t gh_bytes = (size_t)p.N * p.H * dtype_bytes(gdt);
     const size_t gw_bytes = (size_t)p.V * p.H * dtype_bytes(gdt);
@@ -822,6 +868,11 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
     fg_exec exec;
     fg_exec_init(&exec);
     exec.memory_budget = budget;
+    fg_device_report *rep_dev = NULL;
+    if (graph) {
+        rep_dev = static_cast<fg_device_report *>(dev_alloc(sizeof *rep_dev));
+        exec.device_report = rep_dev;
+    }
 
     fg_release_workspace(ctx); /* each row allocates its own workspace */
     fg_linear_outputs out = outputs_of(p, gdt, gh, gw);
@@ -859,16 +910,36 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
             const MemWatch w = watch_start();
             fg_reset_peak_memory(ctx);
             double loss = NAN;
-            r.t = time_calls(rp, [&] {
-                fg_linear_outputs o = outputs_of(p, gdt, gh, gw);
-                lib_ok(ctx, fg_linear_grpo(ctx, &opts, &cfg, &in, &batch, &o, &exec),
-                       "fg_linear_grpo");
-                loss = o.loss;
-            });
+            cudaGraphExec_t replay = graph ? capture_call(ctx, opts, cfg, in, batch,
+                                                          outputs_of(p, gdt, gh, gw), exec, &r)
+                                           : NULL;
+            if (!graph || replay)
+                r.t = time_calls(rp, [&] {
+                    if (replay) {
+                        CUDA_OK(cudaGraphLaunch(replay, stream));
+                        return;
+                    }
+                    fg_linear_outputs o = outputs_of(p, gdt, gh, gw);
+                    lib_ok(ctx, fg_linear_grpo(ctx, &opts, &cfg, &in, &batch, &o, &exec),
+                           "fg_linear_grpo");
+                    loss = o.loss;
+                });
+            if (replay) {
+                CUDA_OK(cudaGraphExecDestroy(replay));
+                fg_device_report rep;
+                CUDA_OK(cudaMemcpy(&rep, rep_dev, sizeof rep, cudaMemcpyDeviceToHost));
+                char msg[512];
+                if (fg_device_report_status(&rep, msg, sizeof msg) != FG_OK) {
+                    fprintf(stderr, "bench_cuda_api: %s: the record: %s\n", r.name.c_str(),
+                            msg);
+                    exit(1);
+                }
+                loss = rep.loss;
+            }
             fg_memory_stats ms;
             lib_ok(ctx, fg_get_memory_stats(ctx, &ms), "fg_get_memory_stats");
             watch_end(w, &r.pool_peak, &r.held);
-            r.ran = true;
+            r.ran = !graph || replay;
             r.peak = (double)ms.peak_bytes;
             r.chunks = ms.chunks;
             r.chunk_rows = ms.chunk_rows;
@@ -884,6 +955,8 @@ static void run_library_row(fg_context *ctx, const Problem &p, fg_impl impl, siz
     print_row(r);
     res.rows.push_back(r);
     fg_release_workspace(ctx);
+    if (rep_dev)
+        CUDA_OK(cudaFree(rep_dev));
     if (own_grads) {
         CUDA_OK(cudaFree(gh));
         CUDA_OK(cudaFree(gw));
@@ -963,6 +1036,9 @@ static ShapeResult run_shape(fg_context *ctx, const Options &o, int64_t T, bool 
     if (o.waits) /* (bw): the finite check off, one host wait a chunk */
         for (size_t b : o.budgets)
             run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, rp, res, 0.0, true);
+    if (o.graph) /* (bg): device-reported, captured, replayed */
+        for (size_t b : o.budgets)
+            run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, rp, res, 0.0, false, true);
     if (o.filter) /* (b'): the same steps with filtering at the auto threshold */
         for (size_t b : o.budgets)
             run_library_row(ctx, p, FG_IMPL_FUSED, b, FG_DTYPE_BF16, rp, res,

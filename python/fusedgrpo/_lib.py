@@ -11,7 +11,7 @@ import numbers
 import os
 import threading
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint16,
-                    c_void_p, c_float)
+                    c_uint64, c_void_p, c_float)
 
 import numpy as np
 
@@ -97,7 +97,7 @@ class fg_context_options(Structure):
 
 class fg_exec(Structure):
     _fields_ = [("threads", c_int), ("memory_budget", c_size_t), ("workspace", c_void_p),
-                ("workspace_bytes", c_size_t)]
+                ("workspace_bytes", c_size_t), ("device_report", c_void_p)]
 
 
 class fg_memory_stats(Structure):
@@ -210,10 +210,16 @@ class fg_logp_outputs(Structure):
                 ("grad_entropy", c_void_p)]
 
 
+class fg_device_report(Structure):
+    _fields_ = [("failed", c_uint64), ("seq_len", c_int64), ("vocab", c_int64),
+                ("value", c_double * 2), ("loss", c_double), ("metrics", fg_metrics),
+                ("dlogits_kept", c_int64)]
+
+
 ABI_STRUCTS = (fg_matrix, fg_vector, fg_loss_config, fg_batch, fg_metrics, fg_linear_outputs,
                fg_logits_outputs, fg_communicator, fg_context_options, fg_exec, fg_memory_stats,
                fg_linear_inputs, fg_linear_options, fg_linear_plan_info, fg_tokens,
-               fg_linear_grads, fg_logp_outputs)
+               fg_linear_grads, fg_logp_outputs, fg_device_report)
 
 
 def shard_stats_floats(n: int) -> int:
@@ -310,6 +316,7 @@ def _load():
                                              P(fg_linear_inputs), P(fg_tokens), c_void_p,
                                              c_void_p, c_void_p, P(fg_linear_grads),
                                              P(fg_exec)]),
+        "fg_device_report_status": (c_int, [P(fg_device_report), c_char_p, c_size_t]),
         "fg_f32_to_bf16": (c_uint16, [c_float]),
         "fg_bf16_to_f32": (c_float, [c_uint16]),
         "fg_abi_sizeof": (c_size_t, [c_char_p]),
@@ -499,6 +506,15 @@ def linear_call(cfg: fg_loss_config, impl: str, exec_: fg_exec, ctx: Context = N
                                  ctypes.byref(inputs), ctypes.byref(batch), ctypes.byref(out),
                                  ctypes.byref(exec_)))
     return out.loss, _metrics(out.metrics)
+
+
+def device_report_status(raw: bytes):
+    """(status name, message) of a device-reported call from its record's
+    bytes, copied to the host (fg_device_report_status)."""
+    rec = fg_device_report.from_buffer_copy(raw)
+    buf = ctypes.create_string_buffer(1024)
+    st = lib.fg_device_report_status(ctypes.byref(rec), buf, len(buf))
+    return status_name(st), buf.value.decode(errors="replace")
 
 
 # The planner only looks at which outputs are wanted (a non-NULL address) and

@@ -55,19 +55,21 @@ def check_devices(**tensors) -> torch.device:
     return device if device is not None else torch.device("cpu")
 
 
-def call_context(device: torch.device):
+def call_context(device: torch.device, reported: bool = False):
     """The C context for tensors on `device`: None (the thread's CPU context),
     or the thread's CUDA context on the device's current stream, so that the
-    call is ordered with torch's work there and uses no stream of its own."""
+    call is ordered with torch's work there and uses no stream of its own.
+    reported: a device-reported call (no host wait: it may be captured)."""
     if device.type != "cuda":
         return None
-    if torch.cuda.is_current_stream_capturing():
+    if torch.cuda.is_current_stream_capturing() and not reported:
         # The C call waits for the stream on the host (the token arrays, the
         # NaN scan, each chunk's log-probs): a capture could only fail later,
         # with a less clear error.
         raise FusedGRPOError("FG_ERR_UNSUPPORTED", "fusedgrpo's op cannot be captured in a CUDA "
                              "graph: its C call reads the token arrays, the NaN scan and each "
-                             "chunk's log-probs on the host; call it outside the capture")
+                             "chunk's log-probs on the host; call it outside the capture, or "
+                             "with device_report=True")
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         return _lib.device_context("cuda", stream)
@@ -256,10 +258,12 @@ def check_batch_shapes(B, T, advantages, old_logp, ref_logp, is_ratio, sampling_
                if t is not None})
 
 
-def head_args(hidden, weight, token_ids, mask, bias):
+def head_args(hidden, weight, token_ids, mask, bias, reported: bool = False):
     """The LM-head operands as the C calls take them, checked first (devices,
     shapes, dtypes, mask values; kept alive by the caller), and the keyword
-    arguments of _lib's calls pointing at them."""
+    arguments of _lib's calls pointing at them. reported: a device-reported
+    call, which reads no value on the host: a mask's 0/1 check is skipped
+    (nonzero counts as a token, as the C API's mask)."""
     device = check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask, bias=bias)
     B, T, H, V = check_shapes(hidden, weight, token_ids, mask, bias)
     h = compute_dtype(hidden.detach(), "hidden")
@@ -272,7 +276,9 @@ def head_args(hidden, weight, token_ids, mask, bias):
     b = None if bias is None else compute_dtype(bias.detach(), "bias").to(w.dtype).contiguous()
     tok = token_ids.detach().to(torch.int64).contiguous()
     m = mask.detach()
-    if device.type == "cuda":
+    if reported:
+        pass
+    elif device.type == "cuda":
         check_mask_device(m)
     elif m.dtype != torch.bool:
         _inputs.check_mask_values(m.numpy() if m.dtype != torch.bfloat16 else m.float().numpy())

@@ -37,6 +37,7 @@ is the contract; python/README.md lists where Liger departs from TRL):
 """
 from __future__ import annotations
 
+import ctypes
 import inspect
 import numbers
 import warnings
@@ -61,8 +62,8 @@ _OP_TAGS = ({"tags": (torch.Tag.cudagraph_unsafe,)}
             if hasattr(torch.Tag, "cudagraph_unsafe")
             and "tags" in inspect.signature(torch.library.custom_op).parameters else {})
 
-__all__ = ["linear_grpo", "FusedLinearGRPOLoss", "fused_linear_grpo_loss", "linear_logprobs",
-           "linear_cross_entropy", "METRIC_NAMES"]
+__all__ = ["linear_grpo", "linear_grpo_reported", "FusedLinearGRPOLoss", "fused_linear_grpo_loss",
+           "linear_logprobs", "linear_cross_entropy", "raise_device_errors", "METRIC_NAMES"]
 
 # The op's schema: the tensors positional (torch.library custom ops take no
 # keyword-only tensors), the loss options of fusedgrpo._options and this
@@ -116,12 +117,24 @@ def linear_grpo(hidden, weight, token_ids, mask, advantages, bias=None, old_logp
     The options' values are checked here, before the C call; their types,
     which the schema has converted by now, are checked by the front ends on
     the caller's values (fused_linear_grpo_loss)."""
+    return _run_linear_grpo(hidden, weight, token_ids, mask, advantages, bias, old_logp,
+                            ref_logp, is_ratio, sampling_logp, compute_grad_hidden,
+                            compute_grad_weight, compute_grad_bias, impl, threads,
+                            memory_budget, filter_eps, options, reported=False)
+
+
+def _run_linear_grpo(hidden, weight, token_ids, mask, advantages, bias, old_logp, ref_logp,
+                     is_ratio, sampling_logp, compute_grad_hidden, compute_grad_weight,
+                     compute_grad_bias, impl, threads, memory_budget, filter_eps, options, *,
+                     reported):
+    """The C call of linear_grpo (reported False) or linear_grpo_reported."""
     cfg = _options.loss_config(options)
     ex = _options.make_exec(threads, memory_budget)
     dev = _ti.check_devices(hidden=hidden, weight=weight, token_ids=token_ids, mask=mask,
                             advantages=advantages, bias=bias, old_logp=old_logp,
                             ref_logp=ref_logp, is_ratio=is_ratio, sampling_logp=sampling_logp)
-    keep, req = _ti.head_args(hidden, weight, token_ids, mask, bias)
+    ctx = _reported_context(dev) if reported else _ti.call_context(dev)
+    keep, req = _ti.head_args(hidden, weight, token_ids, mask, bias, reported=reported)
     B, T, H, V = (req[k] for k in "BTHV")
     adv, old, ref, isr, samp, per_seq = _ti.batch_tensors(B, T, advantages, old_logp, ref_logp,
                                                          is_ratio, sampling_logp)
@@ -133,25 +146,37 @@ def linear_grpo(hidden, weight, token_ids, mask, advantages, bias=None, old_logp
     gw = torch.empty((V, H) if compute_grad_weight else (0,), dtype=gdt[1], device=dev)
     gb = torch.empty((V,) if (compute_grad_bias and bias is not None) else (0,), dtype=gdt[2],
                      device=dev)
+    report = None
+    if reported:
+        report = torch.empty(_REPORT_BYTES, dtype=torch.uint8, device=dev)
+        ex.device_report = report.data_ptr()
     p = _ti.ptr
     loss, metrics = _lib.linear_call(
-        cfg, impl, ex, ctx=_ti.call_context(dev), **req, advantages=p(adv), old_logp=p(old),
+        cfg, impl, ex, ctx=ctx, **req, advantages=p(adv), old_logp=p(old),
         ref_logp=p(ref),
         is_ratio=p(isr), is_ratio_per_sequence=per_seq, sampling_logp=p(samp), logp=p(logp),
         entropy=p(ent), grad_hidden=p(gh), grad_weight=p(gw), grad_bias=p(gb),
         grad_dtypes=tuple(_ti.dtype_id(d) for d in gdt), filter_eps=filter_eps)
+    # A reported call's work may still be queued: its temporaries go back to
+    # torch's allocator, which reuses them in the stream's order only.
     del keep
-    return (torch.tensor(loss, dtype=f32, device=dev),
-            torch.tensor([metrics[n] for n in METRIC_NAMES], dtype=f32, device=dev), logp, ent,
-            gh, gw, gb)
-
+    if not reported:
+        return (torch.tensor(loss, dtype=f32, device=dev),
+                torch.tensor([metrics[n] for n in METRIC_NAMES], dtype=f32, device=dev), logp,
+                ent, gh, gw, gb)
+    _note_report(report)
+    f64 = report.view(torch.float64)  # the record's doubles, read on the device
+    return (f64[_REPORT_LOSS].to(f32),
+            f64[_REPORT_METRICS:_REPORT_METRICS + len(METRIC_NAMES)].to(f32), logp, ent, gh,
+            gw, gb, report)
 
 
 @linear_grpo.register_fake
-def _(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None, ref_logp=None,
-      is_ratio=None, sampling_logp=None, *, compute_grad_hidden=True, compute_grad_weight=True,
-      compute_grad_bias=True, impl="fused", threads=None, memory_budget=None, filter_eps=0.0,
-      **options):
+def _linear_grpo_fake(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None,
+                      ref_logp=None, is_ratio=None, sampling_logp=None, *,
+                      compute_grad_hidden=True, compute_grad_weight=True,
+                      compute_grad_bias=True, impl="fused", threads=None, memory_budget=None,
+                      filter_eps=0.0, **options):
     # A traced call refuses the tensors the eager one does (the mask's values
     # aside, which a trace cannot see), and a tensor on 'meta' among CPU ones
     # dispatches here, not to the CPU kernel. The options are not checked
@@ -199,6 +224,120 @@ def _backward(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb):
 
 
 linear_grpo.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------ device-reported calls
+#
+# fusedgrpo.h "Device-reported calls": with fg_exec.device_report the C call
+# makes no host synchronisation, so the op can be captured in a CUDA graph
+# (torch.cuda.graph, torch.compile(mode="reduce-overhead")): the checks of
+# values run on the device into a record (a uint8 tensor the op returns),
+# the loss and metrics are read from that record on the device, and
+# raise_device_errors() raises the first failure after the stream has run.
+
+_REPORT_BYTES = ctypes.sizeof(_lib.fg_device_report)
+_REPORT_LOSS = _lib.fg_device_report.loss.offset // 8
+_REPORT_METRICS = _lib.fg_device_report.metrics.offset // 8
+_PENDING_MAX = 256
+# Records to check: the eager calls' since the last raise_device_errors, and
+# every record made inside a CUDA graph capture (each replay writes it again;
+# holding it keeps the graph's memory for it from being reused).
+_reports = {"eager": [], "graphs": [], "reference_on_cpu": False}
+
+_LINEAR_GRPO_REPORTED_SCHEMA = _LINEAR_GRPO_SCHEMA.replace(
+    "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+
+def _reported_context(dev: torch.device):
+    """The C context of a device-reported call: CUDA's on the current stream
+    (capturable), or for tests on CPU tensors the reference backend
+    (_device_path_on_cpu)."""
+    if dev.type == "cuda":
+        return _ti.call_context(dev, reported=True)
+    if _reports["reference_on_cpu"]:
+        return _lib.device_context("reference")
+    raise FusedGRPOError("FG_ERR_UNSUPPORTED", "device_report: CUDA tensors only (a CPU call "
+                         "checks on the host and never waits for a device)")
+
+
+def _note_report(report: Tensor):
+    """Keeps a record for raise_device_errors. Past _PENDING_MAX unchecked
+    eager records the oldest is checked now (a synchronisation) rather than
+    dropped unread."""
+    if report.is_cuda and torch.cuda.is_current_stream_capturing():
+        _reports["graphs"].append(report)
+        return
+    pending = _reports["eager"]
+    pending.append(report)
+    if len(pending) > _PENDING_MAX:
+        _check_reports([pending.pop(0)])
+
+
+def _check_reports(reports):
+    for r in reports:
+        status, message = _lib.device_report_status(r.cpu().numpy().tobytes())
+        if status != "FG_OK":
+            raise FusedGRPOError(status, message)
+
+
+def raise_device_errors():
+    """Raises FusedGRPOError for the first failure that a device-reported
+    call (device_report=True) recorded: of the eager calls since the last
+    call to this, and of every call captured in a CUDA graph (after each
+    replay). Reads each record on the host: a synchronisation with the
+    streams that wrote them, so call it once a step, after the step."""
+    pending, _reports["eager"] = _reports["eager"], []
+    _check_reports(pending + _reports["graphs"])
+
+
+def forget_graph_reports():
+    """Stops checking the records of the CUDA graphs captured so far (when
+    those graphs are destroyed)."""
+    _reports["graphs"] = []
+
+
+def _device_path_on_cpu(on: bool = True):
+    """For tests on machines without a GPU: device-reported calls on CPU
+    tensors run over the C library's reference backend (host memory, slow),
+    its device path and report ops. on=False: refused again."""
+    _reports["reference_on_cpu"] = bool(on)
+
+
+@torch.library.custom_op("fusedgrpo::linear_grpo_reported", mutates_args=(),
+                         device_types=("cpu", "cuda"), schema=_LINEAR_GRPO_REPORTED_SCHEMA)
+def linear_grpo_reported(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None,
+                         ref_logp=None, is_ratio=None, sampling_logp=None, *,
+                         compute_grad_hidden=True, compute_grad_weight=True,
+                         compute_grad_bias=True, impl="fused", threads=None,
+                         memory_budget=None, filter_eps=0.0, **options):
+    """linear_grpo as a device-reported call: the same outputs, the loss and
+    metrics read from the record on the device, and the record itself
+    ([sizeof(fg_device_report)] uint8) last. Capturable in a CUDA graph:
+    no cudagraph_unsafe tag. Its failures surface at raise_device_errors()."""
+    return _run_linear_grpo(hidden, weight, token_ids, mask, advantages, bias, old_logp,
+                            ref_logp, is_ratio, sampling_logp, compute_grad_hidden,
+                            compute_grad_weight, compute_grad_bias, impl, threads,
+                            memory_budget, filter_eps, options, reported=True)
+
+
+@linear_grpo_reported.register_fake
+def _(hidden, weight, token_ids, mask, advantages, bias=None, old_logp=None, ref_logp=None,
+      is_ratio=None, sampling_logp=None, **kwargs):
+    out = _linear_grpo_fake(hidden, weight, token_ids, mask, advantages, bias, old_logp,
+                            ref_logp, is_ratio, sampling_logp, **kwargs)
+    return (*out, hidden.new_empty((_REPORT_BYTES,), dtype=torch.uint8))
+
+
+def _setup_reported(ctx, inputs, keyword_only_inputs, output):
+    _setup_context(ctx, inputs, keyword_only_inputs, output[:7])
+
+
+def _backward_reported(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb, g_report):
+    return _backward(ctx, g_loss, g_metrics, g_logp, g_ent, g_gh, g_gw, g_gb)
+
+
+linear_grpo_reported.register_autograd(_backward_reported, setup_context=_setup_reported)
 
 
 # ------------------------------------------------ options, checked as the caller gave them
@@ -289,7 +428,7 @@ def _call_options(token_ids, options, impl, threads, memory_budget, filter_eps):
 def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=None,
                            old_logp=None, ref_logp=None, is_ratio=None, sampling_logp=None, *,
                            impl="fused", threads=None, memory_budget=None, filter_eps=0.0,
-                           **options):
+                           device_report=False, **options):
     """Functional form: (loss, metrics dict of 0-dim tensors, logp, entropy); the
     loss is differentiable w.r.t. hidden, weight and bias. Only the gradients of
     the tensors that require one (with grad mode on) are computed. The loss
@@ -304,13 +443,27 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
     copy, or for an incoming gradient of exactly 1 the saved gradients
     themselves when the backward frees the graph, copies when it keeps it
     (retain_graph=True). The gradients are first order only: differentiating
-    them (a double backward, create_graph=True) raises RuntimeError."""
+    them (a double backward, create_graph=True) raises RuntimeError.
+
+    device_report=True (CUDA tensors): a device-reported call
+    (linear_grpo_reported): no host synchronisation, so the call can be
+    captured in a CUDA graph (torch.cuda.graph, torch.compile(
+    mode="reduce-overhead")); its checks run on the device and
+    raise_device_errors() raises the first failure after the step. Of a
+    refused call every output is unspecified. fusedgrpo.h "Device-reported
+    calls" lists what it runs (token-level losses that need no other token
+    first; no accumulation into grad_bias) and how it differs (the a-priori
+    overflow bounds become checks of the gradients after the fact; a mask's
+    values are not checked for 0/1: nonzero is a token)."""
+    if not isinstance(device_report, bool):
+        raise TypeError(f"device_report must be a bool, got {device_report!r}")
     if isinstance(options.get("num_items_in_batch"), Tensor):
         options["num_items_in_batch"] = float(options["num_items_in_batch"])
     token_ids, options, impl, threads, memory_budget, filter_eps = _call_options(
         token_ids, options, impl, threads, memory_budget, filter_eps)
     grad_on = torch.is_grad_enabled()
-    loss, metrics, logp, ent, _, _, _ = linear_grpo(
+    op = linear_grpo_reported if device_report else linear_grpo
+    loss, metrics, logp, ent, *_ = op(
         hidden, weight, token_ids, mask, advantages, bias, old_logp, ref_logp, is_ratio,
         sampling_logp, compute_grad_hidden=grad_on and hidden.requires_grad,
         compute_grad_weight=grad_on and weight.requires_grad,

@@ -32,7 +32,8 @@
 #define FIELDS_fg_communicator(X, T) X(T, allreduce) X(T, user)
 #define FIELDS_fg_context_options(X, T)                                                            \
     X(T, backend) X(T, threads) X(T, memory_budget) X(T, check_finite) X(T, stream) X(T, comm)
-#define FIELDS_fg_exec(X, T) X(T, threads) X(T, memory_budget) X(T, workspace) X(T, workspace_bytes)
+#define FIELDS_fg_exec(X, T)                                                                       \
+    X(T, threads) X(T, memory_budget) X(T, workspace) X(T, workspace_bytes) X(T, device_report)
 #define FIELDS_fg_memory_stats(X, T)                                                               \
     X(T, current_bytes) X(T, peak_bytes) X(T, budget_bytes) X(T, chunk_rows) X(T, chunks)         \
     X(T, gemm_flops) X(T, gemm_seconds) X(T, call_seconds) X(T, dlogits_entries) X(T, dlogits_kept)
@@ -49,12 +50,14 @@
     X(T, grad_hidden) X(T, grad_weight) X(T, grad_bias) X(T, accumulate)
 
 #define FIELDS_fg_logp_outputs(X, T) X(T, loss) X(T, metrics) X(T, grad_logp) X(T, grad_entropy)
+#define FIELDS_fg_device_report(X, T)                                                              \
+    X(T, failed) X(T, seq_len) X(T, vocab) X(T, value) X(T, loss) X(T, metrics) X(T, dlogits_kept)
 
 #define STRUCTS(S)                                                                                 \
     S(fg_matrix) S(fg_vector) S(fg_loss_config) S(fg_batch) S(fg_metrics) S(fg_linear_outputs)    \
     S(fg_logits_outputs) S(fg_communicator) S(fg_context_options) S(fg_exec) S(fg_memory_stats)   \
     S(fg_linear_inputs) S(fg_linear_options) S(fg_linear_plan_info) S(fg_tokens)                  \
-    S(fg_linear_grads) S(fg_logp_outputs)
+    S(fg_linear_grads) S(fg_logp_outputs) S(fg_device_report)
 
 typedef struct abi_field {
     const char *type, *field;

@@ -30,6 +30,8 @@ typedef struct fg_call {
      * none): the call writes it, so it may meet no argument (fg_check_aliasing). */
     const void *caller_workspace;
     size_t caller_workspace_bytes;
+    /* fg_exec.device_report (backend memory; NULL: checks on the host). */
+    fg_device_report *device_report;
     /* Statistics the driver fills for fg_memory_stats. */
     fg_gemm_stats gemm_stats;
     int64_t chunk_rows, chunks;
@@ -54,7 +56,8 @@ fg_status fg_call_reserve(fg_call *call, size_t bytes);
 void *fg_call_take(fg_call *call, size_t bytes);
 
 /* The entry points that run on host memory only: FG_ERR_UNSUPPORTED, naming
- * `entry`, on a context whose backend is not the CPU (ends nothing). */
+ * `entry`, on a context whose backend is not the CPU, or with a device
+ * report (ends nothing). */
 fg_status fg_call_host_only(const fg_call *call, const char *entry);
 
 /* A device call's working memory in the backend's memory: the caller's

@@ -265,6 +265,7 @@ fg_status fg_call_begin(fg_context *ctx, const fg_exec *exec, fg_call *call)
     call->threads = e.threads > 0 ? e.threads
                     : ctx->opts.threads > 0 ? ctx->opts.threads : omp_get_max_threads();
     call->budget = e.memory_budget ? e.memory_budget : ctx->opts.memory_budget;
+    call->device_report = e.device_report;
     if (ctx->device.ops) {
         call->device = &ctx->device; /* the workspace is the backend's memory */
         call->device_workspace = e.workspace;
@@ -317,6 +318,11 @@ void *fg_call_take(fg_call *call, size_t bytes) { return fg_arena_take(call->are
 
 fg_status fg_call_host_only(const fg_call *call, const char *entry)
 {
+    if (call->device_report)
+        return fg_fail(call->err, FG_ERR_UNSUPPORTED,
+                       "exec->device_report: %s checks on the host (device-reported calls: "
+                       "fg_linear_grpo, fg_linear_logprobs, fg_linear_logprobs_backward)",
+                       entry);
     if (!call->device)
         return FG_OK;
     return fg_fail(call->err, FG_ERR_UNSUPPORTED,

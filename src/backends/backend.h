@@ -4,7 +4,10 @@
  * the chunks over it for every backend and owns everything O(tokens)
  * (validation, the plan, the loss math, the checks, the loss and metrics) on
  * the host, but for the per-token derivatives a backend's derivs op may
- * compute in its memory from the same source (loss_token.h); a backend owns
+ * compute in its memory from the same source (loss_token.h), and in a
+ * device-reported call (fusedgrpo.h) the checks of values, the per-sequence
+ * constants and the loss, which its report ops run there from the same
+ * sources (report.h, loss_sequence.h); a backend owns
  * everything O(chunk x vocab) and O(vocab x hidden) in its own memory:
  *
  *   per chunk of m unmasked tokens (rows [r0, r0 + m) of the active list):
@@ -50,7 +53,8 @@
 extern "C" {
 #endif
 
-struct fg_loss_plan; /* loss_math.h */
+struct fg_loss_plan;      /* loss_math.h */
+struct fg_report_batch;   /* report.h */
 
 /* The version of this interface; a backend library built against another is
  * refused when the context loads it. 2: a target outside [0, V) is another
@@ -62,8 +66,10 @@ struct fg_loss_plan; /* loss_math.h */
  * kept count. 5: derivs (the loss's g and e in the backend's memory); on a
  * backend that is not FG_BACKEND_HOST_MEMORY the row statistics and
  * row_check are the chunk's slice of per-token arrays;
- * FG_BACKEND_FILTER_IN_PLACE. */
-#define FG_BACKEND_ABI 5
+ * FG_BACKEND_FILTER_IN_PLACE. 6: device-reported calls (report_batch,
+ * report_scan, report_tokens); logits gathers a zero row for a masked
+ * token; derivs gives a masked token g = e = 0 when the plan has the mask. */
+#define FG_BACKEND_ABI 6
 
 /* Capabilities (fg_backend_ops.caps). */
 enum {
@@ -162,6 +168,16 @@ typedef struct fg_backend_call {
     int32_t *kept_idx, *kept_nnz;
     int64_t *kept_tgt, *kept_count;
 } fg_backend_call;
+
+/* A device-reported call's tokens after its chunks (report_tokens): every
+ * token's statistics ([N], token order), the per-token outputs, and the
+ * scratch of the loss's sums (report.h fg_report_sums_bytes). */
+typedef struct fg_backend_tokens {
+    const float *zmax, *lsum, *entropy, *logp;
+    float *logp_out, *entropy_out; /* the caller's [N] (0 at masked tokens), or NULL */
+    void *sums;
+    int scanned;                   /* the inputs' NaN/Inf scan ran (report_scan) */
+} fg_backend_tokens;
 
 /* The loss's derivatives of one token, for stats_backward: g = d loss/d logp
  * and e = d loss/d entropy of the token at c->rows[k] from its log-prob and
@@ -303,7 +319,36 @@ typedef struct fg_backend_ops {
      * (linear_grpo.c runs_deferred). */
     fg_status (*derivs)(void *be, const fg_backend_call *c, int64_t r0, int64_t m,
                         const struct fg_loss_plan *plan, char *msg, size_t msg_size);
+
+    /* Device-reported calls (fusedgrpo.h; report.h's checks, each failure
+     * into rep->failed as report.h says), none of which waits for the
+     * host. The walk is over every token row (c->n_active = N). */
+    /* Before the chunks: each sequence's and each unmasked token's values
+     * checked (fg_report_sequence, fg_report_token_input); c->rows[n] = n
+     * and c->targets[n] = the id, -1 where masked or out of range (a
+     * masked row's dlogits are 0 and keep no entry: no target); the
+     * plan's per-sequence constants (loss_sequence.h fg_loss_seq_count, the
+     * total summed in sequence order, fg_loss_seq_init) and its batch
+     * scalars (total, fg_loss_entropy_weight) into its arrays, and
+     * rep->seq_len, rep->vocab. `plan` is over the backend's memory. */
+    fg_status (*report_batch)(void *be, const fg_backend_call *c, const struct fg_loss_plan *plan,
+                              const struct fg_report_batch *r, fg_device_report *rep, char *msg,
+                              size_t msg_size);
+    /* The finite check of x (rows r with mask[r] != 0; mask NULL: every
+     * row): its first NaN/Inf entry in row-major order as
+     * fg_report_entry_key(stage, row, col). */
+    fg_status (*report_scan)(void *be, const fg_matrix *x, const uint8_t *mask, int stage,
+                             fg_device_report *rep, char *msg, size_t msg_size);
+    /* After the chunks: each unmasked token's checks (fg_report_token on
+     * the resolved plan), the per-token outputs, for a loss the loss and
+     * metrics (loss_sequence.h's order) into rep with their check
+     * (fg_report_sums), then the first failure's values
+     * (fg_report_values). */
+    fg_status (*report_tokens)(void *be, const fg_backend_call *c, const struct fg_loss_plan *plan,
+                               const struct fg_report_batch *r, const fg_backend_tokens *t,
+                               fg_device_report *rep, char *msg, size_t msg_size);
 } fg_backend_ops;
+
 
 /* A backend instance: its ops and its state. */
 typedef struct fg_device {

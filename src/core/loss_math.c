@@ -8,11 +8,6 @@
 #include "loss_sequence.h"
 #include "loss_token.h"
 
-/* log(1e-8): vespo's lower clamp of log-weights (TRL's get_gamma_weights). */
-#define VESPO_LOG_MIN (-18.420680743952367)
-
-static double clampd(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
-
 void fg_loss_plan_place(fg_loss_plan *p, double *scratch)
 {
     const int64_t B = p->B;
@@ -24,8 +19,7 @@ void fg_loss_plan_place(fg_loss_plan *p, double *scratch)
     p->seq_phi = scratch + 5 * B;
 }
 
-void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batch *batch,
-                       double *scratch)
+void fg_loss_plan_init_scalars(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batch *batch)
 {
     memset(p, 0, sizeof *p);
     p->type = cfg->loss_type;
@@ -54,45 +48,25 @@ void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batc
     p->is_ratio = batch->is_ratio;
     p->is_per_seq = batch->is_ratio_per_sequence != 0;
     p->sampling = batch->sampling_logp;
-
-    const int64_t B = p->B, T = p->T;
-    fg_loss_plan_place(p, scratch);
-
-    double total = 0;
-    for (int64_t b = 0; b < B; b++) {
-        double c = 0;
-        for (int64_t t = 0; t < T; t++)
-            c += p->mask[b * T + t] != 0;
-        total += c;
-        p->seq_count[b] = c > 1 ? c : 1;
-        p->seq_log_ratio[b] = 0;
-        p->seq_dratio[b] = 0;
-        p->seq_keep[b] = 1;
-        p->seq_phi[b] = 1;
-    }
-    p->total_tokens = total;
-    const double total1 = total > 1 ? total : 1;
-    const double max_len = cfg->max_completion_length > 0 ? (double)cfg->max_completion_length : (double)T;
-    double items = cfg->num_items_in_batch < 0 ? total : cfg->num_items_in_batch;
-    if (items < 1)
-        items = 1;
-    for (int64_t b = 0; b < B; b++) {
-        double w;
-        switch (p->type) {
-        case FG_LOSS_GRPO:
-        case FG_LOSS_SAPO: w = 1.0 / ((double)B * p->seq_count[b]); break;
-        case FG_LOSS_BNPO: w = 1.0 / total1; break;
-        case FG_LOSS_DR_GRPO: w = 1.0 / ((double)B * max_len); break;
-        case FG_LOSS_LUSPO: w = 1.0 / (double)B; break;
-        case FG_LOSS_DAPO:
-        case FG_LOSS_CISPO:
-        case FG_LOSS_VESPO:
-        default: w = 1.0 / items; break;
-        }
-        p->seq_weight[b] = w;
-    }
+    p->max_len = cfg->max_completion_length > 0 ? (double)cfg->max_completion_length
+                                                : (double)batch->seq_len;
+    p->num_items = cfg->num_items_in_batch;
     p->entropy_threshold = -INFINITY;
-    p->entropy_weight = cfg->entropy_coef / total1;
+}
+
+void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batch *batch,
+                       double *scratch)
+{
+    fg_loss_plan_init_scalars(p, cfg, batch);
+    fg_loss_plan_place(p, scratch);
+    /* loss_sequence.h's per-sequence pieces, in order: a device runs the same. */
+    double total = 0;
+    for (int64_t b = 0; b < p->B; b++)
+        total += p->seq_count[b] = fg_loss_seq_count(p, b);
+    for (int64_t b = 0; b < p->B; b++)
+        fg_loss_seq_init(p, b, p->seq_count[b], total);
+    p->total_tokens = total;
+    p->entropy_weight = fg_loss_entropy_weight(p, total);
     if (!fg_loss_needs_all_tokens(p))
         fg_loss_prepare(p, NULL, NULL, NULL);
 }
@@ -144,45 +118,6 @@ static int cmp_float(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The off-policy keep flag and vespo's φ of sequence b from its detached
- * log-probs (logp NULL: the on-policy case, old = logp). */
-static void prepare_sequence(fg_loss_plan *p, int64_t b, const float *logp)
-{
-    const int64_t T = p->T;
-    const double A = p->adv[b];
-    double lr = 0, lr_clamped = 0, log_is = 0, kl = 0;
-    for (int64_t t = 0; t < T; t++) {
-        const int64_t n = b * T + t;
-        if (!p->mask[n])
-            continue;
-        /* logp is NULL when nothing here needs it (fg_loss_needs_all_tokens) */
-        const double d = p->old && logp ? (double)logp[n] - (double)p->old[n] : 0.0;
-        lr += d;
-        lr_clamped += clampd(d, -20.0, 20.0);
-        if (p->is_ratio && !p->is_per_seq)
-            log_is += clampd(log((double)p->is_ratio[n]), VESPO_LOG_MIN, 20.0);
-        /* forward KL of the sampler against the policy: sampling − logp */
-        const double s = p->sampling ? (double)p->sampling[n]
-                                     : (p->old ? (double)p->old[n] : (logp ? (double)logp[n] : 0));
-        const double k = logp ? s - (double)logp[n] : 0.0;
-        kl += isnan(k) ? 0.0 : k;
-    }
-    p->seq_log_ratio[b] = lr / p->seq_count[b];
-    if (!isinf(p->off_policy_threshold))
-        p->seq_keep[b] = (A >= 0 || kl / p->seq_count[b] <= p->off_policy_threshold) ? 1.0 : 0.0;
-    if (p->type == FG_LOSS_VESPO) {
-        if (p->is_ratio && p->is_per_seq)
-            log_is = clampd(log((double)p->is_ratio[b]), VESPO_LOG_MIN, 20.0);
-        const double log_w = clampd(lr_clamped + log_is, VESPO_LOG_MIN, 20.0);
-        const double w = exp(log_w);
-        const double k = A >= 0 ? p->vespo_k_pos : p->vespo_k_neg;
-        double lam = A >= 0 ? p->vespo_lambda_pos : p->vespo_lambda_neg;
-        lam = lam > 1e-4 ? lam : 1e-4;
-        const double phi = exp(lam + k * log_w - lam * w);
-        p->seq_phi[b] = isfinite(phi) ? phi : 0.0;
-    }
-}
-
 void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
                      float *sort_scratch)
 {
@@ -191,7 +126,7 @@ void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
     p->prepared = 1;
     const int64_t B = p->B, T = p->T;
     for (int64_t b = 0; b < B; b++)
-        prepare_sequence(p, b, logp);
+        fg_loss_seq_prepare(p, b, logp);
     if (p->top_entropy_quantile < 1.0) {
         int64_t m = 0;
         for (int64_t n = 0; n < B * T; n++)
@@ -236,25 +171,9 @@ float fg_loss_dentropy(const fg_loss_plan *p, int64_t n, float entropy)
 const char *fg_loss_token_overflow(const fg_loss_plan *p, int64_t n, float logp, float entropy,
                                    float *dlogp, float *dentropy)
 {
-    *dlogp = fg_loss_dlogp(p, n, logp, entropy);
-    *dentropy = fg_loss_dentropy(p, n, entropy);
-    if (!isfinite(*dlogp))
-        return "d loss/d logp";
-    if (!isfinite(*dentropy))
-        return "d loss/d entropy";
-    if (p->external)
-        return NULL;
-    /* Each of at most total_tokens terms below DBL_MAX / total_tokens: the
-     * double sums of fg_loss_evaluate stay finite. */
-    const int64_t b = n / p->T;
-    const double cap = DBL_MAX / (p->total_tokens > 1 ? p->total_tokens : 1);
-    const fg_token_terms tt = fg_token_terms_eval(p, b, n, logp, fg_token_ratio(p, b, n, logp),
-                                            fg_token_in_entropy_mask(p, entropy));
-    if (!(fabs(p->seq_weight[b] * tt.L) <= cap))
-        return "the loss term";
-    if (!(fabs(tt.kl) <= cap))
-        return "the KL";
-    return NULL;
+    static const char *const what[] = {NULL, "d loss/d logp", "d loss/d entropy",
+                                       "the loss term", "the KL"};
+    return what[fg_token_overflow(p, n, logp, entropy, dlogp, dentropy)];
 }
 
 int fg_loss_cannot_overflow(const fg_loss_plan *p, double logit_bound, double log_vocab,

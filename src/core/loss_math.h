@@ -33,8 +33,14 @@ typedef struct fg_loss_plan {
     const uint8_t *mask;
     const float *adv, *old, *ref, *is_ratio, *sampling;
     int is_per_seq;
+    double max_len;        /* dr_grpo's divisor: max_completion_length, else T */
+    double num_items;      /* dapo, cispo, vespo: num_items_in_batch; < 0: Σ m */
     double total_tokens;   /* Σ m                                              */
     double entropy_weight; /* loss −= entropy_weight · Σ eff·entropy           */
+    const double *batch_scalars; /* NULL; a plan whose token count only a device
+                                    knows (a device-reported call): total_tokens
+                                    and entropy_weight there, [0] and [1]
+                                    (fg_loss_plan_resolved)                    */
     float entropy_threshold; /* eff = m · (entropy >= threshold); −INFINITY: all */
     double *seq_weight;    /* [B] w_b                                          */
     double *seq_count;     /* [B] max(Σ_t m, 1)                                */
@@ -52,8 +58,9 @@ typedef struct fg_loss_plan {
 
 /* Doubles of scratch the plan needs (caller-provided, from the workspace):
  * seq_weight, seq_count, seq_log_ratio, seq_dratio, seq_keep, seq_phi, in
- * this order, [B] each (a device's copy is one copy of the six). */
-static inline int64_t fg_loss_plan_scratch_doubles(int64_t B) { return 6 * B; }
+ * this order, [B] each (a device's copy is one copy of the six), then the
+ * two batch scalars of a device-reported call. */
+static inline int64_t fg_loss_plan_scratch_doubles(int64_t B) { return 6 * B + 2; }
 
 /* Points the plan's per-sequence arrays at `scratch` (the layout above;
  * p->B set): a device's copy of them is the same layout. */
@@ -63,6 +70,11 @@ void fg_loss_plan_place(fg_loss_plan *p, double *scratch);
  * values up front are prepared here already. */
 void fg_loss_plan_init(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batch *batch,
                        double *scratch);
+
+/* The plan's scalars and array pointers alone, reading no array (a
+ * device-reported call: its per-sequence constants are computed on the
+ * device, loss_sequence.h's fg_loss_seq_count / fg_loss_seq_init). */
+void fg_loss_plan_init_scalars(fg_loss_plan *p, const fg_loss_config *cfg, const fg_batch *batch);
 
 /* The plan of a caller's own loss: only the per-token derivatives it
  * gives (either may be NULL for 0), token level, no loss to evaluate.

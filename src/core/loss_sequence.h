@@ -23,6 +23,101 @@
 
 #include "loss_token.h"
 
+/* ------------------------------------------- the per-sequence constants */
+
+/* Sequence b's unmasked tokens, counted in double. */
+FG_HD static inline double fg_loss_seq_count(const fg_loss_plan *p, int64_t b)
+{
+    double c = 0;
+    for (int64_t t = 0; t < p->T; t++)
+        c += p->mask[b * p->T + t] != 0;
+    return c;
+}
+
+/* Sequence b's constants from its count and the batch's total (Σ of the
+ * counts, sequences in order): w_b by the loss type, and the prepared
+ * values of a loss that needs no token's log-prob. */
+FG_HD static inline void fg_loss_seq_init(fg_loss_plan *p, int64_t b, double count, double total)
+{
+    const double total1 = total > 1 ? total : 1;
+    double items = p->num_items < 0 ? total : p->num_items;
+    if (items < 1)
+        items = 1;
+    p->seq_count[b] = count > 1 ? count : 1;
+    p->seq_log_ratio[b] = 0;
+    p->seq_dratio[b] = 0;
+    p->seq_keep[b] = 1;
+    p->seq_phi[b] = 1;
+    double w;
+    switch (p->type) {
+    case FG_LOSS_GRPO:
+    case FG_LOSS_SAPO: w = 1.0 / ((double)p->B * p->seq_count[b]); break;
+    case FG_LOSS_BNPO: w = 1.0 / total1; break;
+    case FG_LOSS_DR_GRPO: w = 1.0 / ((double)p->B * p->max_len); break;
+    case FG_LOSS_LUSPO: w = 1.0 / (double)p->B; break;
+    case FG_LOSS_DAPO:
+    case FG_LOSS_CISPO:
+    case FG_LOSS_VESPO:
+    default: w = 1.0 / items; break;
+    }
+    p->seq_weight[b] = w;
+}
+
+/* log(1e-8): vespo's lower clamp of log-weights (TRL's get_gamma_weights). */
+#define FG_VESPO_LOG_MIN (-18.420680743952367)
+
+FG_HD static inline double fg_clampd(double x, double lo, double hi)
+{
+    return x < lo ? lo : (x > hi ? hi : x);
+}
+
+/* Sequence b's ratio, off-policy keep flag and vespo's φ from its detached
+ * log-probs (logp NULL: none needed, the on-policy case, old = logp). */
+FG_HD static inline void fg_loss_seq_prepare(fg_loss_plan *p, int64_t b, const float *logp)
+{
+    const int64_t T = p->T;
+    const double A = p->adv[b];
+    double lr = 0, lr_clamped = 0, log_is = 0, kl = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t n = b * T + t;
+        if (!p->mask[n])
+            continue;
+        /* logp is NULL when nothing here needs it (fg_loss_needs_all_tokens) */
+        const double d = p->old && logp ? (double)logp[n] - (double)p->old[n] : 0.0;
+        lr += d;
+        lr_clamped += fg_clampd(d, -20.0, 20.0);
+        if (p->is_ratio && !p->is_per_seq)
+            log_is += fg_clampd(log((double)p->is_ratio[n]), FG_VESPO_LOG_MIN, 20.0);
+        /* forward KL of the sampler against the policy: sampling − logp */
+        const double s = p->sampling ? (double)p->sampling[n]
+                                     : (p->old ? (double)p->old[n] : (logp ? (double)logp[n] : 0));
+        const double k = logp ? s - (double)logp[n] : 0.0;
+        kl += isnan(k) ? 0.0 : k;
+    }
+    p->seq_log_ratio[b] = lr / p->seq_count[b];
+    if (!isinf(p->off_policy_threshold))
+        p->seq_keep[b] = (A >= 0 || kl / p->seq_count[b] <= p->off_policy_threshold) ? 1.0 : 0.0;
+    if (p->type == FG_LOSS_VESPO) {
+        if (p->is_ratio && p->is_per_seq)
+            log_is = fg_clampd(log((double)p->is_ratio[b]), FG_VESPO_LOG_MIN, 20.0);
+        const double log_w = fg_clampd(lr_clamped + log_is, FG_VESPO_LOG_MIN, 20.0);
+        const double w = exp(log_w);
+        const double k = A >= 0 ? p->vespo_k_pos : p->vespo_k_neg;
+        double lam = A >= 0 ? p->vespo_lambda_pos : p->vespo_lambda_neg;
+        lam = lam > 1e-4 ? lam : 1e-4;
+        const double phi = exp(lam + k * log_w - lam * w);
+        p->seq_phi[b] = isfinite(phi) ? phi : 0.0;
+    }
+}
+
+/* The entropy bonus's weight over every unmasked token. */
+FG_HD static inline double fg_loss_entropy_weight(const fg_loss_plan *p, double total)
+{
+    return p->entropy_coef / (total > 1 ? total : 1);
+}
+
+/* ------------------------------------------------ the loss and metrics */
+
 /* Tokens of a segment: 1024 keeps a 262144-token sequence at 256 segments. */
 #define FG_EVAL_SEGMENT 1024
 
@@ -166,6 +261,24 @@ FG_HD static inline void fg_loss_acc_finish(const fg_loss_acc *a, const fg_loss_
         metrics->cispo_clip_ratio = a->cispo / clip_denom;
     if (p->type == FG_LOSS_VESPO)
         metrics->vespo_phi_seq_mean = a->phi / (double)p->B;
+}
+
+/* The loss and metrics from every segment's sums (sums[b * segments + k],
+ * fg_seg_eval's): each sequence's segments added in order, then the
+ * sequences in order. */
+FG_HD static inline void fg_loss_from_segments(const fg_loss_plan *p, const fg_seq_sums *sums,
+                                               int64_t segments, double *loss,
+                                               fg_metrics *metrics)
+{
+    fg_loss_acc acc;
+    fg_loss_acc_init(&acc);
+    for (int64_t b = 0; b < p->B; b++) {
+        fg_seq_sums seq = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t k = 0; k < segments; k++)
+            fg_seq_sums_add(&seq, &sums[b * segments + k]);
+        fg_loss_acc_add(&acc, p, b, &seq);
+    }
+    fg_loss_acc_finish(&acc, p, loss, metrics);
 }
 
 #endif

@@ -149,4 +149,59 @@ FG_HD static inline float fg_token_dentropy(const fg_loss_plan *p, int64_t n, fl
     return entropy >= p->entropy_threshold ? (float)-p->entropy_weight : 0.0f;
 }
 
+/* The plan a kernel reads: a device-reported call's batch scalars loaded
+ * from the device's memory (loss_math.h batch_scalars). */
+FG_HD static inline fg_loss_plan fg_loss_plan_resolved(const fg_loss_plan *p)
+{
+    fg_loss_plan q = *p;
+    if (q.batch_scalars) {
+        q.total_tokens = q.batch_scalars[0];
+        q.entropy_weight = q.batch_scalars[1];
+    }
+    return q;
+}
+
+/* g and e of token n, as a backend's derivs op writes them: 0 at a token
+ * the plan's mask drops (a walk over every row; a plan without its mask
+ * sees unmasked tokens only). */
+FG_HD static inline void fg_token_derivs(const fg_loss_plan *p, int64_t n, float logp,
+                                         float entropy, float *g, float *e)
+{
+    if (p->mask && !p->mask[n]) {
+        *g = 0.0f;
+        *e = 0.0f;
+        return;
+    }
+    *g = fg_token_dlogp(p, n, logp, entropy);
+    *e = fg_token_dentropy(p, n, entropy);
+}
+
+/* What of token n's loss math leaves the float range (fg_loss_token_overflow's
+ * order): 0 nothing, 1 d loss/d logp, 2 d loss/d entropy, 3 its loss term,
+ * 4 its KL (the last two bounded so that the double sums over every token
+ * stay finite); *g and *e get its derivatives. */
+enum { FG_TOKEN_FINITE, FG_TOKEN_DLOGP, FG_TOKEN_DENTROPY, FG_TOKEN_LOSS_TERM, FG_TOKEN_KL };
+
+FG_HD static inline int fg_token_overflow(const fg_loss_plan *p, int64_t n, float logp,
+                                          float entropy, float *g, float *e)
+{
+    *g = fg_token_dlogp(p, n, logp, entropy);
+    *e = fg_token_dentropy(p, n, entropy);
+    if (!isfinite(*g))
+        return FG_TOKEN_DLOGP;
+    if (!isfinite(*e))
+        return FG_TOKEN_DENTROPY;
+    if (p->external)
+        return FG_TOKEN_FINITE;
+    const int64_t b = n / p->T;
+    const double cap = 1.7976931348623157e308 / (p->total_tokens > 1 ? p->total_tokens : 1);
+    const fg_token_terms tt = fg_token_terms_eval(p, b, n, logp, fg_token_ratio(p, b, n, logp),
+                                                  fg_token_in_entropy_mask(p, entropy));
+    if (!(fabs(p->seq_weight[b] * tt.L) <= cap))
+        return FG_TOKEN_LOSS_TERM;
+    if (!(fabs(tt.kl) <= cap))
+        return FG_TOKEN_KL;
+    return FG_TOKEN_FINITE;
+}
+
 #endif

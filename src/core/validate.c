@@ -138,8 +138,7 @@ static fg_status scan_unmasked(fg_error *err, int64_t B, int64_t T, const int64_
     return FG_OK;
 }
 
-fg_status fg_validate_batch(fg_error *err, const fg_loss_config *cfg, const fg_batch *b,
-                            int64_t vocab, int64_t *n_active)
+fg_status fg_validate_batch_shape(fg_error *err, const fg_loss_config *cfg, const fg_batch *b)
 {
     if (!b)
         return fg_fail(err, FG_ERR_NULL_ARGUMENT, "batch is NULL");
@@ -151,6 +150,15 @@ fg_status fg_validate_batch(fg_error *err, const fg_loss_config *cfg, const fg_b
     if (cfg->beta != 0 && !b->ref_logp)
         return fg_fail(err, FG_ERR_MISSING_REF_LOGP,
                        "beta = %g needs ref_logp (the reference policy's log-probs)", cfg->beta);
+    return FG_OK;
+}
+
+fg_status fg_validate_batch(fg_error *err, const fg_loss_config *cfg, const fg_batch *b,
+                            int64_t vocab, int64_t *n_active)
+{
+    fg_status st = fg_validate_batch_shape(err, cfg, b);
+    if (st != FG_OK)
+        return st;
     for (int64_t i = 0; i < b->batch; i++)
         if (!isfinite(b->advantages[i]))
             return fg_fail(err, FG_ERR_NONFINITE_INPUT, "advantages[%lld] is %g", (long long)i,
@@ -176,13 +184,17 @@ fg_status fg_validate_batch(fg_error *err, const fg_loss_config *cfg, const fg_b
     return FG_OK;
 }
 
-fg_status fg_validate_tokens(fg_error *err, const fg_tokens *tok, int64_t vocab,
-                             const fg_token_input *reads, int n_reads, int64_t *n_active)
+fg_status fg_validate_tokens_shape(fg_error *err, const fg_tokens *tok)
 {
     if (!tok)
         return fg_fail(err, FG_ERR_NULL_ARGUMENT, "tokens is NULL");
-    fg_status st = check_token_shape(err, tok->batch, tok->seq_len, tok->token_ids, tok->mask,
-                                     "tokens");
+    return check_token_shape(err, tok->batch, tok->seq_len, tok->token_ids, tok->mask, "tokens");
+}
+
+fg_status fg_validate_tokens(fg_error *err, const fg_tokens *tok, int64_t vocab,
+                             const fg_token_input *reads, int n_reads, int64_t *n_active)
+{
+    fg_status st = fg_validate_tokens_shape(err, tok);
     if (st != FG_OK)
         return st;
     return scan_unmasked(err, tok->batch, tok->seq_len, tok->token_ids, tok->mask, vocab, reads,

@@ -16,6 +16,10 @@ fg_status fg_validate_config(fg_error *err, const fg_loss_config *cfg);
 fg_status fg_validate_batch(fg_error *err, const fg_loss_config *cfg, const fg_batch *batch,
                             int64_t vocab, int64_t *n_active);
 
+/* The part of fg_validate_batch that reads no array (a device-reported
+ * call: its values are checked on the device, report.h). */
+fg_status fg_validate_batch_shape(fg_error *err, const fg_loss_config *cfg, const fg_batch *batch);
+
 /* A per-token [B, T] input read at unmasked positions (x NULL: not read). */
 typedef struct fg_token_input {
     const char *name;
@@ -27,6 +31,7 @@ typedef struct fg_token_input {
  * the mask. *n_active: the unmasked tokens. */
 fg_status fg_validate_tokens(fg_error *err, const fg_tokens *tokens, int64_t vocab,
                              const fg_token_input *reads, int n_reads, int64_t *n_active);
+fg_status fg_validate_tokens_shape(fg_error *err, const fg_tokens *tokens);
 
 /* A matrix view: data, dtype, positive sizes, ld >= cols, no byte overflow,
  * and the expected shape (a negative expectation is not checked). */

@@ -117,7 +117,10 @@ fg_status fg_linear_validate(fg_call *call, const fg_linear_options *o, const li
                            "or the phase API (fg_linear_shard_stats)");
     }
     const int64_t vocab = sharded ? in->vocab_total : V;
-    if (req->kind == KIND_LOSS) {
+    if (req->kind == KIND_LOSS && call->device_report) { /* values: on the device */
+        st = fg_validate_batch_shape(err, cfg, batch);
+        *n_active = st == FG_OK ? batch->batch * batch->seq_len : 0; /* every token row */
+    } else if (req->kind == KIND_LOSS) {
         st = fg_validate_batch(err, cfg, batch, vocab, n_active);
     } else {
         const int backward = req->kind == KIND_LOGPROBS_BACKWARD || req->kind == KIND_SHARD_BACKWARD;
@@ -130,7 +133,12 @@ fg_status fg_linear_validate(fg_call *call, const fg_linear_options *o, const li
             return st;
         const fg_token_input reads[2] = {{"grad_logp", req->dlogp},
                                          {"grad_entropy", req->dentropy}};
-        st = fg_validate_tokens(err, req->tokens, vocab, reads, 2, n_active);
+        if (call->device_report) {
+            st = fg_validate_tokens_shape(err, req->tokens);
+            *n_active = st == FG_OK ? req->tokens->batch * req->tokens->seq_len : 0;
+        } else {
+            st = fg_validate_tokens(err, req->tokens, vocab, reads, 2, n_active);
+        }
     }
     if (st != FG_OK)
         return st;
@@ -192,7 +200,9 @@ fg_status fg_linear_check_aliasing(const fg_call *call, const linear_request *re
                             fg_span_matrix("grad_hidden", &out->grad_hidden),
                             fg_span_matrix("grad_weight", &out->grad_weight),
                             fg_span_vector("grad_bias", &out->grad_bias),
-                            fg_span_bytes("stats", req->stats_out, stats)};
+                            fg_span_bytes("stats", req->stats_out, stats),
+                            fg_span_bytes("exec->device_report", call->device_report,
+                                          sizeof(fg_device_report))};
     return fg_check_aliasing(call->err, outs, (int)(sizeof outs / sizeof outs[0]), ins,
                              (int)(sizeof ins / sizeof ins[0]), call->caller_workspace,
                              call->caller_workspace_bytes);

@@ -45,6 +45,13 @@
  * each chunk's tokens are checked before its gradient products, but in a
  * deferred call after them (fusedgrpo.h "Conventions" says what a refusal
  * then leaves).
+ *
+ * A device-reported call (fg_exec.device_report, run_reported) reads no
+ * value on the host: nothing is staged, the walk is over every token row
+ * (masked rows gather zeros and get g = e = 0), and the backend's report
+ * ops check the values, build the plan's per-sequence constants, check
+ * every token and evaluate the loss into the caller's record (report.h);
+ * the call returns once all of it is queued.
  */
 #include <math.h>
 #include <string.h>
@@ -55,6 +62,7 @@
 #include "collective.h"
 #include "finish.h"
 #include "linear_plan.h"
+#include "report.h"
 #include "shard_stats.h"
 #include "staging.h"
 
@@ -79,6 +87,7 @@ typedef struct linear_call {
     int *tok_check;
     double *seq_dev;        /* the loss plan's per-sequence constants there        */
     fg_loss_plan plan_dev;  /* the loss plan over the backend's memory (derivs)    */
+    void *report_sums;      /* a device-reported call: report_tokens' scratch      */
     int deferred; /* no host wait between chunks: each chunk's g, e from derivs on
                      the backend, every token read and checked after the chunks
                      (runs_deferred)                                             */
@@ -474,7 +483,7 @@ static fg_status run_chunk(linear_call *L, int64_t k, enum sweep_mode mode, int 
     fg_call *call = L->call;
     const linear_plan *p = &L->p;
     const int64_t r0 = fg_linear_chunk_start(p, k), m = fg_linear_chunk_len(p, k);
-    const int64_t *tok = L->c.active + r0;
+    const int64_t *tok = L->c.active ? L->c.active + r0 : NULL; /* NULL: device-reported */
     fg_status st;
     chunk_view(L, r0);
     const fg_backend_call *bc = &L->cv;
@@ -715,6 +724,60 @@ static fg_status scan_inputs(linear_call *L, const fg_linear_inputs *in,
                                   &L->p.bounds);
 }
 
+/* What a device-reported call can be (fusedgrpo.h "Device-reported
+ * calls"): the values of its arguments are checked on the device, so each
+ * limit here reads shapes and pointers only. */
+static fg_status check_reported(linear_call *L, const fg_device *dev,
+                                const fg_linear_options *o, const fg_linear_inputs *in,
+                                const fg_linear_outputs *out)
+{
+    fg_error *err = L->call->err;
+    const fg_backend_ops *ops = dev->ops;
+    const linear_request *req = L->req;
+    const int grads = out->grad_hidden.data || out->grad_weight.data || out->grad_bias.data;
+    const char *lacks = (ops->caps & FG_BACKEND_HOST_MEMORY)
+                            ? "a backend behind the seam (FG_BACKEND_CUDA, FG_BACKEND_REFERENCE); "
+                              "the CPU's calls check on the host"
+                        : !ops->report_batch || !ops->report_scan || !ops->report_tokens
+                            ? "the backend's report ops"
+                        : grads && !ops->derivs ? "the backend's derivs op"
+                        : NULL;
+    if (lacks)
+        return fg_fail(err, FG_ERR_UNSUPPORTED, "exec->device_report needs %s (backend \"%s\")",
+                       lacks, ops->name);
+    if (req->kind != KIND_LOSS && req->kind != KIND_LOGPROBS &&
+        req->kind != KIND_LOGPROBS_BACKWARD)
+        return fg_fail(err, FG_ERR_UNSUPPORTED,
+                       "exec->device_report: fg_linear_grpo, fg_linear_logprobs and "
+                       "fg_linear_logprobs_backward only (not the phase API)");
+    if (fg_linear_is_sharded(in) || L->call->comm.allreduce)
+        return fg_fail(err, FG_ERR_UNSUPPORTED,
+                       "exec->device_report: a vocab-sharded weight or a communicator merges "
+                       "on the host");
+    if (o->impl != FG_IMPL_FUSED)
+        return fg_fail(err, FG_ERR_UNSUPPORTED, "exec->device_report: the fused path only");
+    if (out->accumulate && out->grad_bias.data)
+        return fg_fail(err, FG_ERR_UNSUPPORTED,
+                       "exec->device_report: accumulating into grad_bias (its sums start from "
+                       "the caller's values on the host)");
+    if (req->kind == KIND_LOSS) {
+        fg_loss_plan p;
+        fg_loss_plan_init_scalars(&p, req->cfg, req->batch);
+        if (fg_loss_needs_all_tokens(&p))
+            return fg_fail(err, FG_ERR_UNSUPPORTED,
+                           "exec->device_report: this loss needs every token's log-prob before "
+                           "any gradient (sequence-level ratios, vespo with old_logp, the "
+                           "off-policy mask, the entropy quantile)");
+    }
+    const int64_t N = req->batch->batch * req->batch->seq_len;
+    if (N >= FG_REPORT_SIDE_MAX || in->hidden.cols >= FG_REPORT_SIDE_MAX ||
+        in->weight.rows >= FG_REPORT_SIDE_MAX)
+        return fg_fail(err, FG_ERR_UNSUPPORTED,
+                       "exec->device_report: B*T, H and V must each stay below 2^%d",
+                       FG_REPORT_SIDE_BITS);
+    return FG_OK;
+}
+
 /* The backend of the call: `be`, else the context's, else a CPU backend
  * for this call. */
 static void choose_backend(linear_call *L, const fg_device *be, fg_device *out)
@@ -743,7 +806,8 @@ static fg_status check_and_plan(linear_call *L, const fg_device *be, const fg_li
     L->req = req;
     fg_status st;
     L->dev_req = req;
-    if (!(dev.ops->caps & FG_BACKEND_HOST_MEMORY)) {
+    /* A device-reported call reads no value on the host: nothing staged. */
+    if (!(dev.ops->caps & FG_BACKEND_HOST_MEMORY) && !call->device_report) {
         if ((st = fg_stage_request(call, &dev, req, &L->staged)) != FG_OK)
             return st;
         L->req = &L->staged.req;
@@ -751,14 +815,15 @@ static fg_status check_and_plan(linear_call *L, const fg_device *be, const fg_li
     const fg_linear_options fused = {FG_IMPL_FUSED, 0, 0.0};
     const fg_linear_options *o = opts ? opts : &fused;
     int64_t n_active = 0;
-    if ((st = fg_linear_validate(call, o, L->req, in, out, &n_active, &L->p.bounds)) != FG_OK)
+    if ((st = fg_linear_validate(call, o, L->req, in, out, &n_active, &L->p.bounds)) != FG_OK ||
+        (call->device_report && (st = check_reported(L, &dev, o, in, out)) != FG_OK))
         return st;
     /* The call writes its outputs: they must not overlap what it reads (the
      * caller's own pointers; the cheap check first, then the pass over the
      * inputs' values). */
     if (is_call && (st = fg_linear_check_aliasing(call, req, in, out)) != FG_OK)
         return st;
-    if (is_call && call->check_finite &&
+    if (is_call && call->check_finite && !call->device_report &&
         (st = scan_inputs(L, in, out, req->batch->mask)) != FG_OK)
         return st;
     return fg_linear_plan_call(call, &dev, o, L->req, req->batch->mask, in, out, n_active,
@@ -896,6 +961,9 @@ static void carve(linear_call *L, void *device_mem)
         L->tok_check = take(&k, n * sizeof(int));
         L->seq_dev = take(&k, (size_t)fg_loss_plan_scratch_doubles(L->req->batch->batch) *
                                   sizeof(double));
+        if (p->reported)
+            L->report_sums =
+                take(&k, fg_report_sums_bytes(L->req->batch->batch, L->req->batch->seq_len));
     }
     bc->gw_sum = p->gw_sum ? take(&k, (size_t)p->V * (size_t)p->H * f) : NULL;
     bc->kept_count = bc->filter_eps > 0 ? take(&k, sizeof(int64_t)) : NULL;
@@ -1069,6 +1137,82 @@ fg_status fg_linear_plan_request(fg_call *call, const fg_device *be, const fg_li
     return st;
 }
 
+/* A report op of the call's backend, its failure recorded as the call's. */
+#define REPORT(L, op, ...)                                                                        \
+    fg_linear_backend_failed((L)->call, &(L)->p.be,                                               \
+                             (L)->p.be.ops->op((L)->p.be.state, __VA_ARGS__, (L)->msg,            \
+                                               sizeof (L)->msg),                                  \
+                             (L)->msg)
+
+/* A device-reported call (fusedgrpo.h): every op enqueued, none waited
+ * for. The batch's checks, rows and per-sequence constants (report_batch),
+ * the inputs' scan, the chunks over every token row as a deferred call
+ * runs them (derivs on the plan over the backend's memory, which gives a
+ * masked row g = e = 0), finish, each token's checks with the outputs and
+ * the loss (report_tokens), then the gradients' scan. */
+static fg_status run_reported(linear_call *L, void *device_mem)
+{
+    fg_call *call = L->call;
+    linear_plan *p = &L->p;
+    const linear_request *req = L->req; /* the caller's: nothing was staged */
+    const fg_batch *batch = req->batch;
+    fg_device_report *rep = call->device_report;
+    const fg_backend_ops *ops = p->be.ops;
+    void *be = p->be.state;
+    const int loss = req->kind == KIND_LOSS;
+    call->chunk_rows = p->Nc;
+    call->chunks = p->chunks;
+    if (loss)
+        fg_loss_plan_init_scalars(&L->c.plan, req->cfg, batch);
+    else
+        fg_loss_plan_init_external(&L->c.plan, batch, req->dlogp, req->dentropy);
+    L->c.n_active = p->n_active;
+    carve(L, device_mem);
+    fg_backend_call *bc = &p->bc;
+    if (bc->kept_count) /* the record counts the kept entries */
+        bc->kept_count = &rep->dlogits_kept;
+    L->plan_dev = L->c.plan;
+    fg_loss_plan_place(&L->plan_dev, L->seq_dev);
+    L->plan_dev.batch_scalars = L->seq_dev + 6 * batch->batch;
+    const fg_report_batch rb = {p->V, req->dlogp, req->dentropy, loss};
+    fg_status st;
+    if ((st = MEM(L, fill_zero, rep, sizeof *rep)) != FG_OK ||
+        (st = MEM(L, fill_zero, L->tok_check, (size_t)p->n_active * sizeof(int))) != FG_OK ||
+        (st = start_bias_sums(L, NULL)) != FG_OK ||
+        (st = REPORT(L, report_batch, bc, &L->plan_dev, &rb, rep)) != FG_OK)
+        return st;
+    const fg_matrix bias = {bc->bias.data, p->in_t, 1, p->V, p->V};
+    if (call->check_finite &&
+        ((st = REPORT(L, report_scan, &bc->hidden, batch->mask, FG_REPORT_SCAN_HIDDEN, rep)) ||
+         (st = REPORT(L, report_scan, &bc->weight, NULL, FG_REPORT_SCAN_WEIGHT, rep)) ||
+         (bias.data && (st = REPORT(L, report_scan, &bias, NULL, FG_REPORT_SCAN_BIAS, rep)))))
+        return st;
+    L->deferred = 1;
+    for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
+        st = run_chunk(L, k, p->any_grad ? SWEEP_BOTH : SWEEP_FORWARD, 0, k == 0);
+    if (st != FG_OK ||
+        (p->any_grad &&
+         (st = fg_linear_backend_failed(call, &p->be, ops->finish(be, bc, L->msg, sizeof L->msg),
+                                        L->msg)) != FG_OK))
+        return st;
+    const fg_backend_tokens t = {L->tok_zmax, L->tok_lsum, L->tok_entropy, L->tok_logp,
+                                 L->out->logp, L->out->entropy, L->report_sums,
+                                 call->check_finite};
+    if ((st = REPORT(L, report_tokens, bc, &L->plan_dev, &rb, &t, rep)) != FG_OK ||
+        !call->check_finite)
+        return st;
+    /* The bounds a host-checked call puts on the products before they run,
+     * after the fact here: a non-finite gradient entry. */
+    const fg_matrix gb = {bc->grad_bias.data, bc->grad_bias.dtype, 1, p->V, p->V};
+    if ((bc->grad_hidden.data &&
+         (st = REPORT(L, report_scan, &bc->grad_hidden, NULL, FG_REPORT_GRAD_HIDDEN, rep))) ||
+        (bc->grad_weight.data &&
+         (st = REPORT(L, report_scan, &bc->grad_weight, NULL, FG_REPORT_GRAD_WEIGHT, rep))) ||
+        (gb.data && (st = REPORT(L, report_scan, &gb, NULL, FG_REPORT_GRAD_BIAS, rep))))
+        return st;
+    return FG_OK;
+}
+
 /* Everything after the checks and the plan, with the memory in hand: the
  * sweeps write grad_hidden and grad_weight chunk by chunk (each chunk's
  * tokens checked first, or in a deferred call after the chunks),
@@ -1079,6 +1223,8 @@ static fg_status run_call(linear_call *L, int collective, void *device_mem)
     linear_plan *p = &L->p;
     const linear_request *req = L->req;
     const fg_batch *batch = req->batch;
+    if (p->reported)
+        return run_reported(L, device_mem);
     call->chunk_rows = p->Nc;
     call->chunks = p->chunks;
     if (req->kind == KIND_LOSS)

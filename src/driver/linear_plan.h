@@ -33,7 +33,9 @@ typedef struct linear_plan {
     int sharded; /* weight holds vocab rows [vocab_start, vocab_start + V) */
     int hook;    /* sharded, merged through the context's communicator per chunk */
     int64_t vocab_start;
-    int64_t n_active;     /* unmasked tokens: the rows the chunks cover            */
+    int64_t n_active;     /* unmasked tokens: the rows the chunks cover (a
+                             device-reported call: every token row)            */
+    int reported;         /* a device-reported call (fg_call.device_report)       */
     size_t fixed_bytes;   /* the backend memory the call holds besides its chunks:
                              the targets, the sums; on a host backend also the
                              per-call [B, T] arrays (fg_common_workspace_bytes) */

@@ -16,6 +16,7 @@
 #include "bf16.h"
 #include "internal.h"
 #include "loss_token.h"
+#include "report.h"
 #include "shard_stats.h"
 
 /* The driver's host synchronisations, for tests (fg_backend_reference_syncs):
@@ -131,9 +132,10 @@ static fg_status ref_logits(void *be, const fg_backend_call *c, int64_t r0, int6
     (void)be, (void)msg, (void)n;
     for (int64_t i = 0; i < m; i++) {
         const int64_t row = c->rows[r0 + i];
+        const int masked = c->mask && !c->mask[row]; /* a zero row: never read */
         for (int64_t h = 0; h < c->H; h++) /* the gathered rows, as GEMM 3 reads them */
             store(c->hbuf, c->dlogit_t, at(i, c->H, h),
-                  load(c->hidden.data, c->in_t, at(row, c->hidden.ld, h)));
+                  masked ? 0.0f : load(c->hidden.data, c->in_t, at(row, c->hidden.ld, h)));
         for (int64_t v = 0; v < c->V; v++) {
             double acc = c->bias.data ? load(c->bias.data, c->in_t, (size_t)v) : 0.0;
             for (int64_t h = 0; h < c->H; h++)
@@ -321,11 +323,95 @@ static fg_status ref_derivs(void *be, const fg_backend_call *c, int64_t r0, int6
                             const struct fg_loss_plan *plan, char *msg, size_t n)
 {
     (void)be, (void)msg, (void)n;
-    for (int64_t i = 0; i < m; i++) {
-        const int64_t t = c->rows[r0 + i];
-        c->g[i] = fg_token_dlogp(plan, t, c->logp[i], c->entropy[i]);
-        c->e[i] = fg_token_dentropy(plan, t, c->entropy[i]);
+    const fg_loss_plan p = fg_loss_plan_resolved(plan);
+    for (int64_t i = 0; i < m; i++)
+        fg_token_derivs(&p, c->rows[r0 + i], c->logp[i], c->entropy[i], &c->g[i], &c->e[i]);
+    return FG_OK;
+}
+
+/* ------------------------------------------------ device-reported calls */
+
+/* A failure's key into the record: the smallest key is kept (report.h). */
+static void report(fg_device_report *rep, uint64_t key)
+{
+    if (key && ~key > rep->failed)
+        rep->failed = ~key;
+}
+
+static fg_status ref_report_batch(void *be, const fg_backend_call *c,
+                                  const struct fg_loss_plan *plan, const fg_report_batch *r,
+                                  fg_device_report *rep, char *msg, size_t n)
+{
+    (void)be, (void)msg, (void)n;
+    fg_loss_plan p = *plan;
+    for (int64_t b = 0; b < p.B; b++)
+        report(rep, fg_report_sequence(&p, r, b));
+    for (int64_t t = 0; t < c->N; t++) {
+        report(rep, fg_report_token_input(&p, r, t));
+        const int64_t id = p.token_ids[t];
+        ((int64_t *)c->rows)[t] = t;
+        ((int64_t *)c->targets)[t] = p.mask[t] && id >= 0 && id < r->vocab ? id : -1;
     }
+    rep->seq_len = p.T;
+    rep->vocab = r->vocab;
+    if (!r->loss || p.external)
+        return FG_OK;
+    double total = 0; /* the host's order: counts, their sum, then each sequence */
+    for (int64_t b = 0; b < p.B; b++)
+        total += p.seq_count[b] = fg_loss_seq_count(&p, b);
+    for (int64_t b = 0; b < p.B; b++) { /* fg_loss_plan_init's, then fg_loss_prepare's */
+        fg_loss_seq_init(&p, b, p.seq_count[b], total);
+        fg_loss_seq_prepare(&p, b, NULL);
+    }
+    double *scalars = (double *)p.batch_scalars;
+    scalars[0] = total;
+    scalars[1] = fg_loss_entropy_weight(&p, total);
+    return FG_OK;
+}
+
+static fg_status ref_report_scan(void *be, const fg_matrix *x, const uint8_t *mask, int stage,
+                                 fg_device_report *rep, char *msg, size_t n)
+{
+    (void)be, (void)msg, (void)n;
+    for (int64_t r = 0; r < x->rows; r++)
+        for (int64_t c = 0; c < x->cols && (!mask || mask[r]); c++)
+            if (!isfinite(load(x->data, x->dtype, at(r, x->ld, c)))) {
+                report(rep, fg_report_entry_key(stage, r, c));
+                return FG_OK;
+            }
+    return FG_OK;
+}
+
+static fg_status ref_report_tokens(void *be, const fg_backend_call *c,
+                                   const struct fg_loss_plan *plan, const fg_report_batch *r,
+                                   const fg_backend_tokens *t, fg_device_report *rep, char *msg,
+                                   size_t n)
+{
+    (void)be, (void)msg, (void)n;
+    const fg_loss_plan p = fg_loss_plan_resolved(plan);
+    for (int64_t k = 0; k < c->N; k++) {
+        report(rep, fg_report_token(&p, r, k, t->zmax[k], t->lsum[k], t->logp[k], t->entropy[k],
+                                    t->scanned));
+        if (t->logp_out)
+            t->logp_out[k] = p.mask[k] ? t->logp[k] : 0.0f;
+        if (t->entropy_out)
+            t->entropy_out[k] = p.mask[k] ? t->entropy[k] : 0.0f;
+    }
+    if (r->loss) { /* loss_sequence.h's pieces in their order */
+        const int64_t segments = (p.T + FG_EVAL_SEGMENT - 1) / FG_EVAL_SEGMENT;
+        fg_seq_sums *sums = t->sums;
+        for (int64_t b = 0; b < p.B; b++)
+            for (int64_t k = 0; k < segments; k++)
+                sums[b * segments + k] = fg_seg_eval(&p, b, k, t->logp, t->entropy);
+        fg_loss_from_segments(&p, sums, segments, &rep->loss, &rep->metrics);
+        double value = 0;
+        const uint64_t key = fg_report_sums(rep->loss, &rep->metrics, &value);
+        report(rep, key);
+        if (key && ~key == rep->failed)
+            rep->value[0] = value;
+    }
+    if (rep->failed && fg_report_stage_of(~rep->failed) != FG_REPORT_SUM)
+        fg_report_values(&p, r, t->logp, t->entropy, ~rep->failed, rep->value);
     return FG_OK;
 }
 
@@ -418,6 +504,9 @@ static const fg_backend_ops reference_ops = {
     .put_grad_hidden = ref_put_grad_hidden,
     .filter = ref_filter,
     .derivs = ref_derivs,
+    .report_batch = ref_report_batch,
+    .report_scan = ref_report_scan,
+    .report_tokens = ref_report_tokens,
 };
 
 fg_status fg_backend_reference_create(void *stream, fg_device *out, char *msg, size_t msg_size)
