@@ -3,8 +3,13 @@
 # same warm machine:
 #   bash scripts/gpu_bench.sh OUTDIR
 #
-# Parts (FG_BENCH_PARTS, default "long real"), each within its own limit and
-# none started past FG_BENCH_DEADLINE seconds (default 540):
+# Parts (FG_BENCH_PARTS, default "graph long real"), each within its own limit
+# and none started past FG_BENCH_DEADLINE seconds (default 540):
+#   graph  bench/cuda/torch_graph.py --out OUTDIR/graph: at the headline shape
+#          (T = 8192), the torch op's device-reported call captured with
+#          torch.cuda.graph and replayed, against the C API's step (ctypes,
+#          host-checked), the eager torch op and the three bare products, in
+#          one process. No model needed. Limit FG_BENCH_GRAPH_LIMIT (120 s).
 #   long   long context: build-gpu-full/cuda/bench_cuda_api --tokens
 #          131072,262144 --budgets 2G (the CUDA backend's default budget)
 #          --lean --no-f32 --no-waits --no-graph --reps 5, into OUTDIR/long: the three
@@ -21,7 +26,9 @@
 #          (scripts/gpu_model_stash.sh, as scripts/gpu_train.sh; skipped
 #          without it). Limit FG_BENCH_REAL_LIMIT (default 240 s).
 #
-# FG_BENCH_DEVICE (cuda; cpu for a dry run of real where no GPU is) and
+# FG_BENCH_GRAPH_ARGS: more arguments of torch_graph.py (a dry run on the
+# CPU: "--quick --tokens 64").
+# FG_BENCH_DEVICE (cuda; cpu for a dry run of graph and real where no GPU is) and
 # FG_BENCH_CAPTURE (the capture's size, default "--prompts 16 --generations 8
 # --tokens 256") change the real part.
 # The device tool, with the stash: here, bash scripts/gpu_model_carry.sh;
@@ -48,7 +55,7 @@ out=$(cd "$1" && pwd)
 tag=gpu_bench
 # shellcheck source=scripts/gpu_env.sh
 . scripts/gpu_env.sh
-read -r -a parts <<<"${FG_BENCH_PARTS:-long real}"
+read -r -a parts <<<"${FG_BENCH_PARTS:-graph long real}"
 deadline=${FG_BENCH_DEADLINE:-540}
 py=${PYTHON:-python3}
 status=0
@@ -103,6 +110,17 @@ for part in "${parts[@]}"; do
     rcs+=("long:$rc")
     [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && [ "$rc" -ne 125 ] && status=1
     ;;
+  graph)
+    step "the torch op in a CUDA graph against the C API, T = 8192"
+    if [ -z "${tmp:-}" ]; then
+      gpu_python || exit 1
+    fi
+    read -r -a graph_args <<<"${FG_BENCH_GRAPH_ARGS:-}"
+    run_part "${FG_BENCH_GRAPH_LIMIT:-120}" "$out/graph_run.txt" "$py" bench/cuda/torch_graph.py \
+      --out "$out/graph" --device "${FG_BENCH_DEVICE:-cuda}" "${graph_args[@]}"
+    rcs+=("graph:$rc")
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && [ "$rc" -ne 125 ] && status=1
+    ;;
   real)
     step "real activations: SmolLM2-135M-Instruct's completions, 32768 tokens"
     if [ ! -f "$model/complete" ]; then
@@ -125,13 +143,14 @@ for part in "${parts[@]}"; do
     [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && [ "$rc" -ne 125 ] && status=1
     ;;
   *)
-    echo "$tag: unknown part $part (FG_BENCH_PARTS: long, real)"
+    echo "$tag: unknown part $part (FG_BENCH_PARTS: graph, long, real)"
     status=1
     ;;
   esac
 done
 
 step "summary"
+[ -f "$out/graph/torch_graph.md" ] && cat "$out/graph/torch_graph.md"
 [ -f "$out/long/bench_api.txt" ] && cat "$out/long/bench_api.txt"
 [ -f "$out/real/real_acts.md" ] && cat "$out/real/real_acts.md"
 echo "$tag: ${rcs[*]}; $([ $status -eq 0 ] && echo passed || echo FAILED) in ${SECONDS}s; output in $out"

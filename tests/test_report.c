@@ -12,7 +12,8 @@
  *     call's (the same loss math, per sequence in the same order), and
  *     grad_bias (one addition a row, in order); grad_weight within 1e-6
  *     (other chunks: other sums);
- *     the record's kept count the context's.
+ *     the record's kept count the context's. Sequences of three of the
+ *     loss's segments (T = 2500): the loss and metrics bitwise the host's.
  *  2. fg_linear_logprobs and fg_linear_logprobs_backward: the same.
  *  3. Refusals: each failure the host's checks find (an id out of range,
  *     NaN advantages, old_logp, ref_logp, per-sequence is_ratio, grad_logp,
@@ -22,14 +23,15 @@
  *     Gradients that overflow from finite inputs: FG_ERR_OVERFLOW naming
  *     the output.
  *  4. What is refused at once: the CPU backend, a sequence-level loss,
- *     accumulating into grad_bias, the record over an output, a host-only
- *     entry point (fg_logits_grpo).
+ *     accumulating into grad_bias, the record over an output, the phase
+ *     API, a host-only entry point (fg_logits_grpo).
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "loss_sequence.h"
 #include "test_util.h"
 
 enum { B = 3, T = 11, H = 20, V = 53, N = B * T };
@@ -169,6 +171,46 @@ static void loss_case(fg_context *ctx, const char *tag, const fg_loss_config *cf
               (long long)ma.dlogits_kept);
     printf("%-36s %lld chunks, 0 syncs; loss %.9g; |dW| %.2g\n", tag, (long long)mb.chunks,
            rep.loss, dw);
+    tu_linear_outs_free(&a);
+    tu_linear_outs_free(&b);
+    tu_problem_free(&prob);
+}
+
+/* Part 1b: sequences of several of the loss's segments (T = 2500: three of
+ * FG_EVAL_SEGMENT = 1024 tokens), the entropy bonus and the KL: the record's
+ * loss and metrics bitwise the host's (the same segments, in order). */
+static void long_sequences_case(fg_context *ctx)
+{
+    enum { LB = 2, LT = 2500, LH = 8, LV = 17 };
+    tu_problem prob;
+    tu_problem_make(&prob, LB, LT, LH, LV, FG_DTYPE_F32, 1, 2500u);
+    if (tu_problem_fill_logp(&prob, 0.8, 0.2, 0.3) != 0) {
+        CHECK(0, "long sequences: the oracle refused the batch");
+        tu_problem_free(&prob);
+        return;
+    }
+    const fg_batch *batch = tu_batch_view(&prob.tb);
+    const fg_linear_inputs in = tu_problem_inputs(&prob);
+    const fg_loss_config cfg = config(FG_LOSS_GRPO, 0.04, 0.02);
+    tu_linear_outs a, b;
+    tu_linear_outs_make(&a, LB * LT, LH, LV, 1);
+    tu_linear_outs_make(&b, LB * LT, LH, LV, 1);
+    fg_device_report rep;
+    fg_exec ex;
+    fg_exec_init(&ex);
+    const fg_status sa = fg_linear_grpo(ctx, NULL, &cfg, &in, batch, &a.out, &ex);
+    ex.device_report = &rep;
+    const fg_status sb = fg_linear_grpo(ctx, NULL, &cfg, &in, batch, &b.out, &ex);
+    char msg[512];
+    const fg_status rs = fg_device_report_status(&rep, msg, sizeof msg);
+    CHECK(sa == FG_OK && sb == FG_OK && rs == FG_OK, "long sequences: %s %s %s %s",
+          fg_status_name(sa), fg_status_name(sb), fg_status_name(rs), msg);
+    CHECK(rep.loss == a.out.loss && metrics_same(&rep.metrics, &a.out.metrics),
+          "long sequences: loss %.17g / %.17g, or a metric differs", rep.loss, a.out.loss);
+    CHECK(memcmp(a.logp, b.logp, (size_t)LB * LT * sizeof(float)) == 0,
+          "long sequences: logp differ");
+    printf("%-36s %d segments a sequence; loss %.9g, bitwise the host's\n", "T = 2500",
+           (LT + FG_EVAL_SEGMENT - 1) / FG_EVAL_SEGMENT, rep.loss);
     tu_linear_outs_free(&a);
     tu_linear_outs_free(&b);
     tu_problem_free(&prob);
@@ -435,6 +477,11 @@ static void refused_at_once(fg_context *ctx, fg_context *cpu)
     CHECK(st == FG_ERR_ALIASED_OUTPUT && strstr(fg_last_error(ctx), "device_report"),
           "record over grad_weight: %s %s", fg_status_name(st), fg_last_error(ctx));
     ex.device_report = &rep;
+    const fg_tokens tok = {B, T, prob.tb.token_ids, prob.tb.mask};
+    float stats[13 * N + 1];
+    st = fg_linear_shard_stats(ctx, NULL, 1.0, &in, &tok, stats, &ex);
+    CHECK(st == FG_ERR_UNSUPPORTED && strstr(fg_last_error(ctx), "phase API"),
+          "the phase API: %s %s", fg_status_name(st), fg_last_error(ctx));
     fg_logits_outputs lo;
     memset(&lo, 0, sizeof lo);
     st = fg_logits_grpo(cpu, &cfg, NULL, batch, &lo, &ex);
@@ -478,6 +525,7 @@ int main(void)
         fg_loss_config cfg = config(cases[i].lt, cases[i].beta, cases[i].ent);
         loss_case(ctx, cases[i].tag, &cfg, cases[i].dt, cases[i].bias, cases[i].eps, 40u + i);
     }
+    long_sequences_case(ctx);
     head_case(ctx, FG_DTYPE_F32);
     head_case(ctx, FG_DTYPE_BF16);
     const struct {

@@ -647,7 +647,9 @@ class FusedLinearGRPOLoss(torch.nn.Module):
     per-chunk loss, and the C kernel computes the same thing either way. Extra
     keyword-only arguments: entropy_coef, impl ("fused" / "materialized"),
     memory_budget (bytes), threads, filter_eps (gradient filtering: 0 off, "auto",
-    or a threshold; fusedgrpo.fused_linear_grpo), return_metrics_dict.
+    or a threshold; fusedgrpo.fused_linear_grpo), return_metrics_dict,
+    device_report (fused_linear_grpo_loss's: the loss call capturable in a
+    CUDA graph, its failures raised by raise_device_errors()).
 
     ``metrics`` is Liger's tuple: ``(kl, clip_ratio)``, ``(clip_ratio,)`` when
     beta == 0, where clip_ratio is, per loss type as Liger reports it, the
@@ -666,8 +668,11 @@ class FusedLinearGRPOLoss(torch.nn.Module):
                  vespo_k_neg: float = 3.0, vespo_lambda_neg: float = 2.0, *,
                  entropy_coef: float = 0.0, impl: str = "fused",
                  memory_budget: Optional[int] = None, threads: Optional[int] = None,
-                 filter_eps=0.0, return_metrics_dict: bool = False):
+                 filter_eps=0.0, return_metrics_dict: bool = False,
+                 device_report: bool = False):
         super().__init__()
+        if not isinstance(device_report, bool):
+            raise TypeError(f"device_report must be a bool, got {device_report!r}")
         _refuse_unsupported(compiled=compiled, chunk_size=chunk_size)
         # every option's range now, as a call would check it
         _options.loss_config(dict(
@@ -703,6 +708,7 @@ class FusedLinearGRPOLoss(torch.nn.Module):
         self.threads = threads
         self.filter_eps = filter_eps  # as given: each call checks every option as given
         self.return_metrics_dict = return_metrics_dict
+        self.device_report = device_report
 
     def _loss_fn(self, *args, **kwargs):
         """The functional loss this module calls (fusedgrpo.torch_distributed's
@@ -764,7 +770,8 @@ class FusedLinearGRPOLoss(torch.nn.Module):
             vespo_k_pos=self.vespo_k_pos, vespo_lambda_pos=self.vespo_lambda_pos,
             vespo_k_neg=self.vespo_k_neg, vespo_lambda_neg=self.vespo_lambda_neg,
             entropy_coef=self.entropy_coef, impl=self.impl, threads=self.threads,
-            memory_budget=self.memory_budget, filter_eps=self.filter_eps)
+            memory_budget=self.memory_budget, filter_eps=self.filter_eps,
+            **({"device_report": True} if self.device_report else {}))
         if self.return_metrics_dict:
             return loss, metrics
         out = []

@@ -725,8 +725,9 @@ static fg_status scan_inputs(linear_call *L, const fg_linear_inputs *in,
 }
 
 /* What a device-reported call can be (fusedgrpo.h "Device-reported
- * calls"): the values of its arguments are checked on the device, so each
- * limit here reads shapes and pointers only. */
+ * calls"; its kind was checked before the arguments): the values of its
+ * arguments are checked on the device, so each limit here reads shapes and
+ * pointers only. */
 static fg_status check_reported(linear_call *L, const fg_device *dev,
                                 const fg_linear_options *o, const fg_linear_inputs *in,
                                 const fg_linear_outputs *out)
@@ -745,11 +746,6 @@ static fg_status check_reported(linear_call *L, const fg_device *dev,
     if (lacks)
         return fg_fail(err, FG_ERR_UNSUPPORTED, "exec->device_report needs %s (backend \"%s\")",
                        lacks, ops->name);
-    if (req->kind != KIND_LOSS && req->kind != KIND_LOGPROBS &&
-        req->kind != KIND_LOGPROBS_BACKWARD)
-        return fg_fail(err, FG_ERR_UNSUPPORTED,
-                       "exec->device_report: fg_linear_grpo, fg_linear_logprobs and "
-                       "fg_linear_logprobs_backward only (not the phase API)");
     if (fg_linear_is_sharded(in) || L->call->comm.allreduce)
         return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "exec->device_report: a vocab-sharded weight or a communicator merges "
@@ -815,6 +811,12 @@ static fg_status check_and_plan(linear_call *L, const fg_device *be, const fg_li
     const fg_linear_options fused = {FG_IMPL_FUSED, 0, 0.0};
     const fg_linear_options *o = opts ? opts : &fused;
     int64_t n_active = 0;
+    /* The phase API's kinds read their stats on the host while validating. */
+    if (call->device_report && req->kind != KIND_LOSS && req->kind != KIND_LOGPROBS &&
+        req->kind != KIND_LOGPROBS_BACKWARD)
+        return fg_fail(call->err, FG_ERR_UNSUPPORTED,
+                       "exec->device_report: fg_linear_grpo, fg_linear_logprobs and "
+                       "fg_linear_logprobs_backward only (not the phase API)");
     if ((st = fg_linear_validate(call, o, L->req, in, out, &n_active, &L->p.bounds)) != FG_OK ||
         (call->device_report && (st = check_reported(L, &dev, o, in, out)) != FG_OK))
         return st;
@@ -1173,7 +1175,8 @@ static fg_status run_reported(linear_call *L, void *device_mem)
         bc->kept_count = &rep->dlogits_kept;
     L->plan_dev = L->c.plan;
     fg_loss_plan_place(&L->plan_dev, L->seq_dev);
-    L->plan_dev.batch_scalars = L->seq_dev + 6 * batch->batch;
+    if (loss) /* report_batch computes them there */
+        L->plan_dev.batch_scalars = L->seq_dev + 6 * batch->batch;
     const fg_report_batch rb = {p->V, req->dlogp, req->dentropy, loss};
     fg_status st;
     if ((st = MEM(L, fill_zero, rep, sizeof *rep)) != FG_OK ||

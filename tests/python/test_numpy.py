@@ -537,7 +537,8 @@ def test_ctypes_structs_match_the_library():
 
     class swapped(ctypes.Structure):  # the right size, two fields exchanged
         _fields_ = [("memory_budget", ctypes.c_size_t), ("threads", ctypes.c_int),
-                    ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)]
+                    ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+                    ("device_report", ctypes.c_void_p)]
     swapped.__name__ = "fg_exec"
     assert ctypes.sizeof(swapped) == ctypes.sizeof(_lib.fg_exec)
     with pytest.raises(ImportError, match="fg_exec.threads: library offset 0, binding 8"):
@@ -545,7 +546,8 @@ def test_ctypes_structs_match_the_library():
 
     class renamed(ctypes.Structure):
         _fields_ = [("thread_count", ctypes.c_int), ("memory_budget", ctypes.c_size_t),
-                    ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)]
+                    ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+                    ("device_report", ctypes.c_void_p)]
     renamed.__name__ = "fg_exec"
     with pytest.raises(ImportError, match="fg_exec.thread_count: not in the library"):
         _lib._check_abi(_lib.lib, (renamed,))

@@ -115,6 +115,20 @@ def test_reported_refusals_match(reference_on_cpu, spoil):
     fgt.raise_device_errors()  # checked once: nothing pending now
 
 
+def test_reported_module(reference_on_cpu):
+    t = _tensors(29)
+    args = (t["token_ids"], t["mask"], t["advantages"], t["bias"], t["ref_logp"],
+            t["old_logp"])
+    got = fgt.FusedLinearGRPOLoss(beta=0.04, device_report=True, return_metrics_dict=True)(
+        t["hidden"], t["weight"], *args)
+    fgt.raise_device_errors()
+    want = fgt.FusedLinearGRPOLoss(beta=0.04, return_metrics_dict=True)(
+        t["hidden"], t["weight"], *args)
+    assert abs(got[0].item() - want[0].item()) <= TOL["loss"] * max(1.0, abs(want[0].item()))
+    with pytest.raises(TypeError, match="device_report"):
+        fgt.FusedLinearGRPOLoss(device_report="yes")
+
+
 def test_reported_refused_at_once(reference_on_cpu):
     t = _tensors(3)
     with pytest.raises(fl.FusedGRPOError, match="every token's log-prob") as e:
