@@ -233,8 +233,13 @@ static fg_status check_pointer(const cuda_backend *s, const char *name, const vo
 {
     if (!p)
         return FG_OK;
+    /* A pure query, made in relaxed capture mode so that a call captured in
+     * a CUDA graph (a device-reported one) may make it in any mode. */
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     cudaPointerAttributes a;
     const cudaError_t err = cudaPointerGetAttributes(&a, p);
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         return cuda_fail(FG_ERR_UNSUPPORTED, name, err, msg, msg_size);
