@@ -640,6 +640,16 @@ static fg_status cuda_report_batch(void *be, const fg_backend_call *c,
                                 const_cast<int64_t *>(c->targets), rep, s->stream, msg, msg_size);
 }
 
+static fg_status cuda_report_prepare(void *be, const fg_backend_call *c,
+                                     const struct fg_loss_plan *plan, const fg_backend_tokens *t,
+                                     char *msg, size_t msg_size)
+{
+    (void)c;
+    cuda_backend *s = state(be);
+    device_scope scope(s->device);
+    return fg_cuda_report_prepare(plan, t->logp, t->entropy, s->stream, msg, msg_size);
+}
+
 static fg_status cuda_report_scan(void *be, const fg_matrix *x, const uint8_t *mask, int stage,
                                   fg_device_report *rep, char *msg, size_t msg_size)
 {
@@ -875,6 +885,7 @@ static fg_backend_ops make_ops(void)
     o.filter = cuda_filter;
     o.derivs = cuda_derivs;
     o.report_batch = cuda_report_batch;
+    o.report_prepare = cuda_report_prepare;
     o.report_scan = cuda_report_scan;
     o.report_tokens = cuda_report_tokens;
     return o;

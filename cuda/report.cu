@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(THREADS) batch_constants_kernel(fg_loss_plan p
     if (b >= plan.B)
         return;
     fg_loss_seq_init(&plan, b, plan.seq_count[b], plan.batch_scalars[0]);
-    fg_loss_seq_prepare(&plan, b, NULL);
+    if (!fg_loss_tokens_first(&plan)) /* else report_prepare, after the forward sweep */
+        fg_loss_seq_prepare(&plan, b, NULL);
 }
 
 /* Token n: its values; the walk's row and target. */
@@ -99,6 +100,32 @@ fg_status fg_cuda_report_batch(const fg_loss_plan *plan, const fg_report_batch *
         batch_constants_kernel<<<blocks_of(plan->B), THREADS, 0, stream>>>(*plan);
     batch_tokens_kernel<<<blocks_of(N), THREADS, 0, stream>>>(*plan, *r, rows, targets, rep);
     return launched("the batch's checks", msg, msg_size);
+}
+
+/* ---- report_prepare --------------------------------------------------------- */
+
+/* Sequence b's constants from every token's log-prob (fg_loss_prepare's). */
+__global__ void __launch_bounds__(THREADS)
+    prepare_kernel(fg_loss_plan plan, const float *logp, const float *entropy)
+{
+    const int64_t b = (int64_t)blockIdx.x * THREADS + threadIdx.x;
+    if (b >= plan.B)
+        return;
+    fg_loss_plan p = fg_loss_plan_resolved(&plan);
+    fg_loss_seq_prepare(&p, b, logp);
+    if (p.level == FG_LEVEL_SEQUENCE)
+        fg_loss_seq_dratio(&p, b, logp, entropy);
+}
+
+fg_status fg_cuda_report_prepare(const fg_loss_plan *plan, const float *logp,
+                                 const float *entropy, cudaStream_t stream, char *msg,
+                                 size_t msg_size)
+{
+    if (!logp || !entropy)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
+                    "report prepare: every token's logp and entropy are required");
+    prepare_kernel<<<blocks_of(plan->B), THREADS, 0, stream>>>(*plan, logp, entropy);
+    return launched("the sequences' constants", msg, msg_size);
 }
 
 /* ---- report_scan ------------------------------------------------------------ */

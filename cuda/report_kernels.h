@@ -22,6 +22,12 @@ fg_status fg_cuda_report_batch(const struct fg_loss_plan *plan, const struct fg_
                                int64_t *rows, int64_t *targets, fg_device_report *rep,
                                cudaStream_t stream, char *msg, size_t msg_size);
 
+/* Each sequence's constants from every token's logp and entropy ([N]), after
+ * a forward sweep (fg_loss_seq_prepare, fg_loss_seq_dratio). */
+fg_status fg_cuda_report_prepare(const struct fg_loss_plan *plan, const float *logp,
+                                 const float *entropy, cudaStream_t stream, char *msg,
+                                 size_t msg_size);
+
 /* x's first NaN/Inf entry (rows r with mask[r] != 0; mask NULL: all) as
  * fg_report_entry_key(stage, row, col). */
 fg_status fg_cuda_report_scan(const void *x, fg_dtype type, int64_t rows, int64_t cols,

@@ -36,7 +36,9 @@
  *     (the same dlogits bits and kept count as the reference's, kept and
  *     dense chunks); derivs against the host's loss math (within 2 ulp).
  *   - Device-reported calls (exec.device_report; test_reported): token-level
- *     losses captured in a CUDA graph (global capture mode) and replayed,
+ *     losses, GSPO and vespo at the sequence level (a forward sweep, the
+ *     sequences' constants on the device) captured in a CUDA graph (global
+ *     capture mode) and replayed,
  *     against the host-checked call, with the advantages changed between
  *     captures' replays; two refusals reported with the host's status and
  *     message.
@@ -1270,7 +1272,8 @@ static void test_ops_table(Side &cu, const fg_backend_call &c, const uint8_t *ho
     check_true("cuda ops: shard_stats, dhidden, put_grad_hidden, derivs, filter, the report "
                "ops; no stats_backward, chunk_slow",
                o->shard_stats && o->dhidden && o->put_grad_hidden && o->derivs && o->filter &&
-                   o->report_batch && o->report_scan && o->report_tokens && !o->stats_backward &&
+                   o->report_batch && o->report_prepare && o->report_scan && o->report_tokens &&
+                   !o->stats_backward &&
                    !o->chunk_slow && o->chunk_scratch);
     char msg[512] = "", what[300];
     fg_status st = o->supports(cu.dev.state, &c, msg, sizeof msg);
@@ -2021,12 +2024,17 @@ static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, cons
 {
     fg_device_report *rep_dev = NULL;
     CUDA_OK(cudaMalloc(&rep_dev, sizeof *rep_dev));
-    const int losses[] = {FG_LOSS_GRPO, FG_LOSS_DAPO, FG_LOSS_DR_GRPO, FG_LOSS_CISPO,
-                          FG_LOSS_SAPO};
+    /* token level, then GSPO and vespo at the sequence level (a forward sweep
+     * and report_prepare first) */
+    const int losses[][2] = {{FG_LOSS_GRPO, FG_LEVEL_TOKEN},    {FG_LOSS_DAPO, FG_LEVEL_TOKEN},
+                             {FG_LOSS_DR_GRPO, FG_LEVEL_TOKEN}, {FG_LOSS_CISPO, FG_LEVEL_TOKEN},
+                             {FG_LOSS_SAPO, FG_LEVEL_TOKEN},    {FG_LOSS_GRPO, FG_LEVEL_SEQUENCE},
+                             {FG_LOSS_VESPO, FG_LEVEL_SEQUENCE}};
     const Outputs before = outputs_make(p.dtype, 1.0);
     for (int pass = 0; pass < 2; pass++) {
-        for (int loss : losses) {
-            const fg_loss_config cfg = config(loss, FG_LEVEL_TOKEN);
+        for (const auto &ll : losses) {
+            const int loss = ll[0];
+            const fg_loss_config cfg = config(loss, ll[1]);
             fg_status sc, sg;
             Outputs co, go;
             /* pass 1: the advantages negated on the device, after the capture */
@@ -2043,9 +2051,10 @@ static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, cons
             char msg[512];
             const fg_status rs = fg_device_report_status(&rep, msg, sizeof msg);
             char label[256];
-            snprintf(label, sizeof label, "%s reported, graph x2 %s%s (%lld chunks)",
+            snprintf(label, sizeof label, "%s reported, graph x2 %s/%s%s (%lld chunks)",
                      dname(p.dtype), fg_loss_type_name((fg_loss_type)loss),
-                     pass ? ", advantages changed" : "", (long long)bu.chunks);
+                     fg_is_level_name((fg_is_level)ll[1]), pass ? ", advantages changed" : "",
+                     (long long)bu.chunks);
             char what[1024];
             snprintf(what, sizeof what, "%s: host-checked %s, reported call %s, record %s %s",
                      label, fg_status_name(sg), fg_status_name(sr), fg_status_name(rs), msg);

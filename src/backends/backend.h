@@ -67,7 +67,7 @@ struct fg_report_batch;   /* report.h */
  * backend that is not FG_BACKEND_HOST_MEMORY the row statistics and
  * row_check are the chunk's slice of per-token arrays;
  * FG_BACKEND_FILTER_IN_PLACE. 6: device-reported calls (report_batch,
- * report_scan, report_tokens); logits gathers a zero row for a masked
+ * report_prepare, report_scan, report_tokens); logits gathers a zero row for a masked
  * token; derivs gives a masked token g = e = 0 when the plan has the mask. */
 #define FG_BACKEND_ABI 6
 
@@ -334,6 +334,14 @@ typedef struct fg_backend_ops {
     fg_status (*report_batch)(void *be, const fg_backend_call *c, const struct fg_loss_plan *plan,
                               const struct fg_report_batch *r, fg_device_report *rep, char *msg,
                               size_t msg_size);
+    /* Between a forward sweep and the gradient sweep of a loss that needs
+     * every token first (fg_loss_needs_all_tokens): each sequence's
+     * constants from every token's log-prob and entropy (t->logp,
+     * t->entropy, [N]): loss_sequence.h's fg_loss_seq_prepare and, at the
+     * sequence level, fg_loss_seq_dratio, into the plan's arrays. */
+    fg_status (*report_prepare)(void *be, const fg_backend_call *c,
+                                const struct fg_loss_plan *plan, const fg_backend_tokens *t,
+                                char *msg, size_t msg_size);
     /* The finite check of x (rows r with mask[r] != 0; mask NULL: every
      * row): its first NaN/Inf entry in row-major order as
      * fg_report_entry_key(stage, row, col). */

@@ -88,14 +88,7 @@ void fg_loss_plan_init_external(fg_loss_plan *p, const fg_batch *batch, const fl
     p->ext_dentropy = dentropy;
 }
 
-int fg_loss_needs_all_tokens(const fg_loss_plan *p)
-{
-    if (p->external)
-        return 0;
-    const int off_policy = !isinf(p->off_policy_threshold);
-    return p->level == FG_LEVEL_SEQUENCE || (p->type == FG_LOSS_VESPO && p->old) ||
-           (off_policy && (p->sampling || p->old)) || p->top_entropy_quantile < 1.0;
-}
+int fg_loss_needs_all_tokens(const fg_loss_plan *p) { return fg_loss_tokens_first(p); }
 
 /* torch.quantile(x, q) of n sorted floats, in float arithmetic as torch does
  * it for a float32 tensor (rank q·(n−1), then lerp), so that the tokens at
@@ -144,18 +137,8 @@ void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
         p->entropy_weight = p->entropy_coef / (eff > 1 ? eff : 1);
     }
     if (p->level == FG_LEVEL_SEQUENCE)
-        for (int64_t b = 0; b < B; b++) {
-            const double ratio = exp(p->seq_log_ratio[b]);
-            double d = 0;
-            for (int64_t t = 0; t < T; t++) {
-                const int64_t n = b * T + t;
-                if (p->mask[n])
-                    d += fg_token_terms_eval(p, b, n, logp[n], ratio,
-                                          entropy ? fg_token_in_entropy_mask(p, entropy[n]) : 1)
-                             .dL_dr;
-            }
-            p->seq_dratio[b] = d;
-        }
+        for (int64_t b = 0; b < B; b++)
+            fg_loss_seq_dratio(p, b, logp, entropy);
 }
 
 float fg_loss_dlogp(const fg_loss_plan *p, int64_t n, float logp, float entropy)

@@ -25,6 +25,16 @@
 
 /* ------------------------------------------- the per-sequence constants */
 
+/* fg_loss_needs_all_tokens (loss_math.h), for a device too. */
+FG_HD static inline int fg_loss_tokens_first(const fg_loss_plan *p)
+{
+    if (p->external)
+        return 0;
+    const int off_policy = !isinf(p->off_policy_threshold);
+    return p->level == FG_LEVEL_SEQUENCE || (p->type == FG_LOSS_VESPO && p->old) ||
+           (off_policy && (p->sampling || p->old)) || p->top_entropy_quantile < 1.0;
+}
+
 /* Sequence b's unmasked tokens, counted in double. */
 FG_HD static inline double fg_loss_seq_count(const fg_loss_plan *p, int64_t b)
 {
@@ -108,6 +118,23 @@ FG_HD static inline void fg_loss_seq_prepare(fg_loss_plan *p, int64_t b, const f
         const double phi = exp(lam + k * log_w - lam * w);
         p->seq_phi[b] = isfinite(phi) ? phi : 0.0;
     }
+}
+
+/* Sequence b's Σ_t m ∂L_t/∂ratio_b at the sequence level (after its
+ * fg_loss_seq_prepare; entropy NULL: every token in the entropy mask). */
+FG_HD static inline void fg_loss_seq_dratio(fg_loss_plan *p, int64_t b, const float *logp,
+                                            const float *entropy)
+{
+    const double ratio = exp(p->seq_log_ratio[b]);
+    double d = 0;
+    for (int64_t t = 0; t < p->T; t++) {
+        const int64_t n = b * p->T + t;
+        if (p->mask[n])
+            d += fg_token_terms_eval(p, b, n, logp[n], ratio,
+                                     entropy ? fg_token_in_entropy_mask(p, entropy[n]) : 1)
+                     .dL_dr;
+    }
+    p->seq_dratio[b] = d;
 }
 
 /* The entropy bonus's weight over every unmasked token. */

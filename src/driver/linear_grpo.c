@@ -739,7 +739,8 @@ static fg_status check_reported(linear_call *L, const fg_device *dev,
     const char *lacks = (ops->caps & FG_BACKEND_HOST_MEMORY)
                             ? "a backend behind the seam (FG_BACKEND_CUDA, FG_BACKEND_REFERENCE); "
                               "the CPU's calls check on the host"
-                        : !ops->report_batch || !ops->report_scan || !ops->report_tokens
+                        : !ops->report_batch || !ops->report_prepare || !ops->report_scan ||
+                                  !ops->report_tokens
                             ? "the backend's report ops"
                         : grads && !ops->derivs ? "the backend's derivs op"
                         : NULL;
@@ -756,15 +757,10 @@ static fg_status check_reported(linear_call *L, const fg_device *dev,
         return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "exec->device_report: accumulating into grad_bias (its sums start from "
                        "the caller's values on the host)");
-    if (req->kind == KIND_LOSS) {
-        fg_loss_plan p;
-        fg_loss_plan_init_scalars(&p, req->cfg, req->batch);
-        if (fg_loss_needs_all_tokens(&p))
-            return fg_fail(err, FG_ERR_UNSUPPORTED,
-                           "exec->device_report: this loss needs every token's log-prob before "
-                           "any gradient (sequence-level ratios, vespo with old_logp, the "
-                           "off-policy mask, the entropy quantile)");
-    }
+    if (req->kind == KIND_LOSS && req->cfg->top_entropy_quantile < 1.0)
+        return fg_fail(err, FG_ERR_UNSUPPORTED,
+                       "exec->device_report: top_entropy_quantile < 1 (its threshold is a "
+                       "quantile of every token's entropy, sorted on the host)");
     const int64_t N = req->batch->batch * req->batch->seq_len;
     if (N >= FG_REPORT_SIDE_MAX || in->hidden.cols >= FG_REPORT_SIDE_MAX ||
         in->weight.rows >= FG_REPORT_SIDE_MAX)
@@ -1150,8 +1146,10 @@ fg_status fg_linear_plan_request(fg_call *call, const fg_device *be, const fg_li
  * for. The batch's checks, rows and per-sequence constants (report_batch),
  * the inputs' scan, the chunks over every token row as a deferred call
  * runs them (derivs on the plan over the backend's memory, which gives a
- * masked row g = e = 0), finish, each token's checks with the outputs and
- * the loss (report_tokens), then the gradients' scan. */
+ * masked row g = e = 0; a loss that needs every token first: a forward
+ * sweep, report_prepare, the gradient sweep), finish, each token's checks
+ * with the outputs and the loss (report_tokens), then the gradients'
+ * scan. */
 static fg_status run_reported(linear_call *L, void *device_mem)
 {
     fg_call *call = L->call;
@@ -1191,16 +1189,25 @@ static fg_status run_reported(linear_call *L, void *device_mem)
          (bias.data && (st = REPORT(L, report_scan, &bias, NULL, FG_REPORT_SCAN_BIAS, rep)))))
         return st;
     L->deferred = 1;
-    for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
-        st = run_chunk(L, k, p->any_grad ? SWEEP_BOTH : SWEEP_FORWARD, 0, k == 0);
+    const fg_backend_tokens t = {L->tok_zmax, L->tok_lsum, L->tok_entropy, L->tok_logp,
+                                 L->out->logp, L->out->entropy, L->report_sums,
+                                 call->check_finite};
+    if (!(loss && fg_loss_needs_all_tokens(&L->c.plan))) {
+        for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
+            st = run_chunk(L, k, p->any_grad ? SWEEP_BOTH : SWEEP_FORWARD, 0, k == 0);
+    } else { /* every token's log-prob, the sequences' constants, then the gradients */
+        for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
+            st = run_chunk(L, k, SWEEP_FORWARD, 0, 0);
+        if (st == FG_OK)
+            st = REPORT(L, report_prepare, bc, &L->plan_dev, &t);
+        for (int64_t k = 0; k < p->chunks && st == FG_OK && p->any_grad; k++)
+            st = run_chunk(L, k, SWEEP_BACKWARD, p->chunks == 1, k == 0);
+    }
     if (st != FG_OK ||
         (p->any_grad &&
          (st = fg_linear_backend_failed(call, &p->be, ops->finish(be, bc, L->msg, sizeof L->msg),
                                         L->msg)) != FG_OK))
         return st;
-    const fg_backend_tokens t = {L->tok_zmax, L->tok_lsum, L->tok_entropy, L->tok_logp,
-                                 L->out->logp, L->out->entropy, L->report_sums,
-                                 call->check_finite};
     if ((st = REPORT(L, report_tokens, bc, &L->plan_dev, &rb, &t, rep)) != FG_OK ||
         !call->check_finite)
         return st;

@@ -4,7 +4,7 @@ fusedgrpo::linear_grpo_reported, raise_device_errors; fusedgrpo.h
 
 - On any machine, CPU tensors through the C library's reference backend
   (fusedgrpo.torch._device_path_on_cpu: the device path and its report ops,
-  host memory): every token-level loss type against the host-checked CPU
+  host memory): every loss type at both levels against the host-checked CPU
   call (loss, metrics, logp, entropy, the three gradients within the
   reference backend's tolerances of test_device_backends.py), the same
   refusals with the host-checked call's status and message, raised by
@@ -24,7 +24,7 @@ import fusedgrpo._lib as fl  # noqa: E402
 import fusedgrpo.torch as fgt  # noqa: E402
 from grpo_reference import make_inputs  # noqa: E402
 
-TOKEN_LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo"]
+LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo"]
 # The reference backend against the CPU's (test_device_backends.py REFERENCE_TOL).
 TOL = dict(loss=1.5e-5, logp=1.5e-6, grads=4e-5)
 
@@ -75,11 +75,12 @@ def _check(got, want, tol=TOL):
             assert _rel_l2(got[i], want[i]) <= tol["grads"], name
 
 
-@pytest.mark.parametrize("loss_type", TOKEN_LOSSES)
-def test_reported_matches_host_checked(reference_on_cpu, loss_type):
-    t = _tensors(300 + TOKEN_LOSSES.index(loss_type))
-    opts = dict(loss_type=loss_type, beta=0.04, temperature=0.8, entropy_coef=0.01,
-                memory_budget=1 << 16)  # several chunks
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", LOSSES)
+def test_reported_matches_host_checked(reference_on_cpu, loss_type, level):
+    t = _tensors(300 + LOSSES.index(loss_type) + 50 * (level == "sequence"))
+    opts = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04,
+                temperature=0.8, entropy_coef=0.01, memory_budget=1 << 16)  # several chunks
     want = _run(t, **opts)
     got = _run(t, device_report=True, **opts)
     fgt.raise_device_errors()
@@ -131,8 +132,8 @@ def test_reported_module(reference_on_cpu):
 
 def test_reported_refused_at_once(reference_on_cpu):
     t = _tensors(3)
-    with pytest.raises(fl.FusedGRPOError, match="every token's log-prob") as e:
-        _run(t, importance_sampling_level="sequence", device_report=True)
+    with pytest.raises(fl.FusedGRPOError, match="top_entropy_quantile") as e:
+        _run(t, top_entropy_quantile=0.5, device_report=True)
     assert e.value.status == "FG_ERR_UNSUPPORTED"
     with pytest.raises(TypeError, match="device_report"):
         _run(t, device_report=1)

@@ -359,13 +359,29 @@ static fg_status ref_report_batch(void *be, const fg_backend_call *c,
     double total = 0; /* the host's order: counts, their sum, then each sequence */
     for (int64_t b = 0; b < p.B; b++)
         total += p.seq_count[b] = fg_loss_seq_count(&p, b);
-    for (int64_t b = 0; b < p.B; b++) { /* fg_loss_plan_init's, then fg_loss_prepare's */
+    for (int64_t b = 0; b < p.B; b++) { /* fg_loss_plan_init's, and fg_loss_prepare's
+                                             where no token is needed (else report_prepare) */
         fg_loss_seq_init(&p, b, p.seq_count[b], total);
-        fg_loss_seq_prepare(&p, b, NULL);
+        if (!fg_loss_tokens_first(&p))
+            fg_loss_seq_prepare(&p, b, NULL);
     }
     double *scalars = (double *)p.batch_scalars;
     scalars[0] = total;
     scalars[1] = fg_loss_entropy_weight(&p, total);
+    return FG_OK;
+}
+
+static fg_status ref_report_prepare(void *be, const fg_backend_call *c,
+                                    const struct fg_loss_plan *plan, const fg_backend_tokens *t,
+                                    char *msg, size_t n)
+{
+    (void)be, (void)c, (void)msg, (void)n;
+    fg_loss_plan p = fg_loss_plan_resolved(plan);
+    for (int64_t b = 0; b < p.B; b++) { /* fg_loss_prepare's, a sequence at a time */
+        fg_loss_seq_prepare(&p, b, t->logp);
+        if (p.level == FG_LEVEL_SEQUENCE)
+            fg_loss_seq_dratio(&p, b, t->logp, t->entropy);
+    }
     return FG_OK;
 }
 
@@ -505,6 +521,7 @@ static const fg_backend_ops reference_ops = {
     .filter = ref_filter,
     .derivs = ref_derivs,
     .report_batch = ref_report_batch,
+    .report_prepare = ref_report_prepare,
     .report_scan = ref_report_scan,
     .report_tokens = ref_report_tokens,
 };
