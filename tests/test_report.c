@@ -16,7 +16,8 @@
  *     grad_bias (one addition a row, in order); grad_weight within 1e-6
  *     (other chunks: other sums);
  *     the record's kept count the context's. Sequences of three of the
- *     loss's segments (T = 2500): the loss and metrics bitwise the host's.
+ *     loss's segments (T = 2500): the loss and metrics bitwise the host's,
+ *     and so of GSPO there without gradients.
  *  2. fg_linear_logprobs and fg_linear_logprobs_backward: the same.
  *  3. Refusals: each failure the host's checks find (an id out of range,
  *     NaN advantages, old_logp, ref_logp, per-sequence is_ratio, grad_logp,
@@ -213,6 +214,20 @@ static void long_sequences_case(fg_context *ctx)
           "long sequences: loss %.17g / %.17g, or a metric differs", rep.loss, a.out.loss);
     CHECK(memcmp(a.logp, b.logp, (size_t)LB * LT * sizeof(float)) == 0,
           "long sequences: logp differ");
+    /* GSPO without gradients: the forward sweep and the sequences' constants
+     * alone, then the loss. */
+    fg_loss_config gspo = cfg;
+    gspo.importance_sampling_level = FG_LEVEL_SEQUENCE;
+    a.out.grad_hidden.data = a.out.grad_weight.data = a.out.grad_bias.data = NULL;
+    b.out.grad_hidden.data = b.out.grad_weight.data = b.out.grad_bias.data = NULL;
+    ex.device_report = NULL;
+    const fg_status sc = fg_linear_grpo(ctx, NULL, &gspo, &in, batch, &a.out, &ex);
+    ex.device_report = &rep;
+    const fg_status sd = fg_linear_grpo(ctx, NULL, &gspo, &in, batch, &b.out, &ex);
+    CHECK(sc == FG_OK && sd == FG_OK && fg_device_report_status(&rep, NULL, 0) == FG_OK &&
+              rep.loss == a.out.loss && metrics_same(&rep.metrics, &a.out.metrics),
+          "GSPO without gradients: %s %s, loss %.17g / %.17g", fg_status_name(sc),
+          fg_status_name(sd), rep.loss, a.out.loss);
     printf("%-36s %d segments a sequence; loss %.9g, bitwise the host's\n", "T = 2500",
            (LT + FG_EVAL_SEGMENT - 1) / FG_EVAL_SEGMENT, rep.loss);
     tu_linear_outs_free(&a);
