@@ -134,7 +134,7 @@ void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
         double eff = 0;
         for (int64_t n = 0; n < B * T; n++)
             eff += p->mask[n] && fg_token_in_entropy_mask(p, entropy[n]);
-        p->entropy_weight = p->entropy_coef / (eff > 1 ? eff : 1);
+        p->entropy_weight = fg_loss_entropy_weight(p, eff);
     }
     if (p->level == FG_LEVEL_SEQUENCE)
         for (int64_t b = 0; b < B; b++)

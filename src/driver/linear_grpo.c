@@ -123,7 +123,7 @@ enum sweep_mode { SWEEP_FORWARD, SWEEP_BACKWARD, SWEEP_BOTH };
                              (L)->p.be.ops->op((L)->p.be.state, &(L)->cv, __VA_ARGS__,            \
                                                (L)->msg, sizeof (L)->msg),                        \
                              (L)->msg)
-/* A memory op of the call's backend. */
+/* A memory op of the call's backend (or a report op: its own arguments). */
 #define MEM(L, op, ...)                                                                           \
     fg_linear_backend_failed((L)->call, &(L)->p.be,                                               \
                              (L)->p.be.ops->op((L)->p.be.state, __VA_ARGS__, (L)->msg,            \
@@ -959,7 +959,7 @@ static void carve(linear_call *L, void *device_mem)
         L->tok_check = take(&k, n * sizeof(int));
         L->seq_dev = take(&k, (size_t)fg_loss_plan_scratch_doubles(L->req->batch->batch) *
                                   sizeof(double));
-        if (p->reported)
+        if (L->call->device_report)
             L->report_sums =
                 take(&k, fg_report_sums_bytes(L->req->batch->batch, L->req->batch->seq_len));
     }
@@ -1135,13 +1135,6 @@ fg_status fg_linear_plan_request(fg_call *call, const fg_device *be, const fg_li
     return st;
 }
 
-/* A report op of the call's backend, its failure recorded as the call's. */
-#define REPORT(L, op, ...)                                                                        \
-    fg_linear_backend_failed((L)->call, &(L)->p.be,                                               \
-                             (L)->p.be.ops->op((L)->p.be.state, __VA_ARGS__, (L)->msg,            \
-                                               sizeof (L)->msg),                                  \
-                             (L)->msg)
-
 /* A device-reported call (fusedgrpo.h): every op enqueued, none waited
  * for. The batch's checks, rows and per-sequence constants (report_batch),
  * the inputs' scan, the chunks over every token row as a deferred call
@@ -1157,8 +1150,6 @@ static fg_status run_reported(linear_call *L, void *device_mem)
     const linear_request *req = L->req; /* the caller's: nothing was staged */
     const fg_batch *batch = req->batch;
     fg_device_report *rep = call->device_report;
-    const fg_backend_ops *ops = p->be.ops;
-    void *be = p->be.state;
     const int loss = req->kind == KIND_LOSS;
     call->chunk_rows = p->Nc;
     call->chunks = p->chunks;
@@ -1180,13 +1171,13 @@ static fg_status run_reported(linear_call *L, void *device_mem)
     if ((st = MEM(L, fill_zero, rep, sizeof *rep)) != FG_OK ||
         (st = MEM(L, fill_zero, L->tok_check, (size_t)p->n_active * sizeof(int))) != FG_OK ||
         (st = start_bias_sums(L, NULL)) != FG_OK ||
-        (st = REPORT(L, report_batch, bc, &L->plan_dev, &rb, rep)) != FG_OK)
+        (st = MEM(L, report_batch, bc, &L->plan_dev, &rb, rep)) != FG_OK)
         return st;
     const fg_matrix bias = {bc->bias.data, p->in_t, 1, p->V, p->V};
     if (call->check_finite &&
-        ((st = REPORT(L, report_scan, &bc->hidden, batch->mask, FG_REPORT_SCAN_HIDDEN, rep)) ||
-         (st = REPORT(L, report_scan, &bc->weight, NULL, FG_REPORT_SCAN_WEIGHT, rep)) ||
-         (bias.data && (st = REPORT(L, report_scan, &bias, NULL, FG_REPORT_SCAN_BIAS, rep)))))
+        ((st = MEM(L, report_scan, &bc->hidden, batch->mask, FG_REPORT_SCAN_HIDDEN, rep)) ||
+         (st = MEM(L, report_scan, &bc->weight, NULL, FG_REPORT_SCAN_WEIGHT, rep)) ||
+         (bias.data && (st = MEM(L, report_scan, &bias, NULL, FG_REPORT_SCAN_BIAS, rep)))))
         return st;
     L->deferred = 1;
     const fg_backend_tokens t = {L->tok_zmax, L->tok_lsum, L->tok_entropy, L->tok_logp,
@@ -1199,26 +1190,23 @@ static fg_status run_reported(linear_call *L, void *device_mem)
         for (int64_t k = 0; k < p->chunks && st == FG_OK; k++)
             st = run_chunk(L, k, SWEEP_FORWARD, 0, 0);
         if (st == FG_OK)
-            st = REPORT(L, report_prepare, bc, &L->plan_dev, &t);
+            st = MEM(L, report_prepare, bc, &L->plan_dev, &t);
         for (int64_t k = 0; k < p->chunks && st == FG_OK && p->any_grad; k++)
             st = run_chunk(L, k, SWEEP_BACKWARD, p->chunks == 1, k == 0);
     }
-    if (st != FG_OK ||
-        (p->any_grad &&
-         (st = fg_linear_backend_failed(call, &p->be, ops->finish(be, bc, L->msg, sizeof L->msg),
-                                        L->msg)) != FG_OK))
+    if (st != FG_OK || (p->any_grad && (st = MEM(L, finish, bc)) != FG_OK))
         return st;
-    if ((st = REPORT(L, report_tokens, bc, &L->plan_dev, &rb, &t, rep)) != FG_OK ||
+    if ((st = MEM(L, report_tokens, bc, &L->plan_dev, &rb, &t, rep)) != FG_OK ||
         !call->check_finite)
         return st;
     /* The bounds a host-checked call puts on the products before they run,
      * after the fact here: a non-finite gradient entry. */
     const fg_matrix gb = {bc->grad_bias.data, bc->grad_bias.dtype, 1, p->V, p->V};
     if ((bc->grad_hidden.data &&
-         (st = REPORT(L, report_scan, &bc->grad_hidden, NULL, FG_REPORT_GRAD_HIDDEN, rep))) ||
+         (st = MEM(L, report_scan, &bc->grad_hidden, NULL, FG_REPORT_GRAD_HIDDEN, rep))) ||
         (bc->grad_weight.data &&
-         (st = REPORT(L, report_scan, &bc->grad_weight, NULL, FG_REPORT_GRAD_WEIGHT, rep))) ||
-        (gb.data && (st = REPORT(L, report_scan, &gb, NULL, FG_REPORT_GRAD_BIAS, rep))))
+         (st = MEM(L, report_scan, &bc->grad_weight, NULL, FG_REPORT_GRAD_WEIGHT, rep))) ||
+        (gb.data && (st = MEM(L, report_scan, &gb, NULL, FG_REPORT_GRAD_BIAS, rep))))
         return st;
     return FG_OK;
 }
@@ -1233,7 +1221,7 @@ static fg_status run_call(linear_call *L, int collective, void *device_mem)
     linear_plan *p = &L->p;
     const linear_request *req = L->req;
     const fg_batch *batch = req->batch;
-    if (p->reported)
+    if (call->device_report)
         return run_reported(L, device_mem);
     call->chunk_rows = p->Nc;
     call->chunks = p->chunks;

@@ -510,8 +510,7 @@ fg_status fg_linear_plan_call(fg_call *call, const fg_device *be, const fg_linea
                           fg_linear_piece(p, (size_t)n_active * sizeof(int)) +
                           fg_linear_piece(p, (size_t)fg_loss_plan_scratch_doubles(batch->batch) *
                                                  sizeof(double));
-    p->reported = call->device_report != NULL;
-    if (p->reported) /* report_tokens' sums of the loss */
+    if (call->device_report) /* report_tokens' sums of the loss */
         p->fixed_bytes += fg_linear_piece(p, fg_report_sums_bytes(batch->batch, batch->seq_len));
     p->bc = (fg_backend_call){.N = N, .H = p->H, .V = p->V, .n_active = n_active,
                               .in_t = p->in_t, .logit_t = p->logit_t, .dlogit_t = p->dlogit_t,

@@ -35,7 +35,6 @@ typedef struct linear_plan {
     int64_t vocab_start;
     int64_t n_active;     /* unmasked tokens: the rows the chunks cover (a
                              device-reported call: every token row)            */
-    int reported;         /* a device-reported call (fg_call.device_report)       */
     size_t fixed_bytes;   /* the backend memory the call holds besides its chunks:
                              the targets, the sums; on a host backend also the
                              per-call [B, T] arrays (fg_common_workspace_bytes) */
