@@ -56,11 +56,20 @@
  *    when the sums start.
  *  - filter leaves kept_idx, kept_nnz and kept_tgt alone: its per-row
  *    scratch (threshold, kept count) is the backend's own chunk_scratch, 8
- *    bytes a row, so that it needs none of the CPU's kept-id workspace. Its
- *    products stay dense (the zeroed dlogits through the same GEMMs; sparse
- *    products are future work), and it adds to *kept_count on the device
- *    the chunk's kept entries (V for a row keeping more than kept_cap,
- *    which is left as it is).
+ *    bytes a row, so that it needs none of the CPU's kept-id workspace; it
+ *    zeroes the dropped entries in place and adds to *kept_count on the
+ *    device the chunk's kept entries (V for a row keeping more than
+ *    kept_cap, which is left as it is).
+ *  - A filtered chunk's grads is one CUDA graph of its own (filtered_graph):
+ *    a kernel decides from the filter's counts whether the chunk is sparse
+ *    enough (sparse_products.h), and a conditional node runs either the
+ *    sparse products over the kept entries or the cuBLASLt products over
+ *    the zeroed dlogits. The choice needs no host wait; the graph is built
+ *    and instantiated per chunk (tens of microseconds, unmeasured). Inside a
+ *    caller's stream capture (a device-reported call under torch.cuda.graph)
+ *    a graph of its own cannot launch: those chunks run dense. A driver
+ *    older than CUDA 12.8 (no else branch) runs every chunk dense, and
+ *    chunk_scratch then asks for no sparse scratch.
  *  - derivs takes the plan by value into its kernel (its arrays are the
  *    driver's device copies) and is compiled without FMA contraction, as
  *    the host's loss math is (loss_derivs.h).
@@ -96,6 +105,7 @@
 #include "report_kernels.h"
 #include "row_stats.h"
 #include "shard_stats.h"
+#include "sparse_products.h"
 
 /* The seam's structs are the kernels' structs, byte for byte. */
 static_assert(sizeof(fg_cuda_scan) == sizeof(fg_backend_scan), "scan layout");
@@ -115,6 +125,9 @@ typedef struct cuda_backend {
     void *workspace; /* cuBLASLt's, workspace_bytes */
     size_t workspace_bytes;
     fg_cuda_scan *scan; /* one scan's result on the device, copied out by scan */
+    cudaStream_t side;  /* captures the filtered products' graph; never runs work */
+    int conditional;    /* the driver runs conditional graph nodes with an else
+                           branch (CUDA 12.8): filtered chunks may run sparse */
 } cuda_backend;
 
 static cuda_backend *state(void *be) { return static_cast<cuda_backend *>(be); }
@@ -181,6 +194,8 @@ static void cuda_destroy(void *be)
             (void)cudaFree(s->scan);
         if (s->lt)
             (void)cublasLtDestroy(s->lt);
+        if (s->side)
+            (void)cudaStreamDestroy(s->side);
         (void)cudaGetLastError();
     }
     free(s);
@@ -367,11 +382,19 @@ static fg_dtype cuda_compute_dtype(void *be, fg_dtype in_t)
     return in_t;
 }
 
+/* Filtering's scratch for chunks of at most `rows` rows: the filter's
+ * per-row threshold and count (chunk_ops.h's fg_cuda_filter_row), then the
+ * sparse products' (sparse_products.h). */
+static size_t filter_rows_bytes(int64_t rows)
+{
+    return ((size_t)rows * sizeof(fg_cuda_filter_row) + 255) / 256 * 256;
+}
+
 /* Chunks of m rows and a last one of `last`: the row kernels' launch limit
  * (checked here, before any output is written). The row work needs no
  * scratch: the bias column sums add the rows in order (row_stats.h). With
- * filtering (filter_eps > 0), the filter's per-row threshold and count for
- * the larger of the two chunks (chunk_ops.h's fg_cuda_filter_row). */
+ * filtering (filter_eps > 0), the filter's rows and the sparse products'
+ * scratch for the larger of the two chunks. */
 static fg_status cuda_chunk_scratch(void *be, const fg_backend_call *c, int64_t m, int64_t last,
                                     size_t *bytes, char *msg, size_t msg_size)
 {
@@ -387,8 +410,16 @@ static fg_status cuda_chunk_scratch(void *be, const fg_backend_call *c, int64_t 
         return fail(FG_ERR_UNSUPPORTED, msg, msg_size,
                     "the CUDA backend: chunks of %lld rows (at most %lld)", (long long)rows,
                     (long long)FG_CUDA_ROW_LIMIT);
-    if (c->filter_eps > 0)
-        *bytes = (size_t)rows * sizeof(fg_cuda_filter_row);
+    if (!(c->filter_eps > 0) || rows == 0)
+        return FG_OK;
+    size_t sparse = 0; /* none where the sizes pass int32: those chunks run dense */
+    if (state(be)->conditional && rows < INT_MAX && c->V < INT_MAX && c->H < INT_MAX) {
+        device_scope scope(state(be)->device);
+        const fg_status st = fg_cuda_sparse_bytes(rows, c->V, &sparse, msg, msg_size);
+        if (st != FG_OK)
+            return st;
+    }
+    *bytes = filter_rows_bytes(rows) + sparse;
     return FG_OK;
 }
 
@@ -749,7 +780,18 @@ static fg_status cuda_shard_stats(void *be, const fg_backend_call *c, int64_t r0
                                    s->stream, msg, msg_size);
 }
 
-/* GEMM 2 alone: ghbuf [m, H] float32 = dlogits [m, V] · W [V, H]. */
+/* GEMM 2 with cuBLASLt on `stream`: ghbuf [m, H] float32 = dlogits [m, V] · W [V, H]. */
+static fg_status gemm_grad_hidden(const cuda_backend *s, const fg_backend_call *c, int64_t m,
+                                  cudaStream_t stream, char *msg, size_t msg_size)
+{
+    fg_cuda_gemm g = gemm_of(s);
+    g.stream = stream;
+    return fg_cuda_gemm_grad_hidden(&g, c->dlogit_t, m, c->V, c->H, c->dlogits, c->V,
+                                    c->weight.data, c->weight.ld, c->ghbuf, FG_DTYPE_F32, c->H,
+                                    0.0f, msg, msg_size);
+}
+
+/* GEMM 2 alone (the communicator hook's shares). */
 static fg_status cuda_dhidden(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                               size_t msg_size)
 {
@@ -760,10 +802,7 @@ static fg_status cuda_dhidden(void *be, const fg_backend_call *c, int64_t r0, in
     if (!c->ghbuf)
         return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "dhidden: ghbuf is required");
     device_scope scope(s->device);
-    const fg_cuda_gemm g = gemm_of(s);
-    return fg_cuda_gemm_grad_hidden(&g, c->dlogit_t, m, c->V, c->H, c->dlogits, c->V,
-                                    c->weight.data, c->weight.ld, c->ghbuf, FG_DTYPE_F32, c->H,
-                                    0.0f, msg, msg_size);
+    return gemm_grad_hidden(s, c, m, s->stream, msg, msg_size);
 }
 
 /* ghbuf's float32 rows into grad_hidden's rows c->rows[r0 + i], rounded once
@@ -785,8 +824,136 @@ static fg_status cuda_put_grad_hidden(void *be, const fg_backend_call *c, int64_
                                 gh->rows, gh->ld, s->stream, msg, msg_size);
 }
 
-/* GEMM 2 (dhidden, put_grad_hidden); GEMM 3 into gw_sum or grad_weight,
- * overwritten when `first`, else added to. */
+/* GEMMs 2 and 3 with cuBLASLt on `stream`: ghbuf [m, H] = dlogits · W when
+ * grad_hidden is wanted; gw_sum or grad_weight [V, H] (+)= dlogitsᵀ · hbuf
+ * when grad_weight is, overwritten when `first`. */
+static fg_status dense_products(const cuda_backend *s, const fg_backend_call *c, int64_t m,
+                                int first, cudaStream_t stream, char *msg, size_t msg_size)
+{
+    fg_status st = c->grad_hidden.data ? gemm_grad_hidden(s, c, m, stream, msg, msg_size) : FG_OK;
+    if (st != FG_OK || !c->grad_weight.data)
+        return st;
+    fg_cuda_gemm g = gemm_of(s);
+    g.stream = stream;
+    void *out = c->gw_sum ? static_cast<void *>(c->gw_sum) : c->grad_weight.data;
+    const fg_dtype out_t = c->gw_sum ? FG_DTYPE_F32 : c->grad_weight.dtype;
+    const int64_t ld = c->gw_sum ? c->H : c->grad_weight.ld;
+    /* out [V, H] (+)= dlogits [m, V]ᵀ · hbuf [m, H] */
+    return fg_cuda_gemm_grad_weight(&g, c->dlogit_t, m, c->V, c->H, c->dlogits, c->V, c->hbuf,
+                                    c->H, out, out_t, ld, first ? 0.0f : 1.0f, msg, msg_size);
+}
+
+/* The same products over the filter's kept entries (sparse_products.h). */
+static fg_status sparse_products(const fg_backend_call *c, int64_t r0, int64_t m, int first,
+                                 const fg_cuda_sparse *sp, cudaStream_t stream, char *msg,
+                                 size_t msg_size)
+{
+    const fg_cuda_filter_row *rows = static_cast<const fg_cuda_filter_row *>(c->scratch);
+    fg_status st = fg_cuda_sparse_compact(c->dlogits, c->dlogit_t, m, c->V, c->targets + r0,
+                                          rows, sp, stream, msg, msg_size);
+    if (st == FG_OK && c->grad_hidden.data)
+        st = fg_cuda_sparse_dhidden(sp, m, c->weight.data, c->weight.dtype, c->weight.ld, c->H,
+                                    c->ghbuf, c->H, stream, msg, msg_size);
+    if (st != FG_OK || !c->grad_weight.data)
+        return st;
+    float *out = c->gw_sum ? c->gw_sum : static_cast<float *>(c->grad_weight.data);
+    const int64_t ld = c->gw_sum ? c->H : c->grad_weight.ld;
+    return fg_cuda_sparse_dweight(sp, m, c->hbuf, c->dlogit_t, c->H, c->H, out, ld, first, stream,
+                                  msg, msg_size);
+}
+
+/* A filtered chunk's sparse scratch (after the filter's rows in chunk_scratch's
+ * bytes), when its products can run sparse: float32 sums of grad_weight,
+ * int32 sizes. */
+static bool sparse_scratch(const cuda_backend *s, const fg_backend_call *c, fg_cuda_sparse *sp)
+{
+    if (!s->conditional || !(c->filter_eps > 0) || !c->scratch || c->chunk_rows < 1 ||
+        c->chunk_rows >= INT_MAX || c->V >= INT_MAX || c->H >= INT_MAX)
+        return false;
+    if (c->grad_weight.data && !c->gw_sum && c->grad_weight.dtype != FG_DTYPE_F32)
+        return false;
+    fg_cuda_sparse_carve(sp, static_cast<unsigned char *>(c->scratch) +
+                                 filter_rows_bytes(c->chunk_rows),
+                         c->chunk_rows, c->V);
+    return true;
+}
+
+/* Work queued on the side stream, captured into `graph` (its roots). */
+template <typename Work>
+static fg_status capture_into(const cuda_backend *s, cudaGraph_t graph, const char *what,
+                              Work work, char *msg, size_t msg_size)
+{
+    cudaError_t err = cudaStreamBeginCaptureToGraph(s->side, graph, NULL, NULL, 0,
+                                                    cudaStreamCaptureModeRelaxed);
+    if (err != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, what, err, msg, msg_size);
+    const fg_status st = work();
+    cudaGraph_t captured = NULL;
+    err = cudaStreamEndCapture(s->side, &captured);
+    if (st != FG_OK)
+        return st;
+    return err == cudaSuccess ? FG_OK : cuda_fail(FG_ERR_BACKEND, what, err, msg, msg_size);
+}
+
+/* The filtered chunk's products as one graph: decide, then a conditional
+ * node whose branches are the sparse products and the dense ones. The
+ * choice is made on the device, from the filter's counts: no host wait. */
+static fg_status filtered_graph(const cuda_backend *s, const fg_backend_call *c, int64_t r0,
+                                int64_t m, int first, const fg_cuda_sparse *sp,
+                                cudaGraphExec_t *exec, char *msg, size_t msg_size)
+{
+    const fg_cuda_filter_row *rows = static_cast<const fg_cuda_filter_row *>(c->scratch);
+    cudaGraph_t graph = NULL;
+    cudaError_t err = cudaGraphCreate(&graph, 0);
+    if (err != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, "creating the filtered products' graph", err, msg,
+                         msg_size);
+    cudaGraphConditionalHandle handle = 0;
+    fg_status st = FG_OK;
+    if ((err = cudaGraphConditionalHandleCreate(&handle, graph, 0, 0)) != cudaSuccess)
+        st = cuda_fail(FG_ERR_BACKEND, "the graph's conditional handle", err, msg, msg_size);
+    if (st == FG_OK)
+        st = capture_into(s, graph, "capturing the sparse products' choice", [&] {
+            return fg_cuda_sparse_decide(rows, m, c->kept_cap, sp, handle, s->side, msg,
+                                         msg_size);
+        }, msg, msg_size);
+    cudaGraphNode_t decide = NULL, branch = NULL;
+    size_t nodes = 1;
+    if (st == FG_OK && ((err = cudaGraphGetNodes(graph, &decide, &nodes)) != cudaSuccess ||
+                        nodes != 1))
+        st = err != cudaSuccess
+                 ? cuda_fail(FG_ERR_BACKEND, "the choice's graph node", err, msg, msg_size)
+                 : fail(FG_ERR_BACKEND, msg, msg_size,
+                        "CUDA: the sparse products' choice captured as %zu graph nodes", nodes);
+    cudaGraphNodeParams p = {};
+    p.type = cudaGraphNodeTypeConditional;
+    p.conditional.handle = handle;
+    p.conditional.type = cudaGraphCondTypeIf;
+    p.conditional.size = 2; /* [0]: sparse (the condition set), [1]: dense */
+    if (st == FG_OK && (err = cudaGraphAddNode(&branch, graph, &decide, NULL, 1, &p)) != cudaSuccess)
+        st = cuda_fail(FG_ERR_BACKEND, "the conditional node (CUDA 12.8 or later)", err, msg,
+                       msg_size);
+    if (st == FG_OK)
+        st = capture_into(s, p.conditional.phGraph_out[0], "capturing the sparse products", [&] {
+            return sparse_products(c, r0, m, first, sp, s->side, msg, msg_size);
+        }, msg, msg_size);
+    if (st == FG_OK)
+        st = capture_into(s, p.conditional.phGraph_out[1], "capturing the dense products", [&] {
+            return dense_products(s, c, m, first, s->side, msg, msg_size);
+        }, msg, msg_size);
+    if (st == FG_OK && (err = cudaGraphInstantiate(exec, graph, 0)) != cudaSuccess)
+        st = cuda_fail(FG_ERR_BACKEND, "instantiating the filtered products' graph", err, msg,
+                       msg_size);
+    (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    return st;
+}
+
+/* GEMM 2 into ghbuf then grad_hidden's rows (put_grad_hidden); GEMM 3 into
+ * gw_sum or grad_weight, overwritten when `first`, else added to. A
+ * filtered chunk runs them as filtered_graph's launch, sparse or dense as its
+ * kept entries say; inside a caller's stream capture (where a graph of its
+ * own cannot launch), dense. */
 static fg_status cuda_grads(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
                             char *msg, size_t msg_size)
 {
@@ -794,19 +961,30 @@ static fg_status cuda_grads(void *be, const fg_backend_call *c, int64_t r0, int6
     fg_status st = check_chunk(s, c, r0, m, "grads", msg, msg_size);
     if (st != FG_OK)
         return st;
-    if (c->grad_hidden.data && ((st = cuda_dhidden(be, c, r0, m, msg, msg_size)) != FG_OK ||
-                                (st = cuda_put_grad_hidden(be, c, r0, m, msg, msg_size)) != FG_OK))
-        return st;
-    if (!c->grad_weight.data)
+    if (c->grad_hidden.data && !c->ghbuf)
+        return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size, "grads: ghbuf is required");
+    if (!c->grad_hidden.data && !c->grad_weight.data)
         return FG_OK;
     device_scope scope(s->device);
-    const fg_cuda_gemm g = gemm_of(s);
-    void *out = c->gw_sum ? static_cast<void *>(c->gw_sum) : c->grad_weight.data;
-    const fg_dtype out_t = c->gw_sum ? FG_DTYPE_F32 : c->grad_weight.dtype;
-    const int64_t ld = c->gw_sum ? c->H : c->grad_weight.ld;
-    /* out [V, H] (+)= dlogits [m, V]ᵀ · hbuf [m, H] */
-    return fg_cuda_gemm_grad_weight(&g, c->dlogit_t, m, c->V, c->H, c->dlogits, c->V, c->hbuf,
-                                    c->H, out, out_t, ld, first ? 0.0f : 1.0f, msg, msg_size);
+    fg_cuda_sparse sp;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (sparse_scratch(s, c, &sp) &&
+        cudaStreamIsCapturing(s->stream, &capturing) == cudaSuccess &&
+        capturing == cudaStreamCaptureStatusNone) {
+        cudaGraphExec_t exec = NULL;
+        if ((st = filtered_graph(s, c, r0, m, first, &sp, &exec, msg, msg_size)) != FG_OK)
+            return st;
+        const cudaError_t err = cudaGraphLaunch(exec, s->stream);
+        (void)cudaGraphExecDestroy(exec); /* freed once the launch completes */
+        if (err != cudaSuccess)
+            return cuda_fail(FG_ERR_BACKEND, "launching the filtered products' graph", err, msg,
+                             msg_size);
+    } else {
+        (void)cudaGetLastError();
+        if ((st = dense_products(s, c, m, first, s->stream, msg, msg_size)) != FG_OK)
+            return st;
+    }
+    return cuda_put_grad_hidden(be, c, r0, m, msg, msg_size);
 }
 
 /* After the chunks: grad_weight from gw_sum (or zero), grad_bias = gb_sum,
@@ -924,6 +1102,15 @@ static fg_status cuda_open(cuda_backend *s, char *msg, size_t msg_size)
         s->scan = NULL;
         return cuda_fail(FG_ERR_OUT_OF_MEMORY, "allocating the scan's result", serr, msg,
                          msg_size);
+    }
+    int driver = 0;
+    s->conditional = cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12080;
+    (void)cudaGetLastError();
+    const cudaError_t cerr = cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking);
+    if (cerr != cudaSuccess) {
+        (void)cudaGetLastError();
+        s->side = NULL;
+        return cuda_fail(FG_ERR_BACKEND, "creating the capture stream", cerr, msg, msg_size);
     }
     return FG_OK;
 }

@@ -84,6 +84,7 @@
 #include "chunk_ops.h"
 #include "fusedgrpo.h"
 #include "shard_stats.h"
+#include "sparse_products.h"
 extern "C" {
 #include "loss_math.h" /* a C header without its own extern "C" */
 }
@@ -1258,6 +1259,20 @@ static std::vector<double> as_doubles(const std::vector<float> &v)
 }
 
 /* The ops table of ABI 6, supports and chunk_scratch. */
+/* The filter's row scratch as the backend lays it out, the sparse
+ * products' after it (backend_cuda.cu). */
+static size_t filter_rows_bytes(int64_t rows)
+{
+    return ((size_t)rows * sizeof(fg_cuda_filter_row) + 255) / 256 * 256;
+}
+
+/* Whether the driver runs conditional graph nodes with an else branch. */
+static bool conditional_nodes()
+{
+    int driver = 0;
+    return cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12080;
+}
+
 static void test_ops_table(Side &cu, const fg_backend_call &c, const uint8_t *host_mask)
 {
     const fg_backend_ops *o = cu.dev.ops;
@@ -1292,10 +1307,14 @@ static void test_ops_table(Side &cu, const fg_backend_call &c, const uint8_t *ho
         f.kept_cap = V / 8;
         bytes = 0;
         st = o->chunk_scratch(cu.dev.state, &f, 5, c.chunk_rows, &bytes, msg, sizeof msg);
+        const size_t rows_bytes = filter_rows_bytes(c.chunk_rows);
+        size_t sparse = 0;
+        if (conditional_nodes())
+            (void)fg_cuda_sparse_bytes(c.chunk_rows, V, &sparse, msg, sizeof msg);
         snprintf(what, sizeof what, "chunk_scratch with filtering: the filter's row scratch "
-                 "for the larger chunk (%zu bytes for %lld rows)", bytes, (long long)c.chunk_rows);
-        check_true(what, st == FG_OK &&
-                             bytes == (size_t)c.chunk_rows * sizeof(fg_cuda_filter_row));
+                 "and the sparse products' for the larger chunk (%zu bytes for %lld rows, want "
+                 "%zu + %zu)", bytes, (long long)c.chunk_rows, rows_bytes, sparse);
+        check_true(what, st == FG_OK && bytes == rows_bytes + sparse);
         st = o->supports(cu.dev.state, &f, msg, sizeof msg);
         snprintf(what, sizeof what, "supports takes filter_eps > 0: %s", msg);
         check_true(what, st == FG_OK);
@@ -1549,6 +1568,142 @@ static void test_filter(Side &cu, Side &ref, const fg_backend_call &C, const fg_
     snprintf(what, sizeof what, "filter refuses a call without its scratch: %s: %s",
              fg_status_name(st), msg);
     check_true(what, st == FG_ERR_NULL_ARGUMENT);
+}
+
+/* ---- sparse products ------------------------------------------------------------------------ */
+
+/* GEMMs 2 and 3 of a filtered chunk, as sparse_products.h states them: row
+ * i's kept entries (the rule of host_kept) in ascending column order, one
+ * fmaf a term from 0 (or, for grad_weight when !first, from its value), the
+ * rows of a column ascending. */
+static void host_sparse(const std::vector<unsigned char> &d, fg_dtype t, int64_t m,
+                        const std::vector<unsigned char> &keep, const Problem &p,
+                        const std::vector<unsigned char> &hb, std::vector<float> *gh,
+                        std::vector<float> *gw, int first)
+{
+    gh->assign((size_t)m * H, 0.0f);
+    if (first)
+        gw->assign((size_t)V * H, 0.0f);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t v = 0; v < V; v++) {
+            if (!keep[(size_t)(i * V + v)])
+                continue;
+            const float a = (float)load(d, t, (size_t)(i * V + v));
+            for (int64_t h = 0; h < H; h++) {
+                float &y = (*gh)[(size_t)(i * H + h)];
+                y = fmaf(a, (float)load(p.weight, t, (size_t)(v * LDH + h)), y);
+                float &z = (*gw)[(size_t)(v * H + h)];
+                z = fmaf(a, (float)load(hb, t, (size_t)(i * H + h)), z);
+            }
+        }
+}
+
+/* grads of a filtered chunk of every row (r0 = 0) after the filter op, twice
+ * (first = 1, then 0: added to), into the float32 grad_weight in place and
+ * ghbuf: rows keeping at most 4 entries (1 to 3 large dlogits among tiny
+ * ones, and the target), within fg_cuda_sparse_entries, run the sparse branch
+ * (its flag read from the scratch) and give host_sparse's bits; rows keeping
+ * 10 run the dense cuBLASLt branch (flag 0), within 1e-5 of the sum of
+ * |terms|. Without conditional graph nodes (a driver before CUDA 12.8) the
+ * backend reserves no sparse scratch and both run dense. */
+static void test_sparse(Side &cu, const fg_backend_call &C, const Problem &p,
+                        const std::vector<int64_t> &tg, fg_dtype dtype)
+{
+    const int64_t n = C.n_active;
+    const size_t es = dsize(dtype);
+    const double eps = 0x1p-10;
+    char msg[512] = "", what[400];
+    fg_backend_call fc = C;
+    fc.filter_eps = eps;
+    fc.kept_cap = V / 8;
+    fc.gw_sum = NULL; /* GEMM 3 into the float32 grad_weight in place */
+    size_t scratch = 0;
+    fg_status st = cu.dev.ops->chunk_scratch(cu.dev.state, &fc, n, n, &scratch, msg, sizeof msg);
+    if (st != FG_OK)
+        side_die(cu, "chunk_scratch with filtering", st, msg);
+    fc.scratch = side_alloc(cu, scratch);
+    fc.kept_count = static_cast<int64_t *>(side_alloc(cu, sizeof(int64_t)));
+    const bool sparse_built = conditional_nodes();
+    fg_cuda_sparse sp = {};
+    if (sparse_built)
+        fg_cuda_sparse_carve(&sp, static_cast<unsigned char *>(fc.scratch) + filter_rows_bytes(n),
+                             n, V);
+    rng_state = 9191;
+    std::vector<unsigned char> hb((size_t)n * H * es);
+    for (size_t k = 0; k < (size_t)n * H; k++)
+        store(hb, dtype, k, normal());
+    side_put(cu, fc.hbuf, hb.data(), hb.size());
+    for (int wide = 0; wide < 2; wide++) {
+        const int big = wide ? 10 : 3; /* large entries a row keeps, at most */
+        std::vector<unsigned char> D((size_t)n * V * es);
+        for (int64_t i = 0; i < n; i++) {
+            for (int64_t v = 0; v < V; v++)
+                store(D, dtype, (size_t)(i * V + v), (uniform() < 0.5 ? -1e-8 : 1e-8) * uniform());
+            for (int64_t j = 0; j < (wide ? big : 1 + i % big); j++)
+                store(D, dtype, (size_t)(i * V + (i * 37 + j * 101) % V),
+                      (uniform() < 0.5 ? -0.5 : 0.5) - uniform());
+        }
+        std::vector<unsigned char> keep;
+        const std::vector<int64_t> count = host_kept(D, dtype, n, tg.data(), eps, &keep);
+        int64_t total = 0;
+        for (int64_t k : count)
+            total += k;
+        const bool want_sparse = sparse_built && total <= fg_cuda_sparse_entries(n, V);
+        std::vector<float> gh, gw;
+        for (int first = 1; first >= 0; first--) {
+            side_put(cu, fc.dlogits, D.data(), D.size());
+            const int64_t zero = 0;
+            side_put(cu, fc.kept_count, &zero, sizeof zero);
+            OP(cu, filter, "filter", &fc, (int64_t)0, n);
+            OP(cu, grads, "grads (filtered)", &fc, (int64_t)0, n, first);
+            host_sparse(D, dtype, n, keep, p, hb, &gh, &gw, first);
+            const std::vector<float> ghd = side_read<float>(cu, fc.ghbuf, (size_t)n * H);
+            const std::vector<float> gwl =
+                side_read<float>(cu, fc.grad_weight.data, (size_t)V * LDGW_OPS);
+            std::vector<float> gwd((size_t)V * H);
+            for (int64_t v = 0; v < V; v++)
+                for (int64_t h = 0; h < H; h++)
+                    gwd[(size_t)(v * H + h)] = gwl[(size_t)(v * LDGW_OPS + h)];
+            const int32_t flag = sparse_built ? side_read<int32_t>(cu, sp.flag, 1)[0] : 0;
+            snprintf(what, sizeof what,
+                     "grads filtered, %s, first = %d: %lld of %lld entries kept (room for %lld): "
+                     "the %s branch ran (flag %d)",
+                     dname(dtype), first, (long long)total, (long long)(n * V),
+                     (long long)fg_cuda_sparse_entries(n, V), want_sparse ? "sparse" : "dense",
+                     (int)flag);
+            check_true(what, flag == (want_sparse ? 1 : 0));
+            if (want_sparse) {
+                snprintf(what, sizeof what,
+                         "grads sparse, %s, first = %d: ghbuf and grad_weight the bits of the "
+                         "kept entries' fmaf sums in order", dname(dtype), first);
+                check_true(what, memcmp(ghd.data(), gh.data(), gh.size() * 4) == 0 &&
+                                     memcmp(gwd.data(), gw.data(), gw.size() * 4) == 0);
+            } else {
+                std::vector<double> tol_h((size_t)n * H), tol_w((size_t)V * H);
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t v = 0; v < V; v++) {
+                        const double a = fabs(load(D, dtype, (size_t)(i * V + v))) *
+                                         (keep[(size_t)(i * V + v)] ? 1.0 : 0.0);
+                        for (int64_t h = 0; h < H && a > 0; h++) {
+                            tol_h[(size_t)(i * H + h)] +=
+                                a * fabs(load(p.weight, dtype, (size_t)(v * LDH + h)));
+                            tol_w[(size_t)(v * H + h)] +=
+                                (first ? 1.0 : 2.0) * a * fabs(load(hb, dtype, (size_t)(i * H + h)));
+                        }
+                    }
+                for (double &t : tol_h)
+                    t = 1e-5 * t + 1e-30;
+                for (double &t : tol_w)
+                    t = 1e-5 * t + 1e-30;
+                snprintf(what, sizeof what, "grads dense over the filtered dlogits, %s, first = %d: "
+                         "ghbuf", dname(dtype), first);
+                close_all(what, as_doubles(ghd), as_doubles(gh), tol_h);
+                snprintf(what, sizeof what, "grads dense over the filtered dlogits, %s, first = %d: "
+                         "grad_weight", dname(dtype), first);
+                close_all(what, as_doubles(gwd), as_doubles(gw), tol_w);
+            }
+        }
+    }
 }
 
 /* ---- derivs --------------------------------------------------------------------------- */
@@ -1959,6 +2114,7 @@ static void test_backend_ops(fg_dtype dtype)
                    gb == want);
     }
     test_filter(cu, ref, C, R, tg, dtype);
+    test_sparse(cu, C, p, tg, dtype);
     if (dtype == FG_DTYPE_F32) /* derivs reads no dtype: once */
         test_derivs(cu, C, p, rows);
     side_close(cu);

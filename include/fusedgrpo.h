@@ -555,8 +555,10 @@ typedef struct fg_linear_options {
      * sparse over the kept entries, dense over the zeroed ones in a chunk
      * holding such a row, and not at all filtered where a bf16 grad_weight
      * is not summed in float32 (fg_linear_plan_info.grad_weight_sum_bytes
-     * 0: its sparse products write float32); CUDA's run dense over the
-     * zeroed entries. docs/LOSS_SPEC.md "Gradient filtering" gives the
+     * 0: its sparse products write float32); CUDA's choose per chunk on
+     * the device, sparse where the chunk keeps at most V/256 entries a row
+     * (the rest dense over the zeroed entries; dense under a caller's
+     * stream capture). docs/LOSS_SPEC.md "Gradient filtering" gives the
      * error bound. */
     double filter_eps;
 } fg_linear_options;

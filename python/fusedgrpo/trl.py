@@ -35,7 +35,8 @@ stream; the loss, gradients, log-probs, entropies and metrics come back on
 that device. The host reads scalars only: num_items_in_batch (an option of the
 C call) and the logged metrics (as TRL's own logging does). Gradient
 filtering (``fusedgrpo_filter_eps``; default 0, off) runs on both; on CUDA
-its products stay dense for now (the same kept entries, no speed-up).
+a chunk runs sparse products only where it keeps at most V/256 entries a row
+(the same kept entries either way).
 """
 from __future__ import annotations
 

@@ -301,12 +301,13 @@ typedef struct fg_backend_ops {
                                  char *msg, size_t msg_size);
     /* Gradient filtering (docs/LOSS_SPEC.md), after backward, with
      * c->filter_eps > 0: each row's kept entries of dlogits (the CPU: into
-     * the kept_* workspace; a backend whose products stay dense: the dropped
-     * entries zeroed in dlogits; a row keeping more than kept_cap keeps
-     * every entry); where every row keeps few enough, the CPU's dhidden and
-     * grads run over the kept entries only, else dense over the zeroed
-     * ones; the entries kept added to *c->kept_count, on the backend, with
-     * no host wait. Needed by filter_eps. */
+     * the kept_* workspace; FG_BACKEND_FILTER_IN_PLACE: the dropped entries
+     * zeroed in dlogits; a row keeping more than kept_cap keeps every
+     * entry); where every row keeps few enough, dhidden and grads may run
+     * over the kept entries only (the CPU's; CUDA's grads where the chunk
+     * keeps few enough too, chosen on the device), else dense over the
+     * zeroed ones; the entries kept added to *c->kept_count, on the
+     * backend, with no host wait. Needed by filter_eps. */
     fg_status (*filter)(void *be, const fg_backend_call *c, int64_t r0, int64_t m, char *msg,
                         size_t msg_size);
     /* The loss's derivatives in the backend's memory, after stats: c->g[i]

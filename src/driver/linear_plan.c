@@ -365,9 +365,9 @@ fg_status fg_linear_plan_rows(fg_call *call, linear_plan *p, int64_t rows)
 /* Gradient filtering's threshold, when a backward product runs. The CPU's
  * sparse grad_weight product writes float32: there a bf16 grad_weight
  * written in bf16 (one chunk, or summed in bf16 per chunk:
- * plan_grad_weight_sums) runs dense. A backend that filters in place keeps
- * its dense products over the zeroed entries, whatever grad_weight's
- * dtype. */
+ * plan_grad_weight_sums) runs dense. A backend that filters in place
+ * chooses its products itself (CUDA: dense for a bf16 grad_weight not
+ * summed in float32). */
 static void plan_filter(const fg_linear_options *o, linear_plan *p)
 {
     const double eps =

@@ -269,7 +269,7 @@ static fg_status ref_put_grad_hidden(void *be, const fg_backend_call *c, int64_t
 }
 
 /* Gradient filtering (docs/LOSS_SPEC.md), in place (FG_BACKEND_FILTER_IN_PLACE:
- * the algorithm of a backend whose products stay dense, the CUDA one's):
+ * the CUDA backend's algorithm; its products then run dense here):
  *   count   each row's threshold (float)(eps · max |d|) and its kept entries
  *           (|d| > threshold, or its target) into the scratch; a row keeping
  *           more than kept_cap keeps every entry (V);
