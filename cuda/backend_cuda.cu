@@ -67,7 +67,7 @@
  *    the zeroed dlogits. The choice needs no host wait; the graph is built
  *    and instantiated per chunk (tens of microseconds, unmeasured). Inside a
  *    caller's stream capture (a device-reported call under torch.cuda.graph)
- *    a graph of its own cannot launch: those chunks run dense. A driver
+ *    the same node joins the caller's graph (filtered_in_capture). A driver
  *    older than CUDA 12.8 (no else branch) runs every chunk dense, and
  *    chunk_scratch then asks for no sparse scratch.
  *  - derivs takes the plan by value into its kernel (its arrays are the
@@ -895,29 +895,91 @@ static fg_status capture_into(const cuda_backend *s, cudaGraph_t graph, const ch
     return err == cudaSuccess ? FG_OK : cuda_fail(FG_ERR_BACKEND, what, err, msg, msg_size);
 }
 
-/* The filtered chunk's products as one graph: decide, then a conditional
- * node whose branches are the sparse products and the dense ones. The
- * choice is made on the device, from the filter's counts: no host wait. */
+/* The filtered chunk's two branches as graphs of their own: [0] the sparse
+ * products, [1] the dense ones (NULL where not made). */
+static fg_status capture_branches(const cuda_backend *s, const fg_backend_call *c, int64_t r0,
+                                  int64_t m, int first, const fg_cuda_sparse *sp,
+                                  cudaGraph_t branch[2], char *msg, size_t msg_size)
+{
+    for (int k = 0; k < 2; k++) {
+        const cudaError_t err = cudaGraphCreate(&branch[k], 0);
+        if (err != cudaSuccess) {
+            branch[k] = NULL;
+            return cuda_fail(FG_ERR_BACKEND, "creating a filtered products' graph", err, msg,
+                             msg_size);
+        }
+        const fg_status st =
+            k == 0 ? capture_into(s, branch[k], "capturing the sparse products", [&] {
+                return sparse_products(c, r0, m, first, sp, s->side, msg, msg_size);
+            }, msg, msg_size)
+                   : capture_into(s, branch[k], "capturing the dense products", [&] {
+                return dense_products(s, c, m, first, s->side, msg, msg_size);
+            }, msg, msg_size);
+        if (st != FG_OK)
+            return st;
+    }
+    return FG_OK;
+}
+
+/* In `graph`, after `deps`: a conditional node on `handle` whose bodies run
+ * branch[0] (the condition set: sparse) or branch[1] (dense), each as a
+ * child graph (a copy). */
+static fg_status add_choice(cudaGraph_t graph, cudaGraphConditionalHandle handle,
+                            const cudaGraphNode_t *deps, const cudaGraphEdgeData *edges,
+                            size_t n, cudaGraph_t branch[2], cudaGraphNode_t *node, char *msg,
+                            size_t msg_size)
+{
+    cudaGraphNodeParams p = {};
+    p.type = cudaGraphNodeTypeConditional;
+    p.conditional.handle = handle;
+    p.conditional.type = cudaGraphCondTypeIf;
+    p.conditional.size = 2; /* [0] when the condition is set, [1] (else) when not */
+    cudaError_t err = cudaGraphAddNode(node, graph, deps, edges, n, &p);
+    if (err != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, "adding the conditional node (CUDA 12.8 or later)", err,
+                         msg, msg_size);
+    for (int k = 0; k < 2; k++) {
+        cudaGraphNode_t child = NULL;
+        if ((err = cudaGraphAddChildGraphNode(&child, p.conditional.phGraph_out[k], NULL, 0,
+                                              branch[k])) != cudaSuccess)
+            return cuda_fail(FG_ERR_BACKEND, "filling the conditional node's branches", err, msg,
+                             msg_size);
+    }
+    return FG_OK;
+}
+
+static void destroy_branches(cudaGraph_t branch[2])
+{
+    for (int k = 0; k < 2; k++)
+        if (branch[k])
+            (void)cudaGraphDestroy(branch[k]);
+}
+
+/* The filtered chunk's products as a graph of their own, instantiated:
+ * decide, then the conditional node choosing the branch on the device from
+ * the filter's counts. */
 static fg_status filtered_graph(const cuda_backend *s, const fg_backend_call *c, int64_t r0,
                                 int64_t m, int first, const fg_cuda_sparse *sp,
                                 cudaGraphExec_t *exec, char *msg, size_t msg_size)
 {
     const fg_cuda_filter_row *rows = static_cast<const fg_cuda_filter_row *>(c->scratch);
-    cudaGraph_t graph = NULL;
-    cudaError_t err = cudaGraphCreate(&graph, 0);
-    if (err != cudaSuccess)
-        return cuda_fail(FG_ERR_BACKEND, "creating the filtered products' graph", err, msg,
-                         msg_size);
+    cudaGraph_t branch[2] = {NULL, NULL}, graph = NULL;
+    fg_status st = capture_branches(s, c, r0, m, first, sp, branch, msg, msg_size);
+    cudaError_t err = cudaSuccess;
+    if (st == FG_OK && (err = cudaGraphCreate(&graph, 0)) != cudaSuccess) {
+        graph = NULL;
+        st = cuda_fail(FG_ERR_BACKEND, "creating the filtered products' graph", err, msg,
+                       msg_size);
+    }
     cudaGraphConditionalHandle handle = 0;
-    fg_status st = FG_OK;
-    if ((err = cudaGraphConditionalHandleCreate(&handle, graph, 0, 0)) != cudaSuccess)
+    if (st == FG_OK && (err = cudaGraphConditionalHandleCreate(&handle, graph, 0, 0)) != cudaSuccess)
         st = cuda_fail(FG_ERR_BACKEND, "the graph's conditional handle", err, msg, msg_size);
     if (st == FG_OK)
         st = capture_into(s, graph, "capturing the sparse products' choice", [&] {
             return fg_cuda_sparse_decide(rows, m, c->kept_cap, sp, handle, s->side, msg,
                                          msg_size);
         }, msg, msg_size);
-    cudaGraphNode_t decide = NULL, branch = NULL;
+    cudaGraphNode_t decide = NULL, node = NULL;
     size_t nodes = 1;
     if (st == FG_OK && ((err = cudaGraphGetNodes(graph, &decide, &nodes)) != cudaSuccess ||
                         nodes != 1))
@@ -925,35 +987,68 @@ static fg_status filtered_graph(const cuda_backend *s, const fg_backend_call *c,
                  ? cuda_fail(FG_ERR_BACKEND, "the choice's graph node", err, msg, msg_size)
                  : fail(FG_ERR_BACKEND, msg, msg_size,
                         "CUDA: the sparse products' choice captured as %zu graph nodes", nodes);
-    cudaGraphNodeParams p = {};
-    p.type = cudaGraphNodeTypeConditional;
-    p.conditional.handle = handle;
-    p.conditional.type = cudaGraphCondTypeIf;
-    p.conditional.size = 2; /* [0]: sparse (the condition set), [1]: dense */
-    if (st == FG_OK && (err = cudaGraphAddNode(&branch, graph, &decide, NULL, 1, &p)) != cudaSuccess)
-        st = cuda_fail(FG_ERR_BACKEND, "the conditional node (CUDA 12.8 or later)", err, msg,
-                       msg_size);
     if (st == FG_OK)
-        st = capture_into(s, p.conditional.phGraph_out[0], "capturing the sparse products", [&] {
-            return sparse_products(c, r0, m, first, sp, s->side, msg, msg_size);
-        }, msg, msg_size);
-    if (st == FG_OK)
-        st = capture_into(s, p.conditional.phGraph_out[1], "capturing the dense products", [&] {
-            return dense_products(s, c, m, first, s->side, msg, msg_size);
-        }, msg, msg_size);
+        st = add_choice(graph, handle, &decide, NULL, 1, branch, &node, msg, msg_size);
     if (st == FG_OK && (err = cudaGraphInstantiate(exec, graph, 0)) != cudaSuccess)
         st = cuda_fail(FG_ERR_BACKEND, "instantiating the filtered products' graph", err, msg,
                        msg_size);
-    (void)cudaGraphDestroy(graph);
+    if (graph)
+        (void)cudaGraphDestroy(graph);
+    destroy_branches(branch);
     (void)cudaGetLastError();
+    return st;
+}
+
+/* The same inside a caller's capture of the stream (a device-reported call
+ * under torch.cuda.graph): decide captured on the stream, the conditional
+ * node added to the caller's graph after it, and the stream's capture made
+ * to continue from that node. The branches are captured first, so that
+ * nothing reaches the caller's graph unless they were; a failure after that
+ * leaves the caller's graph incomplete, and the call's status says so. */
+static fg_status filtered_in_capture(const cuda_backend *s, const fg_backend_call *c, int64_t r0,
+                                     int64_t m, int first, const fg_cuda_sparse *sp, char *msg,
+                                     size_t msg_size)
+{
+    const fg_cuda_filter_row *rows = static_cast<const fg_cuda_filter_row *>(c->scratch);
+    cudaGraph_t branch[2] = {NULL, NULL}, graph = NULL;
+    fg_status st = capture_branches(s, c, r0, m, first, sp, branch, msg, msg_size);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    cudaError_t err = cudaSuccess;
+    if (st == FG_OK &&
+        ((err = cudaStreamGetCaptureInfo(s->stream, &status, NULL, &graph)) != cudaSuccess ||
+         status != cudaStreamCaptureStatusActive))
+        st = err != cudaSuccess ? cuda_fail(FG_ERR_BACKEND, "the stream's capture", err, msg,
+                                            msg_size)
+                                : fail(FG_ERR_BACKEND, msg, msg_size,
+                                       "CUDA: the stream's capture is not active");
+    cudaGraphConditionalHandle handle = 0;
+    if (st == FG_OK && (err = cudaGraphConditionalHandleCreate(&handle, graph, 0, 0)) != cudaSuccess)
+        st = cuda_fail(FG_ERR_BACKEND, "the capture's conditional handle", err, msg, msg_size);
+    if (st == FG_OK)
+        st = fg_cuda_sparse_decide(rows, m, c->kept_cap, sp, handle, s->stream, msg, msg_size);
+    const cudaGraphNode_t *deps = NULL;
+    const cudaGraphEdgeData *edges = NULL;
+    size_t n = 0;
+    if (st == FG_OK && (err = cudaStreamGetCaptureInfo(s->stream, &status, NULL, NULL, &deps,
+                                                       &edges, &n)) != cudaSuccess)
+        st = cuda_fail(FG_ERR_BACKEND, "the capture's dependencies", err, msg, msg_size);
+    cudaGraphNode_t node = NULL;
+    if (st == FG_OK)
+        st = add_choice(graph, handle, deps, edges, n, branch, &node, msg, msg_size);
+    if (st == FG_OK && (err = cudaStreamUpdateCaptureDependencies(
+                            s->stream, &node, NULL, 1, cudaStreamSetCaptureDependencies)) !=
+                           cudaSuccess)
+        st = cuda_fail(FG_ERR_BACKEND, "continuing the capture after the conditional node", err,
+                       msg, msg_size);
+    destroy_branches(branch);
     return st;
 }
 
 /* GEMM 2 into ghbuf then grad_hidden's rows (put_grad_hidden); GEMM 3 into
  * gw_sum or grad_weight, overwritten when `first`, else added to. A
- * filtered chunk runs them as filtered_graph's launch, sparse or dense as its
- * kept entries say; inside a caller's stream capture (where a graph of its
- * own cannot launch), dense. */
+ * filtered chunk runs them sparse or dense as its kept entries say, chosen
+ * on the device: filtered_graph's launch, or inside a caller's capture of
+ * the stream, filtered_in_capture's node. */
 static fg_status cuda_grads(void *be, const fg_backend_call *c, int64_t r0, int64_t m, int first,
                             char *msg, size_t msg_size)
 {
@@ -968,9 +1063,14 @@ static fg_status cuda_grads(void *be, const fg_backend_call *c, int64_t r0, int6
     device_scope scope(s->device);
     fg_cuda_sparse sp;
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (sparse_scratch(s, c, &sp) &&
-        cudaStreamIsCapturing(s->stream, &capturing) == cudaSuccess &&
-        capturing == cudaStreamCaptureStatusNone) {
+    cudaError_t cerr = cudaSuccess;
+    const bool sparse = sparse_scratch(s, c, &sp);
+    if (sparse && (cerr = cudaStreamIsCapturing(s->stream, &capturing)) != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, "the stream's capture status", cerr, msg, msg_size);
+    if (sparse && capturing == cudaStreamCaptureStatusActive) {
+        if ((st = filtered_in_capture(s, c, r0, m, first, &sp, msg, msg_size)) != FG_OK)
+            return st;
+    } else if (sparse && capturing == cudaStreamCaptureStatusNone) {
         cudaGraphExec_t exec = NULL;
         if ((st = filtered_graph(s, c, r0, m, first, &sp, &exec, msg, msg_size)) != FG_OK)
             return st;

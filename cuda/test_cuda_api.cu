@@ -34,14 +34,18 @@
  *     put_grad_hidden, grads' `first` on gw_sum, the bias sums' bits in
  *     chunks of 7 rows and of all rows, finish's grad_bias = gb_sum; filter
  *     (the same dlogits bits and kept count as the reference's, kept and
- *     dense chunks); derivs against the host's loss math (within 2 ulp).
+ *     dense chunks); grads of a filtered chunk (test_sparse: the sparse
+ *     branch's bits those of fmaf sums in the CPU's order, the dense
+ *     branch within tolerance, the branch read back); derivs against the
+ *     host's loss math (within 2 ulp).
  *   - Device-reported calls (exec.device_report; test_reported): token-level
  *     losses, GSPO and vespo at the sequence level (a forward sweep, the
  *     sequences' constants on the device) captured in a CUDA graph (global
  *     capture mode) and replayed,
  *     against the host-checked call, with the advantages changed between
- *     captures' replays; two refusals reported with the host's status and
- *     message.
+ *     captures' replays; filtered at two thresholds (the chunks' products a
+ *     conditional node of the caller's graph); two refusals reported with
+ *     the host's status and message.
  *   - Refusals: an unmasked token id = V (FG_ERR_TOKEN_OUT_OF_RANGE) and a
  *     NaN in an unmasked hidden row (FG_ERR_NONFINITE_INPUT), fused and
  *     materialized, accumulating or not: the same status as the CPU and every
@@ -652,9 +656,10 @@ static void budget_note(char *label, size_t size, const Budget &bu, fg_dtype gdt
 static void run_pair(const Contexts &cx, Problem &p, const DeviceProblem &d, fg_impl impl,
                      size_t budget, const fg_loss_config &cfg, const Outputs &before,
                      int accumulate, fg_status *st_cpu, fg_status *st_gpu, Outputs *cpu_out,
-                     Outputs *gpu_out)
+                     Outputs *gpu_out, double filter_eps = 0.0)
 {
-    const fg_linear_options o = options(impl);
+    fg_linear_options o = options(impl);
+    o.filter_eps = filter_eps;
     fg_exec e;
     fg_exec_init(&e);
     e.memory_budget = budget;
@@ -2131,9 +2136,11 @@ static void test_backend_ops(fg_dtype dtype)
 static fg_status reported_graph(const Contexts &cx, const DeviceProblem &d, fg_dtype in_t,
                                 size_t budget, const fg_loss_config &cfg,
                                 fg_linear_outputs &gout, fg_device_report *rep_dev,
-                                int replays, fg_device_report *rep, bool *captured)
+                                int replays, fg_device_report *rep, bool *captured,
+                                double filter_eps = 0.0)
 {
-    const fg_linear_options o = options(FG_IMPL_FUSED);
+    fg_linear_options o = options(FG_IMPL_FUSED);
+    o.filter_eps = filter_eps;
     fg_exec e;
     fg_exec_init(&e);
     e.memory_budget = budget;
@@ -2174,8 +2181,9 @@ static fg_status reported_graph(const Contexts &cx, const DeviceProblem &d, fg_d
  * host-checked call (the record clean, its loss and metrics, logp, entropy
  * and the gradients within the tolerances above; masked rows 0), then the
  * advantages changed on the device between replays (the graph reads them
- * again: no value is baked in), then refusals: the record gives the
- * host-checked call's status and message. */
+ * again: no value is baked in), then gradient filtering inside the capture,
+ * then refusals: the record gives the host-checked call's status and
+ * message. */
 static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, const Budget &bu)
 {
     fg_device_report *rep_dev = NULL;
@@ -2226,6 +2234,43 @@ static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, cons
     for (float &a : p.adv)
         a = -a;
     upload(d.adv, p.adv.data(), p.adv.size() * sizeof(float));
+
+    /* Gradient filtering inside the capture: each filtered chunk's products
+     * are a conditional node of the caller's graph (sparse where the chunk
+     * keeps at most V/256 entries a row: eps 0.25 keeps a few a row, 2^-12
+     * more), against the host-checked call on the same context: the same
+     * kept entries, the outputs within the tolerances. */
+    for (double eps : {0.25, 0x1p-12}) {
+        const fg_loss_config cfg = config(FG_LOSS_DAPO, FG_LEVEL_TOKEN);
+        fg_status sc, sg;
+        Outputs co, go;
+        run_pair(cx, p, d, FG_IMPL_FUSED, bu.bytes, cfg, before, 0, &sc, &sg, &co, &go, eps);
+        fg_memory_stats ms;
+        const bool stats = fg_get_memory_stats(cx.gpu, &ms) == FG_OK;
+        DeviceOutputs dout = device_outputs(before);
+        fg_linear_outputs gout = device_view(dout, before, 0);
+        fg_device_report rep;
+        bool captured = false;
+        const fg_status sr = reported_graph(cx, d, p.dtype, bu.bytes, cfg, gout, rep_dev, 2, &rep,
+                                            &captured, eps);
+        Outputs ro = outputs_read(dout, gout);
+        ro.loss = rep.loss;
+        ro.metrics = rep.metrics;
+        char msg[512];
+        const fg_status rs = fg_device_report_status(&rep, msg, sizeof msg);
+        char label[256], what[1024];
+        snprintf(label, sizeof label, "%s reported, filter_eps %g, graph x2 dapo/token (%lld chunks)",
+                 dname(p.dtype), eps, (long long)bu.chunks);
+        snprintf(what, sizeof what, "%s: host-checked %s, reported call %s, record %s %s; kept "
+                 "entries host-checked %lld, reported %lld", label, fg_status_name(sg),
+                 fg_status_name(sr), fg_status_name(rs), msg,
+                 stats ? (long long)ms.dlogits_kept : -1LL, (long long)rep.dlogits_kept);
+        check_true(what, sg == FG_OK && sr == FG_OK && captured && rs == FG_OK && stats &&
+                             ms.dlogits_kept == rep.dlogits_kept);
+        if (sg == FG_OK && sr == FG_OK && rs == FG_OK)
+            compare_outputs(label, ro, go, before, p, true);
+        device_outputs_free(dout);
+    }
 
     /* Refusals: an unmasked id = V, then a NaN in an unmasked hidden row. */
     int64_t last = N - 1;

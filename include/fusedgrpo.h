@@ -557,9 +557,9 @@ typedef struct fg_linear_options {
      * is not summed in float32 (fg_linear_plan_info.grad_weight_sum_bytes
      * 0: its sparse products write float32); CUDA's choose per chunk on
      * the device, sparse where the chunk keeps at most V/256 entries a row
-     * (the rest dense over the zeroed entries; dense under a caller's
-     * stream capture). docs/LOSS_SPEC.md "Gradient filtering" gives the
-     * error bound. */
+     * (the rest dense over the zeroed entries; a CUDA graph's conditional
+     * node, in a caller's stream capture too). docs/LOSS_SPEC.md "Gradient
+     * filtering" gives the error bound. */
     double filter_eps;
 } fg_linear_options;
 
