@@ -202,6 +202,24 @@ fg_status check_rows(const char *what, const fg_cuda_sparse *s, int64_t m, char 
     return FG_OK;
 }
 
+/* A product's arguments: the chunk's rows, the operand x [., H] (stride
+ * x_ld) of dtype x_t and the float32 output (stride out_ld). */
+fg_status check_product(const char *what, const fg_cuda_sparse *s, int64_t m, const char *x_name,
+                        const void *x, fg_dtype x_t, int64_t x_ld, const char *out_name,
+                        const float *out, int64_t out_ld, int64_t H, char *msg, size_t msg_size)
+{
+    fg_status st = check_rows(what, s, m, msg, msg_size);
+    if (st == FG_OK)
+        st = check_dtype(what, x_name, x_t, msg, msg_size);
+    if (st != FG_OK)
+        return st;
+    if (!x || !out || H < 1 || H >= INT_MAX || x_ld < H || out_ld < H)
+        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
+                    "%s: %s (stride %lld) and %s (stride %lld) of H = %lld", what, x_name,
+                    (long long)x_ld, out_name, (long long)out_ld, (long long)H);
+    return FG_OK;
+}
+
 int64_t blocks_of(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
 } // namespace
@@ -325,15 +343,10 @@ extern "C" fg_status fg_cuda_sparse_dhidden(const fg_cuda_sparse *s, int64_t m, 
                                             size_t msg_size)
 {
     const char *what = "sparse dhidden";
-    fg_status st = check_rows(what, s, m, msg, msg_size);
-    if (st == FG_OK)
-        st = check_dtype(what, "the weight", w_t, msg, msg_size);
+    const fg_status st = check_product(what, s, m, "the weight", w, w_t, w_ld, "grad_hidden", gh,
+                                       gh_ld, H, msg, msg_size);
     if (st != FG_OK)
         return st;
-    if (!w || !gh || H < 1 || H >= INT_MAX || w_ld < H || gh_ld < H)
-        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
-                    "%s: weight (stride %lld) and grad_hidden (stride %lld) of H = %lld", what,
-                    (long long)w_ld, (long long)gh_ld, (long long)H);
     const dim3 grid((unsigned)m, (unsigned)blocks_of(H, H_THREADS));
     if (w_t == FG_DTYPE_BF16)
         dhidden_kernel<<<grid, H_THREADS, 0, stream>>>(s->flag, s->row_off, s->col, s->val,
@@ -352,15 +365,10 @@ extern "C" fg_status fg_cuda_sparse_dweight(const fg_cuda_sparse *s, int64_t m, 
                                             char *msg, size_t msg_size)
 {
     const char *what = "sparse dweight";
-    fg_status st = check_rows(what, s, m, msg, msg_size);
-    if (st == FG_OK)
-        st = check_dtype(what, "hbuf", h_t, msg, msg_size);
+    fg_status st = check_product(what, s, m, "hbuf", hbuf, h_t, h_ld, "grad_weight", gw, gw_ld, H,
+                                 msg, msg_size);
     if (st != FG_OK)
         return st;
-    if (!hbuf || !gw || H < 1 || H >= INT_MAX || h_ld < H || gw_ld < H)
-        return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
-                    "%s: hbuf (stride %lld) and grad_weight (stride %lld) of H = %lld", what,
-                    (long long)h_ld, (long long)gw_ld, (long long)H);
     const int64_t entries = s->entries;
     const uint32_t V = (uint32_t)s->V;
     const unsigned eb = (unsigned)blocks_of(entries, 256);

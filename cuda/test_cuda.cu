@@ -1,7 +1,8 @@
 /* Tests of the CUDA row kernels and the cuBLASLt products.
  *
  * The argument checks run everywhere (they touch no device), the filter's
- * (chunk_ops.h) among them. Without a CUDA
+ * (chunk_ops.h) and the sparse products' (sparse_products.h) among them,
+ * with the sparse products' slot count. Without a CUDA
  * device the program then prints "skipped: <reason>" and exits 77. With one:
  * odd sizes, float32 and bfloat16, random data:
  *   - the fast row kernels against the plain reference kernels and both
@@ -42,6 +43,7 @@
 #include <vector>
 
 #include "chunk_ops.h"
+#include "sparse_products.h"
 #include "gemm_cublaslt.h"
 #include "row_stats.h"
 
@@ -272,6 +274,38 @@ static void test_argument_checks(void)
     check_status("filter: unknown dtype",
                  fg_cuda_filter_rows(&f, (fg_dtype)7, 1, 1, 1, &tok, 1e-5, 1, &fr, &kept, 0, msg,
                                      sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
+
+    /* The sparse products (sparse_products.h): V/256 slots a row (at least
+     * 1), at most 2^30; refused before any launch. Their kernels are checked
+     * on a GPU by test_cuda_api. */
+    check_true("sparse slots: V/256 a row, at least one, at most 2^30",
+               fg_cuda_sparse_entries(37, 151936) == 37 * 593 &&
+                   fg_cuda_sparse_entries(5, 100) == 5 &&
+                   fg_cuda_sparse_entries(int64_t{1} << 30, 1 << 20) == int64_t{1} << 30);
+    int32_t flag = 0;
+    fg_cuda_sparse sp = {};
+    sp.rows = 4;
+    sp.V = 8;
+    sp.entries = 4;
+    sp.flag = &flag;
+    check_status("sparse decide: no scratch",
+                 fg_cuda_sparse_decide(&fr, 1, 1, NULL, 0, 0, msg, sizeof msg),
+                 FG_ERR_NULL_ARGUMENT, msg);
+    check_status("sparse decide: more rows than the scratch holds",
+                 fg_cuda_sparse_decide(&fr, 5, 1, &sp, 0, 0, msg, sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
+    check_status("sparse compact: ld < V",
+                 fg_cuda_sparse_compact(&f, FG_DTYPE_F32, 1, 7, &tok, &fr, &sp, 0, msg,
+                                        sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
+    check_status("sparse dhidden: grad_hidden's stride < H",
+                 fg_cuda_sparse_dhidden(&sp, 1, &f, FG_DTYPE_BF16, 4, 4, &f, 3, 0, msg,
+                                        sizeof msg),
+                 FG_ERR_INVALID_SIZE, msg);
+    check_status("sparse dweight: unknown dtype",
+                 fg_cuda_sparse_dweight(&sp, 1, &f, (fg_dtype)7, 4, 4, &f, 4, 1, 0, msg,
+                                        sizeof msg),
                  FG_ERR_INVALID_SIZE, msg);
 }
 
