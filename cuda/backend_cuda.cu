@@ -67,9 +67,12 @@
  *    the zeroed dlogits. The choice needs no host wait; the graph is built
  *    and instantiated per chunk (tens of microseconds, unmeasured). Inside a
  *    caller's stream capture (a device-reported call under torch.cuda.graph)
- *    the same node joins the caller's graph (filtered_in_capture). A driver
- *    older than CUDA 12.8 (no else branch) runs every chunk dense, and
- *    chunk_scratch then asks for no sparse scratch.
+ *    the same node joins the caller's graph (filtered_in_capture; CUDA then
+ *    forbids cloning that graph, embedding it as a child or instantiating
+ *    it twice at once). A driver older than CUDA 12.8 (no else branch)
+ *    runs every chunk dense, and chunk_scratch then asks for no sparse
+ *    scratch; so does a backend whose graph could not be made once (unless
+ *    FUSEDGRPO_CUDA_STRICT=1 makes that fail the call).
  *  - derivs takes the plan by value into its kernel (its arrays are the
  *    driver's device copies) and is compiled without FMA contraction, as
  *    the host's loss math is (loss_derivs.h).
@@ -127,7 +130,9 @@ typedef struct cuda_backend {
     fg_cuda_scan *scan; /* one scan's result on the device, copied out by scan */
     cudaStream_t side;  /* captures the filtered products' graph; never runs work */
     int conditional;    /* the driver runs conditional graph nodes with an else
-                           branch (CUDA 12.8): filtered chunks may run sparse */
+                           branch (CUDA 12.8): filtered chunks may run sparse;
+                           0 once a filtered chunk's graph could not be made */
+    int strict;         /* FUSEDGRPO_CUDA_STRICT=1: that failure fails the call */
 } cuda_backend;
 
 static cuda_backend *state(void *be) { return static_cast<cuda_backend *>(be); }
@@ -872,10 +877,18 @@ static bool sparse_scratch(const cuda_backend *s, const fg_backend_call *c, fg_c
         return false;
     if (c->grad_weight.data && !c->gw_sum && c->grad_weight.dtype != FG_DTYPE_F32)
         return false;
-    fg_cuda_sparse_carve(sp, static_cast<unsigned char *>(c->scratch) +
-                                 filter_rows_bytes(c->chunk_rows),
-                         c->chunk_rows, c->V);
-    return true;
+    const fg_status st = fg_cuda_sparse_carve(
+        sp, static_cast<unsigned char *>(c->scratch) + filter_rows_bytes(c->chunk_rows),
+        c->chunk_rows, c->V, NULL, 0);
+    (void)cudaGetLastError();
+    return st == FG_OK;
+}
+
+/* A conditional handle of `graph` whose value is 0 (dense) at every launch
+ * until decide sets it. */
+static cudaError_t conditional_handle(cudaGraphConditionalHandle *handle, cudaGraph_t graph)
+{
+    return cudaGraphConditionalHandleCreate(handle, graph, 0, cudaGraphCondAssignDefault);
 }
 
 /* Work queued on the side stream, captured into `graph` (its roots). */
@@ -972,17 +985,18 @@ static fg_status filtered_graph(const cuda_backend *s, const fg_backend_call *c,
                        msg_size);
     }
     cudaGraphConditionalHandle handle = 0;
-    if (st == FG_OK && (err = cudaGraphConditionalHandleCreate(&handle, graph, 0, 0)) != cudaSuccess)
+    if (st == FG_OK && (err = conditional_handle(&handle, graph)) != cudaSuccess)
         st = cuda_fail(FG_ERR_BACKEND, "the graph's conditional handle", err, msg, msg_size);
     if (st == FG_OK)
         st = capture_into(s, graph, "capturing the sparse products' choice", [&] {
-            return fg_cuda_sparse_decide(rows, m, c->kept_cap, sp, handle, s->side, msg,
+            return fg_cuda_sparse_decide(rows, m, c->kept_cap, sp, 1, handle, s->side, msg,
                                          msg_size);
         }, msg, msg_size);
     cudaGraphNode_t decide = NULL, node = NULL;
-    size_t nodes = 1;
-    if (st == FG_OK && ((err = cudaGraphGetNodes(graph, &decide, &nodes)) != cudaSuccess ||
-                        nodes != 1))
+    size_t nodes = 0;
+    if (st == FG_OK &&
+        ((err = cudaGraphGetNodes(graph, NULL, &nodes)) != cudaSuccess || nodes != 1 ||
+         (err = cudaGraphGetNodes(graph, &decide, &nodes)) != cudaSuccess))
         st = err != cudaSuccess
                  ? cuda_fail(FG_ERR_BACKEND, "the choice's graph node", err, msg, msg_size)
                  : fail(FG_ERR_BACKEND, msg, msg_size,
@@ -1002,15 +1016,19 @@ static fg_status filtered_graph(const cuda_backend *s, const fg_backend_call *c,
 /* The same inside a caller's capture of the stream (a device-reported call
  * under torch.cuda.graph): decide captured on the stream, the conditional
  * node added to the caller's graph after it, and the stream's capture made
- * to continue from that node. The branches are captured first, so that
- * nothing reaches the caller's graph unless they were; a failure after that
- * leaves the caller's graph incomplete, and the call's status says so. */
+ * to continue from that node. The branches and the handle come first:
+ * until decide is captured nothing of this chunk's is in the caller's
+ * graph (*touched stays 0, and the caller may run the dense products
+ * instead); a failure after that leaves the caller's graph incomplete, and
+ * the call's status says so. A graph holding a conditional node cannot be
+ * cloned, embedded as a child graph or instantiated twice at once (CUDA). */
 static fg_status filtered_in_capture(const cuda_backend *s, const fg_backend_call *c, int64_t r0,
-                                     int64_t m, int first, const fg_cuda_sparse *sp, char *msg,
-                                     size_t msg_size)
+                                     int64_t m, int first, const fg_cuda_sparse *sp,
+                                     bool *touched, char *msg, size_t msg_size)
 {
     const fg_cuda_filter_row *rows = static_cast<const fg_cuda_filter_row *>(c->scratch);
     cudaGraph_t branch[2] = {NULL, NULL}, graph = NULL;
+    *touched = false;
     fg_status st = capture_branches(s, c, r0, m, first, sp, branch, msg, msg_size);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaSuccess;
@@ -1022,10 +1040,13 @@ static fg_status filtered_in_capture(const cuda_backend *s, const fg_backend_cal
                                 : fail(FG_ERR_BACKEND, msg, msg_size,
                                        "CUDA: the stream's capture is not active");
     cudaGraphConditionalHandle handle = 0;
-    if (st == FG_OK && (err = cudaGraphConditionalHandleCreate(&handle, graph, 0, 0)) != cudaSuccess)
+    if (st == FG_OK && (err = conditional_handle(&handle, graph)) != cudaSuccess)
         st = cuda_fail(FG_ERR_BACKEND, "the capture's conditional handle", err, msg, msg_size);
-    if (st == FG_OK)
-        st = fg_cuda_sparse_decide(rows, m, c->kept_cap, sp, handle, s->stream, msg, msg_size);
+    if (st == FG_OK) {
+        *touched = true;
+        st = fg_cuda_sparse_decide(rows, m, c->kept_cap, sp, 1, handle, s->stream, msg,
+                                   msg_size);
+    }
     const cudaGraphNode_t *deps = NULL;
     const cudaGraphEdgeData *edges = NULL;
     size_t n = 0;
@@ -1042,6 +1063,48 @@ static fg_status filtered_in_capture(const cuda_backend *s, const fg_backend_cal
                        msg, msg_size);
     destroy_branches(branch);
     return st;
+}
+
+/* The filtered chunk's products, sparse or dense as chosen on the device:
+ * filtered_graph launched, or inside a caller's capture filtered_in_capture.
+ * *done = 0 where neither could be set up and nothing reached the stream: a
+ * driver or build that cannot make these graphs. The backend then stops
+ * trying (its chunks run dense) unless FUSEDGRPO_CUDA_STRICT=1, which makes
+ * that a failure of the call. */
+static fg_status filtered_products(cuda_backend *s, const fg_backend_call *c, int64_t r0,
+                                   int64_t m, int first, const fg_cuda_sparse *sp, bool *done,
+                                   char *msg, size_t msg_size)
+{
+    *done = false;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cudaError_t err = cudaStreamIsCapturing(s->stream, &capturing);
+    if (err != cudaSuccess)
+        return cuda_fail(FG_ERR_BACKEND, "the stream's capture status", err, msg, msg_size);
+    if (capturing != cudaStreamCaptureStatusNone && capturing != cudaStreamCaptureStatusActive)
+        return FG_OK; /* an invalidated capture: the dense products report it */
+    fg_status st;
+    bool touched = false;
+    if (capturing == cudaStreamCaptureStatusActive) {
+        st = filtered_in_capture(s, c, r0, m, first, sp, &touched, msg, msg_size);
+    } else {
+        cudaGraphExec_t exec = NULL;
+        st = filtered_graph(s, c, r0, m, first, sp, &exec, msg, msg_size);
+        if (st == FG_OK) {
+            touched = true;
+            err = cudaGraphLaunch(exec, s->stream);
+            (void)cudaGraphExecDestroy(exec); /* freed once the launch completes */
+            if (err != cudaSuccess)
+                st = cuda_fail(FG_ERR_BACKEND, "launching the filtered products' graph", err,
+                               msg, msg_size);
+        }
+    }
+    if (st == FG_OK || touched || s->strict) {
+        *done = true;
+        return st;
+    }
+    s->conditional = 0;
+    (void)cudaGetLastError();
+    return FG_OK;
 }
 
 /* GEMM 2 into ghbuf then grad_hidden's rows (put_grad_hidden); GEMM 3 into
@@ -1062,28 +1125,12 @@ static fg_status cuda_grads(void *be, const fg_backend_call *c, int64_t r0, int6
         return FG_OK;
     device_scope scope(s->device);
     fg_cuda_sparse sp;
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    cudaError_t cerr = cudaSuccess;
-    const bool sparse = sparse_scratch(s, c, &sp);
-    if (sparse && (cerr = cudaStreamIsCapturing(s->stream, &capturing)) != cudaSuccess)
-        return cuda_fail(FG_ERR_BACKEND, "the stream's capture status", cerr, msg, msg_size);
-    if (sparse && capturing == cudaStreamCaptureStatusActive) {
-        if ((st = filtered_in_capture(s, c, r0, m, first, &sp, msg, msg_size)) != FG_OK)
-            return st;
-    } else if (sparse && capturing == cudaStreamCaptureStatusNone) {
-        cudaGraphExec_t exec = NULL;
-        if ((st = filtered_graph(s, c, r0, m, first, &sp, &exec, msg, msg_size)) != FG_OK)
-            return st;
-        const cudaError_t err = cudaGraphLaunch(exec, s->stream);
-        (void)cudaGraphExecDestroy(exec); /* freed once the launch completes */
-        if (err != cudaSuccess)
-            return cuda_fail(FG_ERR_BACKEND, "launching the filtered products' graph", err, msg,
-                             msg_size);
-    } else {
-        (void)cudaGetLastError();
-        if ((st = dense_products(s, c, m, first, s->stream, msg, msg_size)) != FG_OK)
-            return st;
-    }
+    bool done = false;
+    if (sparse_scratch(s, c, &sp) &&
+        (st = filtered_products(s, c, r0, m, first, &sp, &done, msg, msg_size)) != FG_OK)
+        return st;
+    if (!done && (st = dense_products(s, c, m, first, s->stream, msg, msg_size)) != FG_OK)
+        return st;
     return cuda_put_grad_hidden(be, c, r0, m, msg, msg_size);
 }
 
@@ -1206,6 +1253,8 @@ static fg_status cuda_open(cuda_backend *s, char *msg, size_t msg_size)
     int driver = 0;
     s->conditional = cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12080;
     (void)cudaGetLastError();
+    const char *strict = getenv("FUSEDGRPO_CUDA_STRICT");
+    s->strict = strict && strcmp(strict, "1") == 0;
     const cudaError_t cerr = cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking);
     if (cerr != cudaSuccess) {
         (void)cudaGetLastError();

@@ -59,6 +59,7 @@ __global__ void batch_total_kernel(fg_loss_plan plan, fg_report_batch r, int con
     double *scalars = const_cast<double *>(plan.batch_scalars);
     scalars[0] = total;
     scalars[1] = fg_loss_entropy_weight(&plan, total);
+    scalars[2] = plan.entropy_threshold; /* every token; report_prepare's quantile */
 }
 
 /* Sequence b's constants (fg_loss_plan_init's, then fg_loss_prepare's). */
@@ -104,17 +105,137 @@ fg_status fg_cuda_report_batch(const fg_loss_plan *plan, const fg_report_batch *
 
 /* ---- report_prepare --------------------------------------------------------- */
 
-/* Sequence b's constants from every token's log-prob (fg_loss_prepare's). */
-__global__ void __launch_bounds__(THREADS)
-    prepare_kernel(fg_loss_plan plan, const float *logp, const float *entropy)
+/* Sequence b's constants from every token's log-prob (fg_loss_prepare's
+ * first loop). */
+__global__ void __launch_bounds__(THREADS) prepare_kernel(fg_loss_plan plan, const float *logp)
 {
     const int64_t b = (int64_t)blockIdx.x * THREADS + threadIdx.x;
     if (b >= plan.B)
         return;
     fg_loss_plan p = fg_loss_plan_resolved(&plan);
     fg_loss_seq_prepare(&p, b, logp);
-    if (p.level == FG_LEVEL_SEQUENCE)
-        fg_loss_seq_dratio(&p, b, logp, entropy);
+}
+
+/* Sequence b's Σ ∂L/∂ratio at the sequence level (fg_loss_prepare's last
+ * loop, after the entropy quantile). */
+__global__ void __launch_bounds__(THREADS)
+    dratio_kernel(fg_loss_plan plan, const float *logp, const float *entropy)
+{
+    const int64_t b = (int64_t)blockIdx.x * THREADS + threadIdx.x;
+    if (b >= plan.B)
+        return;
+    fg_loss_plan p = fg_loss_plan_resolved(&plan);
+    fg_loss_seq_dratio(&p, b, logp, entropy);
+}
+
+/* A float's place in the order of floats, as an unsigned key (-0 before +0),
+ * and back. */
+__device__ static uint32_t order_key(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ static float from_order_key(uint32_t k)
+{
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+#define QUANTILE_THREADS 512
+
+/* The entropy quantile (fg_loss_prepare's middle step) in one block: the
+ * unmasked count m; x[lo], the lo-th smallest unmasked entropy, by a radix
+ * select on order keys (four 8-bit digits, a shared histogram each); x[hi]
+ * (hi = lo + 1 at most): x[lo] again if more than lo + 1 entropies are at
+ * most x[lo], else the least entropy above it; the threshold
+ * fg_quantile_lerp; the tokens at or above it; the entropy bonus's weight.
+ * Integer counts and a min only: the values the host's sort gives (a value
+ * does not depend on how the equal ones were ordered), in any launch order.
+ * Into the batch scalars [1] and [2]. */
+__global__ void __launch_bounds__(QUANTILE_THREADS)
+    quantile_kernel(fg_loss_plan plan, const float *entropy)
+{
+    __shared__ unsigned long long count, above;
+    __shared__ unsigned int hist[256], prefix, prefix_mask, least_above;
+    __shared__ long long rank;
+    const int64_t N = plan.B * plan.T;
+    const unsigned tid = threadIdx.x;
+    if (tid == 0) {
+        count = 0;
+        above = 0;
+        prefix = 0;
+        prefix_mask = 0;
+        least_above = 0xffffffffu;
+    }
+    __syncthreads();
+    unsigned long long mine = 0;
+    for (int64_t n = tid; n < N; n += QUANTILE_THREADS)
+        mine += plan.mask[n] != 0;
+    atomicAdd(&count, mine);
+    __syncthreads();
+    const int64_t m = (int64_t)count;
+    double *scalars = const_cast<double *>(plan.batch_scalars);
+    if (m == 0) { /* no token: nothing is effective */
+        if (tid == 0) {
+            scalars[1] = fg_loss_entropy_weight(&plan, 0.0);
+            scalars[2] = INFINITY;
+        }
+        return;
+    }
+    const fg_quantile_rank r = fg_quantile_rank_of(m, 1.0 - plan.top_entropy_quantile);
+    if (tid == 0)
+        rank = r.lo;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (unsigned d = tid; d < 256; d += QUANTILE_THREADS)
+            hist[d] = 0;
+        __syncthreads();
+        for (int64_t n = tid; n < N; n += QUANTILE_THREADS) {
+            const uint32_t k = order_key(entropy[n]);
+            if (plan.mask[n] && (k & prefix_mask) == prefix)
+                atomicAdd(&hist[(k >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) { /* the digit holding the rank-th key of those left */
+            unsigned d = 0;
+            while (d < 255 && (long long)hist[d] <= rank) {
+                rank -= hist[d];
+                d++;
+            }
+            prefix |= d << shift;
+            prefix_mask |= 255u << shift;
+        }
+        __syncthreads();
+    }
+    const uint32_t lo_key = prefix;
+    unsigned long long at_most = 0;
+    unsigned int least = 0xffffffffu;
+    for (int64_t n = tid; n < N; n += QUANTILE_THREADS) {
+        if (!plan.mask[n])
+            continue;
+        const uint32_t k = order_key(entropy[n]);
+        at_most += k <= lo_key;
+        least = k > lo_key && k < least ? k : least;
+    }
+    atomicAdd(&above, at_most); /* here: the entropies at most x[lo] */
+    atomicMin(&least_above, least);
+    __syncthreads();
+    const float a = from_order_key(lo_key);
+    const float b = r.hi == r.lo || (long long)above > r.hi ? a : from_order_key(least_above);
+    const float threshold = fg_quantile_lerp(a, b, r.w);
+    __syncthreads();
+    if (tid == 0)
+        count = 0;
+    __syncthreads();
+    plan.entropy_threshold = threshold;
+    unsigned long long eff = 0;
+    for (int64_t n = tid; n < N; n += QUANTILE_THREADS)
+        eff += plan.mask[n] && fg_token_in_entropy_mask(&plan, entropy[n]);
+    atomicAdd(&count, eff);
+    __syncthreads();
+    if (tid == 0) {
+        scalars[1] = fg_loss_entropy_weight(&plan, (double)count);
+        scalars[2] = threshold;
+    }
 }
 
 fg_status fg_cuda_report_prepare(const fg_loss_plan *plan, const float *logp,
@@ -124,7 +245,11 @@ fg_status fg_cuda_report_prepare(const fg_loss_plan *plan, const float *logp,
     if (!logp || !entropy)
         return fail(FG_ERR_NULL_ARGUMENT, msg, msg_size,
                     "report prepare: every token's logp and entropy are required");
-    prepare_kernel<<<blocks_of(plan->B), THREADS, 0, stream>>>(*plan, logp, entropy);
+    prepare_kernel<<<blocks_of(plan->B), THREADS, 0, stream>>>(*plan, logp);
+    if (plan->top_entropy_quantile < 1.0 && !plan->external)
+        quantile_kernel<<<1, QUANTILE_THREADS, 0, stream>>>(*plan, entropy);
+    if (plan->level == FG_LEVEL_SEQUENCE)
+        dratio_kernel<<<blocks_of(plan->B), THREADS, 0, stream>>>(*plan, logp, entropy);
     return launched("the sequences' constants", msg, msg_size);
 }
 

@@ -15,7 +15,7 @@
 
 namespace {
 
-constexpr int DECIDE_THREADS = 1024;
+constexpr int DECIDE_THREADS = 256;
 constexpr int ROW_THREADS = 256;  /* compact: a block per row                    */
 constexpr int H_THREADS = 256;    /* dhidden, dweight: a thread per hidden entry  */
 constexpr int COLS_PER_BLOCK = 8; /* dweight: vocabulary columns a block walks    */
@@ -33,9 +33,10 @@ int key_bits(int64_t V)
 
 /* Each row's kept count (a row past the cap counts as over), their exclusive
  * prefix sums into row_off, and whether the chunk runs sparse. */
-__global__ void decide_kernel(const fg_cuda_filter_row *rows, int m, int cap, long long entries,
-                              int32_t *row_off, int32_t *flag, cudaGraphConditionalHandle handle,
-                              int set_handle)
+__global__ void __launch_bounds__(DECIDE_THREADS)
+    decide_kernel(const fg_cuda_filter_row *rows, int m, int cap, long long entries,
+                  int32_t *row_off, int32_t *flag, cudaGraphConditionalHandle handle,
+                  int set_handle)
 {
     typedef cub::BlockScan<long long, DECIDE_THREADS> Scan;
     __shared__ typename Scan::TempStorage tmp;
@@ -70,7 +71,7 @@ __global__ void decide_kernel(const fg_cuda_filter_row *rows, int m, int cap, lo
 /* Row i's kept entries, columns ascending: the filter's rule again, from its
  * threshold (a dropped entry is 0 now, which the rule drops again). */
 template <typename T>
-__global__ void compact_kernel(const T *d, int64_t ld, int V, const int64_t *targets,
+__global__ void __launch_bounds__(ROW_THREADS) compact_kernel(const T *d, int64_t ld, int V, const int64_t *targets,
                                const fg_cuda_filter_row *rows, const int32_t *flag,
                                const int32_t *row_off, int32_t *col, int32_t *row, float *val)
 {
@@ -105,7 +106,7 @@ __global__ void compact_kernel(const T *d, int64_t ld, int V, const int64_t *tar
 
 /* gh[i, h] = Σ_p val[p] · w[col[p], h] over row i's entries in order. */
 template <typename W>
-__global__ void dhidden_kernel(const int32_t *flag, const int32_t *row_off, const int32_t *col,
+__global__ void __launch_bounds__(H_THREADS) dhidden_kernel(const int32_t *flag, const int32_t *row_off, const int32_t *col,
                                const float *val, const W *w, int64_t w_ld, int H, float *gh,
                                int64_t gh_ld)
 {
@@ -124,7 +125,7 @@ __global__ void dhidden_kernel(const int32_t *flag, const int32_t *row_off, cons
 
 /* The radix sort's input: each CSR position's column (V past the chunk's
  * kept entries, so that they sort last) and the position itself. */
-__global__ void sort_input_kernel(const int32_t *flag, const int32_t *row_off, int m,
+__global__ void __launch_bounds__(256) sort_input_kernel(const int32_t *flag, const int32_t *row_off, int m,
                                   const int32_t *col, int64_t entries, uint32_t V, uint32_t *key,
                                   int32_t *pos)
 {
@@ -139,7 +140,7 @@ __global__ void sort_input_kernel(const int32_t *flag, const int32_t *row_off, i
 
 /* Each column's range [col_begin, col_end) of the sorted positions (both 0
  * for a column no row keeps: set before). */
-__global__ void ranges_kernel(const int32_t *flag, const uint32_t *key, int64_t entries,
+__global__ void __launch_bounds__(256) ranges_kernel(const int32_t *flag, const uint32_t *key, int64_t entries,
                               uint32_t V, int32_t *begin, int32_t *end)
 {
     if (!*flag)
@@ -157,7 +158,7 @@ __global__ void ranges_kernel(const int32_t *flag, const uint32_t *key, int64_t 
 /* gw[v, h] = (first ? 0 : gw[v, h]) + Σ val · hbuf[row, h], the rows keeping
  * v ascending; a column no row keeps is zeroed when `first`, else left. */
 template <typename T>
-__global__ void dweight_kernel(const int32_t *flag, const int32_t *begin, const int32_t *end,
+__global__ void __launch_bounds__(H_THREADS) dweight_kernel(const int32_t *flag, const int32_t *begin, const int32_t *end,
                                const int32_t *pos, const int32_t *row, const float *val,
                                const T *hb, int64_t h_ld, int V, int H, float *gw, int64_t gw_ld,
                                int first)
@@ -213,7 +214,7 @@ fg_status check_product(const char *what, const fg_cuda_sparse *s, int64_t m, co
         st = check_dtype(what, x_name, x_t, msg, msg_size);
     if (st != FG_OK)
         return st;
-    if (!x || !out || H < 1 || H >= INT_MAX || x_ld < H || out_ld < H)
+    if (!x || !out || H < 1 || H > (int64_t)65535 * H_THREADS || x_ld < H || out_ld < H)
         return fail(FG_ERR_INVALID_SIZE, msg, msg_size,
                     "%s: %s (stride %lld) and %s (stride %lld) of H = %lld", what, x_name,
                     (long long)x_ld, out_name, (long long)out_ld, (long long)H);
@@ -229,6 +230,20 @@ extern "C" int64_t fg_cuda_sparse_entries(int64_t rows, int64_t V)
     const int64_t per_row = V / 256 > 1 ? V / 256 : 1;
     const int64_t limit = int64_t{1} << 30;
     return rows > limit / per_row ? limit : rows * per_row;
+}
+
+/* CUB's radix sort scratch for `entries` slots of keys below 2^key_bits(V). */
+static fg_status sort_bytes_of(int64_t entries, int64_t V, size_t *bytes, char *msg,
+                               size_t msg_size)
+{
+    *bytes = 0;
+    const cudaError_t err = cub::DeviceRadixSort::SortPairs(
+        nullptr, *bytes, (const uint32_t *)nullptr, (uint32_t *)nullptr,
+        (const int32_t *)nullptr, (int32_t *)nullptr, (int)entries, 0, key_bits(V));
+    if (err != cudaSuccess)
+        return fail(FG_ERR_BACKEND, msg, msg_size, "CUDA: the radix sort's scratch: %s (%s)",
+                    cudaGetErrorName(err), cudaGetErrorString(err));
+    return FG_OK;
 }
 
 /* The pieces, in carve's order. */
@@ -253,17 +268,14 @@ extern "C" fg_status fg_cuda_sparse_bytes(int64_t rows, int64_t V, size_t *bytes
                     (long long)rows, (long long)V);
     const int64_t entries = fg_cuda_sparse_entries(rows, V);
     size_t sort_bytes = 0;
-    const cudaError_t err = cub::DeviceRadixSort::SortPairs(
-        nullptr, sort_bytes, (const uint32_t *)nullptr, (uint32_t *)nullptr,
-        (const int32_t *)nullptr, (int32_t *)nullptr, (int)entries, 0, key_bits(V));
-    if (err != cudaSuccess)
-        return fail(FG_ERR_BACKEND, msg, msg_size, "CUDA: the radix sort's scratch: %s (%s)",
-                    cudaGetErrorName(err), cudaGetErrorString(err));
-    *bytes = layout(rows, V, entries, sort_bytes);
-    return FG_OK;
+    const fg_status st = sort_bytes_of(entries, V, &sort_bytes, msg, msg_size);
+    if (st == FG_OK)
+        *bytes = layout(rows, V, entries, sort_bytes);
+    return st;
 }
 
-extern "C" void fg_cuda_sparse_carve(fg_cuda_sparse *s, void *base, int64_t rows, int64_t V)
+extern "C" fg_status fg_cuda_sparse_carve(fg_cuda_sparse *s, void *base, int64_t rows, int64_t V,
+                                          char *msg, size_t msg_size)
 {
     const int64_t entries = fg_cuda_sparse_entries(rows, V);
     const size_t e = (size_t)entries;
@@ -288,14 +300,13 @@ extern "C" void fg_cuda_sparse_carve(fg_cuda_sparse *s, void *base, int64_t rows
     s->col_begin = static_cast<int32_t *>(take((size_t)V * sizeof(int32_t)));
     s->col_end = static_cast<int32_t *>(take((size_t)V * sizeof(int32_t)));
     s->sort_temp = p; /* the rest: layout's sort_bytes */
-    size_t total = 0;
-    (void)fg_cuda_sparse_bytes(rows, V, &total, nullptr, 0);
-    s->sort_bytes = total - (size_t)(p - static_cast<unsigned char *>(base));
+    return sort_bytes_of(entries, V, &s->sort_bytes, msg, msg_size);
 }
 
 extern "C" fg_status fg_cuda_sparse_decide(const fg_cuda_filter_row *rows, int64_t m, int64_t cap,
-                                           const fg_cuda_sparse *s, unsigned long long handle,
-                                           cudaStream_t stream, char *msg, size_t msg_size)
+                                           const fg_cuda_sparse *s, int set_handle,
+                                           unsigned long long handle, cudaStream_t stream,
+                                           char *msg, size_t msg_size)
 {
     const char *what = "sparse decide";
     fg_status st = check_rows(what, s, m, msg, msg_size);
@@ -304,9 +315,12 @@ extern "C" fg_status fg_cuda_sparse_decide(const fg_cuda_filter_row *rows, int64
     if (!rows || cap < 0)
         return fail(FG_ERR_INVALID_SIZE, msg, msg_size, "%s: the filter's rows, cap %lld", what,
                     (long long)cap);
+    /* this chunk's own budget of V/256 a row (the scratch holds the largest's) */
+    const int64_t entries = fg_cuda_sparse_entries(m, s->V);
     decide_kernel<<<1, DECIDE_THREADS, 0, stream>>>(
-        rows, (int)m, cap > INT_MAX ? INT_MAX : (int)cap, (long long)s->entries, s->row_off,
-        s->flag, (cudaGraphConditionalHandle)handle, handle != 0);
+        rows, (int)m, cap > INT_MAX ? INT_MAX : (int)cap,
+        (long long)(entries < s->entries ? entries : s->entries), s->row_off, s->flag,
+        (cudaGraphConditionalHandle)handle, set_handle);
     return launched(what, msg, msg_size);
 }
 

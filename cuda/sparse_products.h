@@ -5,7 +5,7 @@
  * that the same kept entries give the CPU's bits.
  *
  *   decide:   sparse = every row keeps at most cap entries and the chunk at
- *             most `entries` (sparse_entries); row_off = the rows' exclusive
+ *             most fg_cuda_sparse_entries(m, V); row_off = the rows' exclusive
  *             prefix sums of their kept counts                    [m + 1]
  *   compact:  row i's kept (column, value) pairs, columns ascending, at
  *             row_off[i]                                          CSR [kept]
@@ -73,15 +73,18 @@ fg_status fg_cuda_sparse_bytes(int64_t rows, int64_t V, size_t *bytes, char *msg
                                size_t msg_size);
 
 /* The scratch's pieces from `base` (fg_cuda_sparse_bytes of it, 256-byte
- * aligned). */
-void fg_cuda_sparse_carve(fg_cuda_sparse *s, void *base, int64_t rows, int64_t V);
+ * aligned); fails only where the sort's scratch size cannot be had. */
+fg_status fg_cuda_sparse_carve(fg_cuda_sparse *s, void *base, int64_t rows, int64_t V,
+                               char *msg, size_t msg_size);
 
 /* decide for the chunk's m rows from the filter's row scratch (their kept
- * counts, -1 past the cap); sets *s->flag and, when `handle` is not 0, the
- * graph's conditional to the same value. One block; no host wait. */
+ * counts, -1 past the cap) against fg_cuda_sparse_entries(m, V); sets
+ * *s->flag and, with set_handle, the graph conditional `handle` (a
+ * cudaGraphConditionalHandle) to the same value. One block; no host wait. */
 fg_status fg_cuda_sparse_decide(const fg_cuda_filter_row *rows, int64_t m, int64_t cap,
-                                const fg_cuda_sparse *s, unsigned long long handle,
-                                cudaStream_t stream, char *msg, size_t msg_size);
+                                const fg_cuda_sparse *s, int set_handle,
+                                unsigned long long handle, cudaStream_t stream, char *msg,
+                                size_t msg_size);
 
 /* compact: the kept entries of the filtered d [m, V] (stride ld; row i's
  * threshold and target as the filter had them). */

@@ -290,10 +290,10 @@ static void test_argument_checks(void)
     sp.entries = 4;
     sp.flag = &flag;
     check_status("sparse decide: no scratch",
-                 fg_cuda_sparse_decide(&fr, 1, 1, NULL, 0, 0, msg, sizeof msg),
+                 fg_cuda_sparse_decide(&fr, 1, 1, NULL, 0, 0, 0, msg, sizeof msg),
                  FG_ERR_NULL_ARGUMENT, msg);
     check_status("sparse decide: more rows than the scratch holds",
-                 fg_cuda_sparse_decide(&fr, 5, 1, &sp, 0, 0, msg, sizeof msg),
+                 fg_cuda_sparse_decide(&fr, 5, 1, &sp, 0, 0, 0, msg, sizeof msg),
                  FG_ERR_INVALID_SIZE, msg);
     check_status("sparse compact: ld < V",
                  fg_cuda_sparse_compact(&f, FG_DTYPE_F32, 1, 7, &tok, &fr, &sp, 0, msg,

@@ -44,8 +44,8 @@
  *     capture mode) and replayed,
  *     against the host-checked call, with the advantages changed between
  *     captures' replays; filtered at two thresholds (the chunks' products a
- *     conditional node of the caller's graph); two refusals reported with
- *     the host's status and message.
+ *     conditional node of the caller's graph); the entropy quantile at both
+ *     levels; two refusals reported with the host's status and message.
  *   - Refusals: an unmasked token id = V (FG_ERR_TOKEN_OUT_OF_RANGE) and a
  *     NaN in an unmasked hidden row (FG_ERR_NONFINITE_INPUT), fused and
  *     materialized, accumulating or not: the same status as the CPU and every
@@ -1630,9 +1630,11 @@ static void test_sparse(Side &cu, const fg_backend_call &C, const Problem &p,
     fc.kept_count = static_cast<int64_t *>(side_alloc(cu, sizeof(int64_t)));
     const bool sparse_built = conditional_nodes();
     fg_cuda_sparse sp = {};
-    if (sparse_built)
-        fg_cuda_sparse_carve(&sp, static_cast<unsigned char *>(fc.scratch) + filter_rows_bytes(n),
-                             n, V);
+    if (sparse_built &&
+        (st = fg_cuda_sparse_carve(&sp, static_cast<unsigned char *>(fc.scratch) +
+                                            filter_rows_bytes(n),
+                                   n, V, msg, sizeof msg)) != FG_OK)
+        side_die(cu, "the sparse scratch's layout", st, msg);
     rng_state = 9191;
     std::vector<unsigned char> hb((size_t)n * H * es);
     for (size_t k = 0; k < (size_t)n * H; k++)
@@ -1659,6 +1661,9 @@ static void test_sparse(Side &cu, const fg_backend_call &C, const Problem &p,
             side_put(cu, fc.dlogits, D.data(), D.size());
             const int64_t zero = 0;
             side_put(cu, fc.kept_count, &zero, sizeof zero);
+            const int32_t unset = -1; /* decide writes 0 or 1 */
+            if (sparse_built)
+                side_put(cu, sp.flag, &unset, sizeof unset);
             OP(cu, filter, "filter", &fc, (int64_t)0, n);
             OP(cu, grads, "grads (filtered)", &fc, (int64_t)0, n, first);
             host_sparse(D, dtype, n, keep, p, hb, &gh, &gw, first);
@@ -2181,9 +2186,9 @@ static fg_status reported_graph(const Contexts &cx, const DeviceProblem &d, fg_d
  * host-checked call (the record clean, its loss and metrics, logp, entropy
  * and the gradients within the tolerances above; masked rows 0), then the
  * advantages changed on the device between replays (the graph reads them
- * again: no value is baked in), then gradient filtering inside the capture,
- * then refusals: the record gives the host-checked call's status and
- * message. */
+ * again: no value is baked in), then gradient filtering inside the capture
+ * and the entropy quantile, then refusals: the record gives the
+ * host-checked call's status and message. */
 static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, const Budget &bu)
 {
     fg_device_report *rep_dev = NULL;
@@ -2235,13 +2240,24 @@ static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, cons
         a = -a;
     upload(d.adv, p.adv.data(), p.adv.size() * sizeof(float));
 
-    /* Gradient filtering inside the capture: each filtered chunk's products
-     * are a conditional node of the caller's graph (sparse where the chunk
-     * keeps at most V/256 entries a row: eps 0.25 keeps a few a row, 2^-12
-     * more), against the host-checked call on the same context: the same
-     * kept entries, the outputs within the tolerances. */
-    for (double eps : {0.25, 0x1p-12}) {
-        const fg_loss_config cfg = config(FG_LOSS_DAPO, FG_LEVEL_TOKEN);
+    /* Gradient filtering inside the capture (each filtered chunk's products
+     * a conditional node of the caller's graph, sparse where the chunk keeps
+     * at most V/256 entries a row: eps 0.25 keeps a few a row, 2^-12 more),
+     * and the entropy quantile (its threshold from every unmasked entropy by
+     * a radix select on the device, after the forward sweep), against the
+     * host-checked call on the same context: the same kept entries, the
+     * outputs within the tolerances. */
+    const struct {
+        double eps, quantile;
+        int level;
+    } variants[] = {{0.25, 1.0, FG_LEVEL_TOKEN},
+                    {0x1p-12, 1.0, FG_LEVEL_TOKEN},
+                    {0.0, 0.7, FG_LEVEL_TOKEN},
+                    {0.0, 0.5, FG_LEVEL_SEQUENCE}};
+    for (const auto &var : variants) {
+        const double eps = var.eps;
+        fg_loss_config cfg = config(FG_LOSS_DAPO, var.level);
+        cfg.top_entropy_quantile = var.quantile;
         fg_status sc, sg;
         Outputs co, go;
         run_pair(cx, p, d, FG_IMPL_FUSED, bu.bytes, cfg, before, 0, &sc, &sg, &co, &go, eps);
@@ -2259,14 +2275,16 @@ static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, cons
         char msg[512];
         const fg_status rs = fg_device_report_status(&rep, msg, sizeof msg);
         char label[256], what[1024];
-        snprintf(label, sizeof label, "%s reported, filter_eps %g, graph x2 dapo/token (%lld chunks)",
-                 dname(p.dtype), eps, (long long)bu.chunks);
+        snprintf(label, sizeof label,
+                 "%s reported, filter_eps %g, top_entropy_quantile %g, graph x2 dapo/%s (%lld "
+                 "chunks)", dname(p.dtype), eps, var.quantile,
+                 fg_is_level_name((fg_is_level)var.level), (long long)bu.chunks);
         snprintf(what, sizeof what, "%s: host-checked %s, reported call %s, record %s %s; kept "
                  "entries host-checked %lld, reported %lld", label, fg_status_name(sg),
                  fg_status_name(sr), fg_status_name(rs), msg,
                  stats ? (long long)ms.dlogits_kept : -1LL, (long long)rep.dlogits_kept);
         check_true(what, sg == FG_OK && sr == FG_OK && captured && rs == FG_OK && stats &&
-                             ms.dlogits_kept == rep.dlogits_kept);
+                             (eps == 0 || ms.dlogits_kept == rep.dlogits_kept));
         if (sg == FG_OK && sr == FG_OK && rs == FG_OK)
             compare_outputs(label, ro, go, before, p, true);
         device_outputs_free(dout);

@@ -470,12 +470,11 @@ void fg_exec_init(fg_exec *exec); /* all zero: the context's settings */
  *   - every token row is walked, masked ones included (their gradients are
  *     0: a masked row's hidden state is never read, so it may hold NaN);
  *   - the record's memory must not meet an argument.
- * Calls: fg_linear_grpo with any loss but the entropy quantile
- * (top_entropy_quantile < 1: a quantile over every token's entropy); a
- * loss that needs every token's log-prob first (sequence-level ratios,
- * vespo with old_logp, the off-policy mask) computes them in a forward
- * sweep, its per-sequence constants on the device, then the gradients, as
- * a host-checked call does; fg_linear_logprobs and
+ * Calls: fg_linear_grpo with any loss; a loss that needs every token's
+ * log-prob or entropy first (sequence-level ratios, vespo with old_logp,
+ * the off-policy mask, the entropy quantile) computes them in a forward
+ * sweep, its per-sequence constants and the quantile's threshold on the
+ * device, then the gradients, as a host-checked call does; fg_linear_logprobs and
  * fg_linear_logprobs_backward; fused, without a vocab shard or a
  * communicator, and without accumulating into grad_bias. Others are
  * refused with FG_ERR_UNSUPPORTED.

@@ -190,6 +190,9 @@ test_rc=$rc
 [ "$test_rc" -ne 0 ] && [ "$test_rc" -ne 77 ] && failed=1
 
 # Runs test_cuda_api (rc in $rc; 77: skipped); "$@" goes before it (a sanitizer).
+# FUSEDGRPO_CUDA_STRICT=1: a filtered chunk's graph that cannot be made fails
+# the call with its CUDA error, rather than turning the backend's sparse
+# products off.
 run_api() {
   local limit=$1 log=$2
   shift 2
@@ -198,7 +201,7 @@ run_api() {
     rc=1
     return
   fi
-  run_logged "$limit" "$log" env FUSEDGRPO_CUDA_LIBRARY="$cuda_lib" "$@" \
+  run_logged "$limit" "$log" env FUSEDGRPO_CUDA_LIBRARY="$cuda_lib" FUSEDGRPO_CUDA_STRICT=1 "$@" \
     "$build_full/cuda/test_cuda_api"
 }
 

@@ -4,9 +4,10 @@
  * calls:
  *
  *  1. Losses of every type (token level; GSPO and sapo at the sequence
- *     level, vespo with old_logp and the off-policy mask, which read every
- *     token's log-prob first: a forward sweep, report_prepare, the gradient
- *     sweep; the KL, the entropy bonus, a bias,
+ *     level, vespo with old_logp, the off-policy mask and the entropy
+ *     quantile, which read every token's log-prob or entropy first: a
+ *     forward sweep, report_prepare, the gradient sweep; the KL, the
+ *     entropy bonus, a bias,
  *     filtering, f32 and bf16 inputs, odd sizes: B = 3, T = 11, H = 20,
  *     V = 53, a ragged mask whose masked ids lie out of range and whose
  *     masked hidden rows hold NaN) in several chunks: no host
@@ -26,7 +27,7 @@
  *     status and message; the call itself returned FG_OK with no sync.
  *     Gradients that overflow from finite inputs: FG_ERR_OVERFLOW naming
  *     the output.
- *  4. What is refused at once: the CPU backend, the entropy quantile,
+ *  4. What is refused at once: the CPU backend,
  *     accumulating into grad_bias, the record over an output, the phase
  *     API, a host-only entry point (fg_logits_grpo).
  */
@@ -481,11 +482,6 @@ static void refused_at_once(fg_context *ctx, fg_context *cpu)
     fg_status st = fg_linear_grpo(cpu, NULL, &cfg, &in, batch, &a.out, &ex);
     CHECK(st == FG_ERR_UNSUPPORTED && strstr(fg_last_error(cpu), "behind the seam"),
           "CPU backend: %s %s", fg_status_name(st), fg_last_error(cpu));
-    cfg.top_entropy_quantile = 0.5;
-    st = fg_linear_grpo(ctx, NULL, &cfg, &in, batch, &a.out, &ex);
-    CHECK(st == FG_ERR_UNSUPPORTED && strstr(fg_last_error(ctx), "top_entropy_quantile"),
-          "the entropy quantile: %s %s", fg_status_name(st), fg_last_error(ctx));
-    cfg.top_entropy_quantile = 1.0;
     a.out.accumulate = 1;
     st = fg_linear_grpo(ctx, NULL, &cfg, &in, batch, &a.out, &ex);
     CHECK(st == FG_ERR_UNSUPPORTED && strstr(fg_last_error(ctx), "grad_bias"),
@@ -531,37 +527,47 @@ int main(void)
         fg_is_level level;   /* 0: token */
         double off_policy;   /* 0: off */
         int no_old;          /* no old_logp (on-policy) */
+        double quantile;     /* top_entropy_quantile; 0: 1 (off) */
     } cases[] = {
-        {"grpo f32", FG_LOSS_GRPO, 0.0, 0.0, 0.0, FG_DTYPE_F32, 0, FG_LEVEL_TOKEN, 0.0, 0},
+        {"grpo f32", FG_LOSS_GRPO, 0.0, 0.0, 0.0, FG_DTYPE_F32, 0, FG_LEVEL_TOKEN, 0.0, 0, 0},
         {"dapo + entropy bonus, bias, f32", FG_LOSS_DAPO, 0.0, 0.05, 0.0, FG_DTYPE_F32, 1,
-         FG_LEVEL_TOKEN, 0.0, 0},
+         FG_LEVEL_TOKEN, 0.0, 0, 0},
         {"dr_grpo + KL, bf16", FG_LOSS_DR_GRPO, 0.04, 0.0, 0.0, FG_DTYPE_BF16, 1,
-         FG_LEVEL_TOKEN, 0.0, 0},
-        {"bnpo bf16", FG_LOSS_BNPO, 0.0, 0.0, 0.0, FG_DTYPE_BF16, 0, FG_LEVEL_TOKEN, 0.0, 0},
-        {"cispo f32", FG_LOSS_CISPO, 0.0, 0.01, 0.0, FG_DTYPE_F32, 1, FG_LEVEL_TOKEN, 0.0, 0},
-        {"sapo f32", FG_LOSS_SAPO, 0.0, 0.0, 0.0, FG_DTYPE_F32, 0, FG_LEVEL_TOKEN, 0.0, 0},
-        {"luspo + KL f32", FG_LOSS_LUSPO, 0.04, 0.0, 0.0, FG_DTYPE_F32, 0, FG_LEVEL_TOKEN, 0.0, 0},
+         FG_LEVEL_TOKEN, 0.0, 0, 0},
+        {"bnpo bf16", FG_LOSS_BNPO, 0.0, 0.0, 0.0, FG_DTYPE_BF16, 0, FG_LEVEL_TOKEN, 0.0, 0, 0},
+        {"cispo f32", FG_LOSS_CISPO, 0.0, 0.01, 0.0, FG_DTYPE_F32, 1, FG_LEVEL_TOKEN, 0.0, 0, 0},
+        {"sapo f32", FG_LOSS_SAPO, 0.0, 0.0, 0.0, FG_DTYPE_F32, 0, FG_LEVEL_TOKEN, 0.0, 0, 0},
+        {"luspo + KL f32", FG_LOSS_LUSPO, 0.04, 0.0, 0.0, FG_DTYPE_F32, 0, FG_LEVEL_TOKEN, 0.0, 0, 0},
         {"vespo on-policy (no old_logp) f32", FG_LOSS_VESPO, 0.0, 0.0, 0.0, FG_DTYPE_F32, 0,
-         FG_LEVEL_TOKEN, 0.0, 1},
+         FG_LEVEL_TOKEN, 0.0, 1, 0},
         {"grpo filtered 1e-3, bias, f32", FG_LOSS_GRPO, 0.0, 0.0, 1e-3, FG_DTYPE_F32, 1,
-         FG_LEVEL_TOKEN, 0.0, 0},
+         FG_LEVEL_TOKEN, 0.0, 0, 0},
         {"dapo filtered 1e-2, bf16", FG_LOSS_DAPO, 0.0, 0.0, 1e-2, FG_DTYPE_BF16, 0,
-         FG_LEVEL_TOKEN, 0.0, 0},
+         FG_LEVEL_TOKEN, 0.0, 0, 0},
         /* every token's log-prob first: a forward sweep, report_prepare */
         {"gspo (grpo, sequence) + KL, f32", FG_LOSS_GRPO, 0.04, 0.01, 0.0, FG_DTYPE_F32, 1,
-         FG_LEVEL_SEQUENCE, 0.0, 0},
+         FG_LEVEL_SEQUENCE, 0.0, 0, 0},
         {"sapo sequence bf16", FG_LOSS_SAPO, 0.0, 0.0, 0.0, FG_DTYPE_BF16, 0,
-         FG_LEVEL_SEQUENCE, 0.0, 0},
+         FG_LEVEL_SEQUENCE, 0.0, 0, 0},
         {"vespo off-policy f32", FG_LOSS_VESPO, 0.0, 0.0, 0.0, FG_DTYPE_F32, 0,
-         FG_LEVEL_TOKEN, 0.0, 0},
+         FG_LEVEL_TOKEN, 0.0, 0, 0},
         {"dapo + off-policy mask, f32", FG_LOSS_DAPO, 0.0, 0.0, 0.0, FG_DTYPE_F32, 1,
-         FG_LEVEL_TOKEN, 0.05, 0},
+         FG_LEVEL_TOKEN, 0.05, 0, 0},
+        /* the entropy quantile: its threshold over every unmasked entropy */
+        {"dapo + entropy quantile 0.8 + entropy bonus, f32", FG_LOSS_DAPO, 0.0, 0.05, 0.0,
+         FG_DTYPE_F32, 1, FG_LEVEL_TOKEN, 0.0, 0, 0.8},
+        {"gspo + entropy quantile 0.5, bf16", FG_LOSS_GRPO, 0.0, 0.0, 0.0, FG_DTYPE_BF16, 0,
+         FG_LEVEL_SEQUENCE, 0.0, 0, 0.5},
+        {"grpo + entropy quantile 0.3, filtered 1e-2, f32", FG_LOSS_GRPO, 0.04, 0.0, 1e-2,
+         FG_DTYPE_F32, 0, FG_LEVEL_TOKEN, 0.0, 0, 0.3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         fg_loss_config cfg = config(cases[i].lt, cases[i].beta, cases[i].ent);
         cfg.importance_sampling_level = cases[i].level;
         if (cases[i].off_policy != 0)
             cfg.off_policy_mask_threshold = cases[i].off_policy;
+        if (cases[i].quantile != 0)
+            cfg.top_entropy_quantile = cases[i].quantile;
         loss_case(ctx, cases[i].tag, &cfg, cases[i].dt, cases[i].bias, cases[i].eps,
                   cases[i].no_old, 40u + i);
     }

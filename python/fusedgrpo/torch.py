@@ -451,8 +451,7 @@ def fused_linear_grpo_loss(hidden, weight, token_ids, mask, advantages, bias=Non
     mode="reduce-overhead")); its checks run on the device and
     raise_device_errors() raises the first failure after the step. Of a
     refused call every output is unspecified. fusedgrpo.h "Device-reported
-    calls" lists what it runs (every loss but the entropy quantile) and how
-    it differs (the a-priori
+    calls" lists what it runs (every loss) and how it differs (the a-priori
     overflow bounds become checks of the gradients after the fact; a mask's
     values are not checked for 0/1: nonzero is a token)."""
     if not isinstance(device_report, bool):

@@ -338,8 +338,11 @@ typedef struct fg_backend_ops {
     /* Between a forward sweep and the gradient sweep of a loss that needs
      * every token first (fg_loss_needs_all_tokens): each sequence's
      * constants from every token's log-prob and entropy (t->logp,
-     * t->entropy, [N]): loss_sequence.h's fg_loss_seq_prepare and, at the
-     * sequence level, fg_loss_seq_dratio, into the plan's arrays. */
+     * t->entropy, [N]): loss_sequence.h's fg_loss_seq_prepare, then with
+     * top_entropy_quantile < 1 the quantile's threshold over the unmasked
+     * entropies and the entropy bonus's weight (batch scalars [2] and [1],
+     * fg_loss_prepare's values), then at the sequence level
+     * fg_loss_seq_dratio, into the plan's arrays. */
     fg_status (*report_prepare)(void *be, const fg_backend_call *c,
                                 const struct fg_loss_plan *plan, const fg_backend_tokens *t,
                                 char *msg, size_t msg_size);

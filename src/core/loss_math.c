@@ -90,19 +90,11 @@ void fg_loss_plan_init_external(fg_loss_plan *p, const fg_batch *batch, const fl
 
 int fg_loss_needs_all_tokens(const fg_loss_plan *p) { return fg_loss_tokens_first(p); }
 
-/* torch.quantile(x, q) of n sorted floats, in float arithmetic as torch does
- * it for a float32 tensor (rank q·(n−1), then lerp), so that the tokens at
- * the threshold fall on the same side as in TRL. */
+/* torch.quantile(x, q) of n sorted floats (loss_sequence.h). */
 static float quantile_sorted(const float *x, int64_t n, double q)
 {
-    const float qf = (float)q;
-    const float rank = qf * (float)(n - 1);
-    const float below = floorf(rank);
-    const int64_t lo = (int64_t)below;
-    const int64_t hi = lo + 1 < n ? lo + 1 : n - 1;
-    const float w = rank - below;
-    const float a = x[lo], d = x[hi] - x[lo];
-    return w < 0.5f ? a + w * d : x[hi] - d * (1.0f - w);
+    const fg_quantile_rank r = fg_quantile_rank_of(n, q);
+    return fg_quantile_lerp(x[r.lo], x[r.hi], r.w);
 }
 
 static int cmp_float(const void *a, const void *b)

@@ -38,9 +38,9 @@ typedef struct fg_loss_plan {
     double total_tokens;   /* Σ m                                              */
     double entropy_weight; /* loss −= entropy_weight · Σ eff·entropy           */
     const double *batch_scalars; /* NULL; a plan whose token count only a device
-                                    knows (a device-reported call): total_tokens
-                                    and entropy_weight there, [0] and [1]
-                                    (fg_loss_plan_resolved)                    */
+                                    knows (a device-reported call): total_tokens,
+                                    entropy_weight and entropy_threshold there,
+                                    [0], [1], [2] (fg_loss_plan_resolved)      */
     float entropy_threshold; /* eff = m · (entropy >= threshold); −INFINITY: all */
     double *seq_weight;    /* [B] w_b                                          */
     double *seq_count;     /* [B] max(Σ_t m, 1)                                */
@@ -59,8 +59,8 @@ typedef struct fg_loss_plan {
 /* Doubles of scratch the plan needs (caller-provided, from the workspace):
  * seq_weight, seq_count, seq_log_ratio, seq_dratio, seq_keep, seq_phi, in
  * this order, [B] each (a device's copy is one copy of the six), then the
- * two batch scalars of a device-reported call. */
-static inline int64_t fg_loss_plan_scratch_doubles(int64_t B) { return 6 * B + 2; }
+ * three batch scalars of a device-reported call. */
+static inline int64_t fg_loss_plan_scratch_doubles(int64_t B) { return 6 * B + 3; }
 
 /* Points the plan's per-sequence arrays at `scratch` (the layout above;
  * p->B set): a device's copy of them is the same layout. */

@@ -143,6 +143,33 @@ FG_HD static inline double fg_loss_entropy_weight(const fg_loss_plan *p, double 
     return p->entropy_coef / (total > 1 ? total : 1);
 }
 
+/* The entropy quantile's threshold (docs/LOSS_SPEC.md, the high-entropy
+ * mask) as torch.quantile(x, q) takes it from n sorted float32 values: rank
+ * q·(n−1) in float, between the order statistics lo and hi (0-based), then
+ * a float lerp, so that tokens at the threshold fall on TRL's side. */
+typedef struct fg_quantile_rank {
+    int64_t lo, hi; /* the order statistics it lies between                 */
+    float w;        /* its weight on hi                                     */
+} fg_quantile_rank;
+
+FG_HD static inline fg_quantile_rank fg_quantile_rank_of(int64_t n, double q)
+{
+    const float rank = (float)q * (float)(n - 1);
+    const float below = floorf(rank);
+    fg_quantile_rank r;
+    r.lo = (int64_t)below;
+    r.hi = r.lo + 1 < n ? r.lo + 1 : n - 1;
+    r.w = rank - below;
+    return r;
+}
+
+/* The threshold from x[lo] = a and x[hi] = b. */
+FG_HD static inline float fg_quantile_lerp(float a, float b, float w)
+{
+    const float d = b - a;
+    return w < 0.5f ? a + w * d : b - d * (1.0f - w);
+}
+
 /* ------------------------------------------------ the loss and metrics */
 
 /* Tokens of a segment: 1024 keeps a 262144-token sequence at 256 segments. */

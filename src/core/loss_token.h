@@ -157,6 +157,7 @@ FG_HD static inline fg_loss_plan fg_loss_plan_resolved(const fg_loss_plan *p)
     if (q.batch_scalars) {
         q.total_tokens = q.batch_scalars[0];
         q.entropy_weight = q.batch_scalars[1];
+        q.entropy_threshold = (float)q.batch_scalars[2];
     }
     return q;
 }

@@ -757,10 +757,6 @@ static fg_status check_reported(linear_call *L, const fg_device *dev,
         return fg_fail(err, FG_ERR_UNSUPPORTED,
                        "exec->device_report: accumulating into grad_bias (its sums start from "
                        "the caller's values on the host)");
-    if (req->kind == KIND_LOSS && req->cfg->top_entropy_quantile < 1.0)
-        return fg_fail(err, FG_ERR_UNSUPPORTED,
-                       "exec->device_report: top_entropy_quantile < 1 (its threshold is a "
-                       "quantile of every token's entropy, sorted on the host)");
     const int64_t N = req->batch->batch * req->batch->seq_len;
     if (N >= FG_REPORT_SIDE_MAX || in->hidden.cols >= FG_REPORT_SIDE_MAX ||
         in->weight.rows >= FG_REPORT_SIDE_MAX)

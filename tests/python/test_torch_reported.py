@@ -87,6 +87,19 @@ def test_reported_matches_host_checked(reference_on_cpu, loss_type, level):
     _check(got, want)
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_reported_entropy_quantile(reference_on_cpu, level):
+    """The entropy quantile's threshold over every unmasked entropy, after a
+    forward sweep (report_prepare)."""
+    t = _tensors(77 + (level == "sequence"))
+    opts = dict(loss_type="dapo", importance_sampling_level=level, top_entropy_quantile=0.6,
+                entropy_coef=0.02, memory_budget=1 << 16)
+    want = _run(t, **opts)
+    got = _run(t, device_report=True, **opts)
+    fgt.raise_device_errors()
+    _check(got, want)
+
+
 def _spoil_id(t):
     t["token_ids"][1, 0] = 67 + 4  # unmasked: make_inputs keeps token 0 of every row
 
@@ -132,8 +145,8 @@ def test_reported_module(reference_on_cpu):
 
 def test_reported_refused_at_once(reference_on_cpu):
     t = _tensors(3)
-    with pytest.raises(fl.FusedGRPOError, match="top_entropy_quantile") as e:
-        _run(t, top_entropy_quantile=0.5, device_report=True)
+    with pytest.raises(fl.FusedGRPOError, match="fused path only") as e:
+        _run(t, impl="materialized", device_report=True)
     assert e.value.status == "FG_ERR_UNSUPPORTED"
     with pytest.raises(TypeError, match="device_report"):
         _run(t, device_report=1)

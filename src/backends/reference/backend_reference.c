@@ -368,6 +368,46 @@ static fg_status ref_report_batch(void *be, const fg_backend_call *c,
     double *scalars = (double *)p.batch_scalars;
     scalars[0] = total;
     scalars[1] = fg_loss_entropy_weight(&p, total);
+    scalars[2] = p.entropy_threshold; /* every token; report_prepare's quantile */
+    return FG_OK;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The entropy quantile's threshold over the unmasked tokens and the entropy
+ * bonus's weight over the tokens at or above it (fg_loss_prepare's), into
+ * the plan and its batch scalars. */
+static fg_status ref_entropy_quantile(fg_loss_plan *p, const float *entropy, char *msg, size_t n)
+{
+    const int64_t N = p->B * p->T;
+    float *x = malloc((size_t)(N > 0 ? N : 1) * sizeof *x);
+    if (!x) {
+        snprintf(msg, n, "report prepare: %lld entropies to sort", (long long)N);
+        return FG_ERR_OUT_OF_MEMORY;
+    }
+    int64_t m = 0;
+    for (int64_t k = 0; k < N; k++)
+        if (p->mask[k])
+            x[m++] = entropy[k];
+    if (m == 0) {
+        p->entropy_threshold = INFINITY; /* no token: nothing is effective */
+    } else {
+        qsort(x, (size_t)m, sizeof *x, cmp_float);
+        const fg_quantile_rank r = fg_quantile_rank_of(m, 1.0 - p->top_entropy_quantile);
+        p->entropy_threshold = fg_quantile_lerp(x[r.lo], x[r.hi], r.w);
+    }
+    free(x);
+    double eff = 0;
+    for (int64_t k = 0; k < N; k++)
+        eff += p->mask[k] && fg_token_in_entropy_mask(p, entropy[k]);
+    p->entropy_weight = fg_loss_entropy_weight(p, eff);
+    double *scalars = (double *)p->batch_scalars;
+    scalars[1] = p->entropy_weight;
+    scalars[2] = p->entropy_threshold;
     return FG_OK;
 }
 
@@ -375,13 +415,16 @@ static fg_status ref_report_prepare(void *be, const fg_backend_call *c,
                                     const struct fg_loss_plan *plan, const fg_backend_tokens *t,
                                     char *msg, size_t n)
 {
-    (void)be, (void)c, (void)msg, (void)n;
+    (void)be, (void)c;
     fg_loss_plan p = fg_loss_plan_resolved(plan);
-    for (int64_t b = 0; b < p.B; b++) { /* fg_loss_prepare's, a sequence at a time */
+    for (int64_t b = 0; b < p.B; b++) /* fg_loss_prepare's order */
         fg_loss_seq_prepare(&p, b, t->logp);
-        if (p.level == FG_LEVEL_SEQUENCE)
+    fg_status st;
+    if (p.top_entropy_quantile < 1.0 && (st = ref_entropy_quantile(&p, t->entropy, msg, n)) != FG_OK)
+        return st;
+    if (p.level == FG_LEVEL_SEQUENCE)
+        for (int64_t b = 0; b < p.B; b++)
             fg_loss_seq_dratio(&p, b, t->logp, t->entropy);
-    }
     return FG_OK;
 }
 
