@@ -71,7 +71,7 @@
  *    forbids cloning that graph, embedding it as a child or instantiating
  *    it twice at once). A driver older than CUDA 12.8 (no else branch)
  *    runs every chunk dense, and chunk_scratch then asks for no sparse
- *    scratch; so does a backend whose graph could not be made once (unless
+ *    scratch; a chunk whose graph cannot be made runs dense (unless
  *    FUSEDGRPO_CUDA_STRICT=1 makes that fail the call).
  *  - derivs takes the plan by value into its kernel (its arrays are the
  *    driver's device copies) and is compiled without FMA contraction, as
@@ -130,9 +130,9 @@ typedef struct cuda_backend {
     fg_cuda_scan *scan; /* one scan's result on the device, copied out by scan */
     cudaStream_t side;  /* captures the filtered products' graph; never runs work */
     int conditional;    /* the driver runs conditional graph nodes with an else
-                           branch (CUDA 12.8): filtered chunks may run sparse;
-                           0 once a filtered chunk's graph could not be made */
-    int strict;         /* FUSEDGRPO_CUDA_STRICT=1: that failure fails the call */
+                           branch (CUDA 12.8): filtered chunks may run sparse */
+    int strict;         /* FUSEDGRPO_CUDA_STRICT=1: a filtered chunk's graph that
+                           cannot be made fails the call (else: that chunk dense) */
 } cuda_backend;
 
 static cuda_backend *state(void *be) { return static_cast<cuda_backend *>(be); }
@@ -1067,10 +1067,10 @@ static fg_status filtered_in_capture(const cuda_backend *s, const fg_backend_cal
 
 /* The filtered chunk's products, sparse or dense as chosen on the device:
  * filtered_graph launched, or inside a caller's capture filtered_in_capture.
- * *done = 0 where neither could be set up and nothing reached the stream: a
- * driver or build that cannot make these graphs. The backend then stops
- * trying (its chunks run dense) unless FUSEDGRPO_CUDA_STRICT=1, which makes
- * that a failure of the call. */
+ * *done = 0 where neither could be set up and nothing reached the stream (a
+ * graph that could not be made, for want of memory or of a driver feature):
+ * the caller runs this chunk's dense products, unless FUSEDGRPO_CUDA_STRICT=1
+ * makes that a failure of the call. */
 static fg_status filtered_products(cuda_backend *s, const fg_backend_call *c, int64_t r0,
                                    int64_t m, int first, const fg_cuda_sparse *sp, bool *done,
                                    char *msg, size_t msg_size)
@@ -1102,8 +1102,9 @@ static fg_status filtered_products(cuda_backend *s, const fg_backend_call *c, in
         *done = true;
         return st;
     }
-    s->conditional = 0;
     (void)cudaGetLastError();
+    if (msg && msg_size)
+        msg[0] = '\0';
     return FG_OK;
 }
 

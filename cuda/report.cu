@@ -143,37 +143,80 @@ __device__ static float from_order_key(uint32_t k)
 
 #define QUANTILE_THREADS 512
 
-/* The entropy quantile (fg_loss_prepare's middle step) in one block: the
- * unmasked count m; x[lo], the lo-th smallest unmasked entropy, by a radix
- * select on order keys (four 8-bit digits, a shared histogram each); x[hi]
- * (hi = lo + 1 at most): x[lo] again if more than lo + 1 entropies are at
- * most x[lo], else the least entropy above it; the threshold
- * fg_quantile_lerp; the tokens at or above it; the entropy bonus's weight.
- * Integer counts and a min only: the values the host's sort gives (a value
- * does not depend on how the equal ones were ordered), in any launch order.
- * Into the batch scalars [1] and [2]. */
+/* hist[digit] += 1 for each thread of the warp whose digit is below 256, one
+ * shared atomic per distinct digit (entropies crowd into a few digits). The
+ * whole warp calls it. */
+__device__ static void histogram_add(unsigned int *hist, unsigned digit)
+{
+    const unsigned peers = __match_any_sync(0xffffffffu, digit);
+    if (digit < 256 && (threadIdx.x & 31) == (unsigned)(__ffs(peers) - 1))
+        atomicAdd(&hist[digit], (unsigned)__popc(peers));
+}
+
+/* The entropy quantile (fg_loss_prepare's middle step) in one block: x[lo],
+ * the lo-th smallest unmasked entropy, by a radix select on order keys (four
+ * 8-bit digits, a shared histogram each; the first also counts the unmasked
+ * tokens m); x[hi] (hi = lo + 1 at most): x[lo] again if more than hi
+ * entropies are at most x[lo], else the least entropy above it; the
+ * threshold fg_quantile_lerp; the tokens at or above it; the entropy
+ * bonus's weight. Integer counts and a min only: the values the host's sort
+ * gives (a value does not depend on how equal ones were ordered), in any
+ * launch order. Into the batch scalars [1] and [2]. */
 __global__ void __launch_bounds__(QUANTILE_THREADS)
     quantile_kernel(fg_loss_plan plan, const float *entropy)
 {
-    __shared__ unsigned long long count, above;
+    __shared__ unsigned long long count;
     __shared__ unsigned int hist[256], prefix, prefix_mask, least_above;
-    __shared__ long long rank;
+    __shared__ long long rank, m;
+    __shared__ fg_quantile_rank r;
     const int64_t N = plan.B * plan.T;
     const unsigned tid = threadIdx.x;
     if (tid == 0) {
         count = 0;
-        above = 0;
         prefix = 0;
         prefix_mask = 0;
         least_above = 0xffffffffu;
     }
-    __syncthreads();
-    unsigned long long mine = 0;
-    for (int64_t n = tid; n < N; n += QUANTILE_THREADS)
-        mine += plan.mask[n] != 0;
-    atomicAdd(&count, mine);
-    __syncthreads();
-    const int64_t m = (int64_t)count;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (unsigned d = tid; d < 256; d += QUANTILE_THREADS)
+            hist[d] = 0;
+        __syncthreads();
+        for (int64_t base = 0; base < N; base += QUANTILE_THREADS) { /* uniform: whole warps */
+            const int64_t n = base + tid;
+            unsigned digit = 256;
+            if (n < N && plan.mask[n]) {
+                const uint32_t k = order_key(entropy[n]);
+                if ((k & prefix_mask) == prefix)
+                    digit = (k >> shift) & 255u;
+            }
+            histogram_add(hist, digit);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            if (shift == 24) { /* every unmasked token is in the first histogram */
+                long long all = 0;
+                for (int d = 0; d < 256; d++)
+                    all += hist[d];
+                m = all;
+                if (all > 0) {
+                    r = fg_quantile_rank_of(all, 1.0 - plan.top_entropy_quantile);
+                    rank = r.lo;
+                }
+            }
+            if (m > 0) { /* the digit holding the rank-th key of those left */
+                unsigned d = 0;
+                while (d < 255 && (long long)hist[d] <= rank) {
+                    rank -= hist[d];
+                    d++;
+                }
+                prefix |= d << shift;
+                prefix_mask |= 255u << shift;
+            }
+        }
+        __syncthreads();
+        if (m == 0)
+            break; /* every thread: m is shared and set before the barrier */
+    }
     double *scalars = const_cast<double *>(plan.batch_scalars);
     if (m == 0) { /* no token: nothing is effective */
         if (tid == 0) {
@@ -181,30 +224,6 @@ __global__ void __launch_bounds__(QUANTILE_THREADS)
             scalars[2] = INFINITY;
         }
         return;
-    }
-    const fg_quantile_rank r = fg_quantile_rank_of(m, 1.0 - plan.top_entropy_quantile);
-    if (tid == 0)
-        rank = r.lo;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (unsigned d = tid; d < 256; d += QUANTILE_THREADS)
-            hist[d] = 0;
-        __syncthreads();
-        for (int64_t n = tid; n < N; n += QUANTILE_THREADS) {
-            const uint32_t k = order_key(entropy[n]);
-            if (plan.mask[n] && (k & prefix_mask) == prefix)
-                atomicAdd(&hist[(k >> shift) & 255u], 1u);
-        }
-        __syncthreads();
-        if (tid == 0) { /* the digit holding the rank-th key of those left */
-            unsigned d = 0;
-            while (d < 255 && (long long)hist[d] <= rank) {
-                rank -= hist[d];
-                d++;
-            }
-            prefix |= d << shift;
-            prefix_mask |= 255u << shift;
-        }
-        __syncthreads();
     }
     const uint32_t lo_key = prefix;
     unsigned long long at_most = 0;
@@ -216,13 +235,13 @@ __global__ void __launch_bounds__(QUANTILE_THREADS)
         at_most += k <= lo_key;
         least = k > lo_key && k < least ? k : least;
     }
-    atomicAdd(&above, at_most); /* here: the entropies at most x[lo] */
+    atomicAdd(&count, at_most); /* the entropies at most x[lo] */
     atomicMin(&least_above, least);
     __syncthreads();
     const float a = from_order_key(lo_key);
-    const float b = r.hi == r.lo || (long long)above > r.hi ? a : from_order_key(least_above);
+    const float b = r.hi == r.lo || (long long)count > r.hi ? a : from_order_key(least_above);
     const float threshold = fg_quantile_lerp(a, b, r.w);
-    __syncthreads();
+    __syncthreads(); /* every thread has read count */
     if (tid == 0)
         count = 0;
     __syncthreads();

@@ -2250,12 +2250,22 @@ static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, cons
     const struct {
         double eps, quantile;
         int level;
-    } variants[] = {{0.25, 1.0, FG_LEVEL_TOKEN},
-                    {0x1p-12, 1.0, FG_LEVEL_TOKEN},
-                    {0.0, 0.7, FG_LEVEL_TOKEN},
-                    {0.0, 0.5, FG_LEVEL_SEQUENCE}};
+        bool ties; /* every token of sequences 1 and 2 one hidden row: equal entropies */
+    } variants[] = {{0.25, 1.0, FG_LEVEL_TOKEN, false},
+                    {0x1p-12, 1.0, FG_LEVEL_TOKEN, false},
+                    {0.0, 0.7, FG_LEVEL_TOKEN, false},
+                    {0.0, 0.5, FG_LEVEL_SEQUENCE, false},
+                    {0.0, 0.5, FG_LEVEL_TOKEN, true},
+                    {0.0, 0.2, FG_LEVEL_TOKEN, true}};
+    const std::vector<unsigned char> hidden_kept = p.hidden;
     for (const auto &var : variants) {
         const double eps = var.eps;
+        p.hidden = hidden_kept;
+        const size_t row = (size_t)LDH * dsize(p.dtype);
+        for (int64_t n = T; var.ties && n < N; n++)
+            memcpy(&p.hidden[(size_t)n * row], &hidden_kept[(size_t)(n < 2 * T ? T : 2 * T) * row],
+                   row);
+        upload(d.hidden, p.hidden.data(), p.hidden.size());
         fg_loss_config cfg = config(FG_LOSS_DAPO, var.level);
         cfg.top_entropy_quantile = var.quantile;
         fg_status sc, sg;
@@ -2276,8 +2286,8 @@ static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, cons
         const fg_status rs = fg_device_report_status(&rep, msg, sizeof msg);
         char label[256], what[1024];
         snprintf(label, sizeof label,
-                 "%s reported, filter_eps %g, top_entropy_quantile %g, graph x2 dapo/%s (%lld "
-                 "chunks)", dname(p.dtype), eps, var.quantile,
+                 "%s reported, filter_eps %g, top_entropy_quantile %g%s, graph x2 dapo/%s (%lld "
+                 "chunks)", dname(p.dtype), eps, var.quantile, var.ties ? " (ties)" : "",
                  fg_is_level_name((fg_is_level)var.level), (long long)bu.chunks);
         snprintf(what, sizeof what, "%s: host-checked %s, reported call %s, record %s %s; kept "
                  "entries host-checked %lld, reported %lld", label, fg_status_name(sg),
@@ -2289,6 +2299,8 @@ static void test_reported(const Contexts &cx, Problem &p, DeviceProblem &d, cons
             compare_outputs(label, ro, go, before, p, true);
         device_outputs_free(dout);
     }
+    p.hidden = hidden_kept;
+    upload(d.hidden, p.hidden.data(), p.hidden.size());
 
     /* Refusals: an unmasked id = V, then a NaN in an unmasked hidden row. */
     int64_t last = N - 1;

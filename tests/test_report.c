@@ -14,8 +14,10 @@
  *     synchronisation at all; a clean record; the record's loss and
  *     metrics, logp, entropy and grad_hidden bitwise the host-checked
  *     call's (the same loss math, per sequence in the same order), and
- *     grad_bias (one addition a row, in order); grad_weight within 1e-6
- *     (other chunks: other sums);
+ *     grad_bias (one addition a row, in order); grad_weight within 1e-6 of
+ *     its largest entry (or of 1; other chunks: other sums); the entropy
+ *     quantile also with equal entropies at its order statistics, one
+ *     token and none;
  *     the record's kept count the context's. Sequences of three of the
  *     loss's segments (T = 2500): the loss and metrics bitwise the host's,
  *     and so of GSPO there without gradients.
@@ -113,13 +115,36 @@ static int metrics_same(const fg_metrics *a, const fg_metrics *b)
     return memcmp(a, b, sizeof *a) == 0;
 }
 
+/* The batches the entropy quantile's edges need (loss_case's `tokens`). */
+enum tokens_kind {
+    TOKENS_RAGGED,  /* the problem's mask                                        */
+    TOKENS_TIES,    /* sequences 1 and 2 each a copy of one hidden row: equal
+                       entropies across the quantile's two order statistics  */
+    TOKENS_ONE,     /* a single unmasked token                                   */
+    TOKENS_NONE     /* no unmasked token                                         */
+};
+
+static void shape_tokens(tu_problem *prob, enum tokens_kind kind)
+{
+    const size_t es = prob->dtype == FG_DTYPE_BF16 ? 2 : 4, row = (size_t)prob->ldh * es;
+    unsigned char *h = prob->hidden_s;
+    for (int64_t n = 0; n < N; n++) {
+        if (kind == TOKENS_TIES && n >= T)
+            memcpy(h + (size_t)n * row, h + (size_t)(n < 2 * T ? T : 2 * T) * row, row);
+        if (kind == TOKENS_ONE || kind == TOKENS_NONE)
+            prob->tb.mask[n] = kind == TOKENS_ONE && n == T + 3;
+    }
+}
+
 /* Part 1: one loss, host-checked and device-reported, in several chunks. */
 static void loss_case(fg_context *ctx, const char *tag, const fg_loss_config *cfg, fg_dtype dt,
-                      int with_bias, double filter_eps, int no_old, uint64_t seed)
+                      int with_bias, double filter_eps, int no_old, uint64_t seed,
+                      enum tokens_kind tokens)
 {
     tu_problem prob;
     if (!make(&prob, dt, with_bias, seed))
         return;
+    shape_tokens(&prob, tokens);
     poison_masked_rows(&prob);
     if (no_old) /* on-policy: vespo needs no token first */
         prob.tb.have_old = 0;
@@ -156,7 +181,8 @@ static void loss_case(fg_context *ctx, const char *tag, const fg_loss_config *cf
     CHECK(sa == FG_OK && sb == FG_OK && rs == FG_OK, "%s: host %s, reported %s, record %s: %s",
           tag, fg_status_name(sa), fg_status_name(sb), fg_status_name(rs), msg);
     CHECK(syncs == 0, "%s: %ld host synchronisations in a device-reported call", tag, syncs);
-    CHECK(mb.chunks >= 2, "%s: %lld chunks at %zu bytes", tag, (long long)mb.chunks, budget);
+    CHECK(mb.chunks >= 2 || tokens == TOKENS_ONE || tokens == TOKENS_NONE,
+          "%s: %lld chunks at %zu bytes", tag, (long long)mb.chunks, budget);
     CHECK(b.out.loss == -7.0, "%s: out->loss written (%g)", tag, b.out.loss);
     CHECK(rep.loss == a.out.loss && metrics_same(&rep.metrics, &a.out.metrics),
           "%s: loss %.17g / %.17g, or a metric differs", tag, rep.loss, a.out.loss);
@@ -166,7 +192,11 @@ static void loss_case(fg_context *ctx, const char *tag, const fg_loss_config *cf
     CHECK(memcmp(a.grad_hidden, b.grad_hidden, (size_t)N * H * sizeof(float)) == 0,
           "%s: grad_hidden differs (%g)", tag,
           max_abs_diff(a.grad_hidden, b.grad_hidden, (size_t)N * H));
-    const double dw = max_abs_diff(a.grad_weight, b.grad_weight, (size_t)V * H);
+    /* float32 sums in another order: relative to the largest entry */
+    double top = 1.0;
+    for (size_t i = 0; i < (size_t)V * H; i++)
+        top = fabs((double)a.grad_weight[i]) > top ? fabs((double)a.grad_weight[i]) : top;
+    const double dw = max_abs_diff(a.grad_weight, b.grad_weight, (size_t)V * H) / top;
     TOL_CHECK("grad_weight, another chunking", dw, 1e-6, "%s", tag);
     if (with_bias) /* one float32 addition a row, in order: masked rows add 0 */
         CHECK(memcmp(a.grad_bias, b.grad_bias, (size_t)V * sizeof(float)) == 0,
@@ -569,7 +599,22 @@ int main(void)
         if (cases[i].quantile != 0)
             cfg.top_entropy_quantile = cases[i].quantile;
         loss_case(ctx, cases[i].tag, &cfg, cases[i].dt, cases[i].bias, cases[i].eps,
-                  cases[i].no_old, 40u + i);
+                  cases[i].no_old, 40u + i, TOKENS_RAGGED);
+    }
+    /* The entropy quantile's edges: equal entropies at its order statistics,
+     * one token, none. */
+    const struct {
+        const char *tag;
+        enum tokens_kind tokens;
+        double quantile;
+    } edges[] = {{"dapo + entropy quantile 0.5, ties, f32", TOKENS_TIES, 0.5},
+                 {"dapo + entropy quantile 0.2, ties, f32", TOKENS_TIES, 0.2},
+                 {"dapo + entropy quantile 0.5, one token, f32", TOKENS_ONE, 0.5},
+                 {"dapo + entropy quantile 0.5, no token, f32", TOKENS_NONE, 0.5}};
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++) {
+        fg_loss_config cfg = config(FG_LOSS_DAPO, 0.0, 0.05);
+        cfg.top_entropy_quantile = edges[i].quantile;
+        loss_case(ctx, edges[i].tag, &cfg, FG_DTYPE_F32, 1, 0.0, 0, 90u + i, edges[i].tokens);
     }
     long_sequences_case(ctx);
     head_case(ctx, FG_DTYPE_F32);

@@ -158,8 +158,12 @@ FG_HD static inline fg_quantile_rank fg_quantile_rank_of(int64_t n, double q)
     const float below = floorf(rank);
     fg_quantile_rank r;
     r.lo = (int64_t)below;
-    r.hi = r.lo + 1 < n ? r.lo + 1 : n - 1;
     r.w = rank - below;
+    if (r.lo > n - 1) { /* past 2^24 values (float)(n − 1) may round up to n */
+        r.lo = n - 1;
+        r.w = 0.0f;
+    }
+    r.hi = r.lo + 1 < n ? r.lo + 1 : n - 1;
     return r;
 }
 

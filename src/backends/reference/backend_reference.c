@@ -420,7 +420,8 @@ static fg_status ref_report_prepare(void *be, const fg_backend_call *c,
     for (int64_t b = 0; b < p.B; b++) /* fg_loss_prepare's order */
         fg_loss_seq_prepare(&p, b, t->logp);
     fg_status st;
-    if (p.top_entropy_quantile < 1.0 && (st = ref_entropy_quantile(&p, t->entropy, msg, n)) != FG_OK)
+    if (p.top_entropy_quantile < 1.0 && !p.external &&
+        (st = ref_entropy_quantile(&p, t->entropy, msg, n)) != FG_OK)
         return st;
     if (p.level == FG_LEVEL_SEQUENCE)
         for (int64_t b = 0; b < p.B; b++)
