@@ -1071,7 +1071,7 @@ static fg_status filtered_in_capture(const cuda_backend *s, const fg_backend_cal
  * graph that could not be made, for want of memory or of a driver feature):
  * the caller runs this chunk's dense products, unless FUSEDGRPO_CUDA_STRICT=1
  * makes that a failure of the call. */
-static fg_status filtered_products(cuda_backend *s, const fg_backend_call *c, int64_t r0,
+static fg_status filtered_products(const cuda_backend *s, const fg_backend_call *c, int64_t r0,
                                    int64_t m, int first, const fg_cuda_sparse *sp, bool *done,
                                    char *msg, size_t msg_size)
 {

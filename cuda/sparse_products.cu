@@ -315,11 +315,10 @@ extern "C" fg_status fg_cuda_sparse_decide(const fg_cuda_filter_row *rows, int64
     if (!rows || cap < 0)
         return fail(FG_ERR_INVALID_SIZE, msg, msg_size, "%s: the filter's rows, cap %lld", what,
                     (long long)cap);
-    /* this chunk's own budget of V/256 a row (the scratch holds the largest's) */
-    const int64_t entries = fg_cuda_sparse_entries(m, s->V);
+    /* this chunk's own budget of V/256 a row (m <= s->rows: within the scratch's) */
     decide_kernel<<<1, DECIDE_THREADS, 0, stream>>>(
         rows, (int)m, cap > INT_MAX ? INT_MAX : (int)cap,
-        (long long)(entries < s->entries ? entries : s->entries), s->row_off, s->flag,
+        (long long)fg_cuda_sparse_entries(m, s->V), s->row_off, s->flag,
         (cudaGraphConditionalHandle)handle, set_handle);
     return launched(what, msg, msg_size);
 }

@@ -103,31 +103,36 @@ static int cmp_float(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+void fg_loss_entropy_quantile(fg_loss_plan *p, const float *entropy, float *sort_scratch)
+{
+    const int64_t N = p->B * p->T;
+    int64_t m = 0;
+    for (int64_t n = 0; n < N; n++)
+        if (p->mask[n])
+            sort_scratch[m++] = entropy[n];
+    if (m == 0) {
+        p->entropy_threshold = INFINITY; /* no token: nothing is effective */
+    } else {
+        qsort(sort_scratch, (size_t)m, sizeof(float), cmp_float);
+        p->entropy_threshold = quantile_sorted(sort_scratch, m, 1.0 - p->top_entropy_quantile);
+    }
+    double eff = 0;
+    for (int64_t n = 0; n < N; n++)
+        eff += p->mask[n] && fg_token_in_entropy_mask(p, entropy[n]);
+    p->entropy_weight = fg_loss_entropy_weight(p, eff);
+}
+
 void fg_loss_prepare(fg_loss_plan *p, const float *logp, const float *entropy,
                      float *sort_scratch)
 {
     if (p->prepared)
         return;
     p->prepared = 1;
-    const int64_t B = p->B, T = p->T;
+    const int64_t B = p->B;
     for (int64_t b = 0; b < B; b++)
         fg_loss_seq_prepare(p, b, logp);
-    if (p->top_entropy_quantile < 1.0) {
-        int64_t m = 0;
-        for (int64_t n = 0; n < B * T; n++)
-            if (p->mask[n])
-                sort_scratch[m++] = entropy[n];
-        if (m == 0) {
-            p->entropy_threshold = INFINITY; /* no token: nothing is effective */
-        } else {
-            qsort(sort_scratch, (size_t)m, sizeof(float), cmp_float);
-            p->entropy_threshold = quantile_sorted(sort_scratch, m, 1.0 - p->top_entropy_quantile);
-        }
-        double eff = 0;
-        for (int64_t n = 0; n < B * T; n++)
-            eff += p->mask[n] && fg_token_in_entropy_mask(p, entropy[n]);
-        p->entropy_weight = fg_loss_entropy_weight(p, eff);
-    }
+    if (p->top_entropy_quantile < 1.0)
+        fg_loss_entropy_quantile(p, entropy, sort_scratch);
     if (p->level == FG_LEVEL_SEQUENCE)
         for (int64_t b = 0; b < B; b++)
             fg_loss_seq_dratio(p, b, logp, entropy);

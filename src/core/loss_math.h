@@ -86,6 +86,11 @@ void fg_loss_plan_init_external(fg_loss_plan *p, const fg_batch *batch, const fl
  * first: a forward sweep, fg_loss_prepare, then the gradient sweep. */
 int fg_loss_needs_all_tokens(const fg_loss_plan *p);
 
+/* fg_loss_prepare's middle step, top_entropy_quantile < 1: the threshold
+ * over the unmasked tokens' entropies (sorted in sort_scratch, [B*T]) and
+ * the entropy bonus's weight over the tokens at or above it. */
+void fg_loss_entropy_quantile(fg_loss_plan *p, const float *entropy, float *sort_scratch);
+
 /* The per-sequence constants and the entropy threshold from every token's
  * logp and entropy ([B*T], masked entries ignored); sort_scratch holds B*T
  * floats. Runs once per plan (later calls return at once): the gradient

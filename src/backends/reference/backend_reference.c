@@ -372,15 +372,9 @@ static fg_status ref_report_batch(void *be, const fg_backend_call *c,
     return FG_OK;
 }
 
-static int cmp_float(const void *a, const void *b)
-{
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-/* The entropy quantile's threshold over the unmasked tokens and the entropy
- * bonus's weight over the tokens at or above it (fg_loss_prepare's), into
- * the plan and its batch scalars. */
+/* The entropy quantile's threshold and the entropy bonus's weight
+ * (loss_math.c's, on the host's sort), into the plan and its batch
+ * scalars. */
 static fg_status ref_entropy_quantile(fg_loss_plan *p, const float *entropy, char *msg, size_t n)
 {
     const int64_t N = p->B * p->T;
@@ -389,22 +383,8 @@ static fg_status ref_entropy_quantile(fg_loss_plan *p, const float *entropy, cha
         snprintf(msg, n, "report prepare: %lld entropies to sort", (long long)N);
         return FG_ERR_OUT_OF_MEMORY;
     }
-    int64_t m = 0;
-    for (int64_t k = 0; k < N; k++)
-        if (p->mask[k])
-            x[m++] = entropy[k];
-    if (m == 0) {
-        p->entropy_threshold = INFINITY; /* no token: nothing is effective */
-    } else {
-        qsort(x, (size_t)m, sizeof *x, cmp_float);
-        const fg_quantile_rank r = fg_quantile_rank_of(m, 1.0 - p->top_entropy_quantile);
-        p->entropy_threshold = fg_quantile_lerp(x[r.lo], x[r.hi], r.w);
-    }
+    fg_loss_entropy_quantile(p, entropy, x);
     free(x);
-    double eff = 0;
-    for (int64_t k = 0; k < N; k++)
-        eff += p->mask[k] && fg_token_in_entropy_mask(p, entropy[k]);
-    p->entropy_weight = fg_loss_entropy_weight(p, eff);
     double *scalars = (double *)p->batch_scalars;
     scalars[1] = p->entropy_weight;
     scalars[2] = p->entropy_threshold;
